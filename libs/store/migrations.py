@@ -126,7 +126,7 @@ def migrate(conn: psycopg.Connection) -> list[int]:
         for version, sql in MIGRATIONS:
             if version in done:
                 continue
-            conn.execute(sql)  # type: ignore[arg-type]
+            conn.execute(sql)
             conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
             applied.append(version)
     return applied

@@ -1,0 +1,155 @@
+"""Credentials: tenants, API keys, system keys (operator, agent) and tenant-user JWTs.
+
+Keys are 32 random bytes, shown once and stored as SHA-256 hashes: with that much entropy a
+fast hash is enough (no dictionary to attack), and lookups stay one indexed equality. JWTs are
+HS256 only: the algorithm list is pinned when decoding, `exp` is required.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import jwt
+
+from libs.domain.errors import Code, DomainError
+from libs.domain.events import ApiKeyIssued, SystemCredentialIssued, TenantCreated
+from libs.domain.task import TenantId
+from libs.store import queries
+from libs.store.eventstore import EventStore
+
+JWT_ALGORITHM = "HS256"
+TENANT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class Role(StrEnum):
+    OPERATOR = "operator"
+    AGENT = "agent"
+    TENANT_USER = "tenant_user"
+    TENANT_KEY = "tenant_key"
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: Role
+    subject: str
+    tenant_id: str | None = None
+
+    @property
+    def is_tenant(self) -> bool:
+        return self.role in (Role.TENANT_USER, Role.TENANT_KEY)
+
+    @property
+    def can_report(self) -> bool:
+        return self.role in (Role.OPERATOR, Role.AGENT)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key(kind: str) -> str:
+    return f"hf_{kind}_{secrets.token_urlsafe(32)}"
+
+
+async def create_tenant(store: EventStore, tenant_id: str, name: str, gpu_quota: int = 0) -> None:
+    if not TENANT_ID_RE.match(tenant_id):
+        raise DomainError(
+            Code.INVALID_VALUE,
+            "id must be 1-63 lowercase letters, digits or '-', starting with a letter or digit",
+            ["id"],
+        )
+    if await queries.get_tenant(store, tenant_id) is not None:
+        raise DomainError(Code.CAS_CONFLICT, f"tenant {tenant_id!r} already exists", ["id"])
+    ev = TenantCreated(tenant_id=TenantId(tenant_id), name=name, gpu_quota=gpu_quota)
+    await store.append_stream(f"tenant-{tenant_id}", [ev], expected_version=0)
+
+
+async def issue_api_key(store: EventStore, tenant_id: str, name: str) -> tuple[str, str]:
+    """Return (key_id, key). The key is not stored; only its hash is."""
+    key = new_key("tk")
+    key_id = "key-" + uuid.uuid4().hex[:16]
+    ev = ApiKeyIssued(
+        key_id=key_id,
+        tenant_id=TenantId(tenant_id),
+        name=name,
+        prefix=key[:10],
+        key_hash=hash_key(key),
+    )
+    await store.append_stream(f"tenant-{tenant_id}", [ev])
+    return key_id, key
+
+
+async def issue_system_credential(store: EventStore, role: str, name: str) -> str:
+    if role not in ("operator", "agent"):
+        raise ValueError(role)
+    key = new_key("op" if role == "operator" else "ag")
+    ev = SystemCredentialIssued(
+        credential_id="cred-" + uuid.uuid4().hex[:16],
+        role=role,
+        name=name,
+        prefix=key[:10],
+        key_hash=hash_key(key),
+    )
+    await store.append_stream("system", [ev])
+    return key
+
+
+def issue_jwt(
+    secret: str,
+    tenant_id: str,
+    subject: str,
+    ttl: timedelta,
+    now: datetime,
+    issuer: str = "heteroflow",
+) -> str:
+    claims = {
+        "sub": subject,
+        "tenant_id": tenant_id,
+        "iss": issuer,
+        "iat": int(now.timestamp()),
+        "exp": int((now + ttl).timestamp()),
+    }
+    return jwt.encode(claims, secret, algorithm=JWT_ALGORITHM)
+
+
+def decode_jwt(token: str, secret: str, issuer: str = "heteroflow") -> dict[str, Any]:
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            secret,
+            algorithms=[JWT_ALGORITHM],
+            issuer=issuer,
+            options={"require": ["exp", "sub", "tenant_id"]},
+        )
+    except jwt.ExpiredSignatureError:
+        raise DomainError(Code.UNAUTHENTICATED, "token expired") from None
+    except jwt.PyJWTError as exc:
+        raise DomainError(Code.UNAUTHENTICATED, f"invalid token: {exc}") from None
+    return claims
+
+
+async def authenticate(store: EventStore, token: str, jwt_secret: str | None) -> Principal:
+    """Resolve a bearer token to a principal, or raise 40101."""
+    if token.startswith("hf_"):
+        digest = hash_key(token)
+        sys = await queries.find_system_credential(store, digest)
+        if sys is not None:
+            return Principal(Role(sys["role"]), sys["id"])
+        key = await queries.find_api_key(store, digest)
+        if key is not None:
+            return Principal(Role.TENANT_KEY, key["id"], key["tenant_id"])
+        raise DomainError(Code.UNAUTHENTICATED, "unknown or revoked key")
+    if token.count(".") == 2 and jwt_secret:
+        claims = decode_jwt(token, jwt_secret)
+        tenant = await queries.get_tenant(store, str(claims["tenant_id"]))
+        if tenant is None:
+            raise DomainError(Code.UNAUTHENTICATED, "token names an unknown tenant")
+        return Principal(Role.TENANT_USER, str(claims["sub"]), str(claims["tenant_id"]))
+    raise DomainError(Code.UNAUTHENTICATED, "unrecognised bearer token")

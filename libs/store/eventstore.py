@@ -1,0 +1,271 @@
+"""The PostgreSQL event store: append-only events, CAS on (stream, version), projections in
+the same transaction.
+
+Commands load the aggregate from its projection row under `FOR UPDATE`, run a pure `decide`
+function, append the events at the next versions and upsert the projection, then commit. A
+concurrent writer either waits for the row lock and then sees the new state (its decide
+raises Conflict), or, if it skipped the lock, hits the unique (stream_id, version) constraint;
+both surface as `Conflict` and leave nothing written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from libs.domain.errors import Conflict, NotFound
+from libs.domain.events import Payload, TaskCreated, evolve_task, parse_payload
+from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+
+from . import projections
+from .migrations import migrate
+from .types import StoredEvent
+
+log = structlog.get_logger(__name__)
+
+Clock = Callable[[], datetime]
+Decide = Callable[[Task], Sequence[Payload]]
+
+INSERT_EVENT = """
+INSERT INTO events (event_id, stream_id, stream_type, version, type, schema_version,
+                    payload, metadata, occurred_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+RETURNING position
+"""
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_task_id() -> TaskId:
+    return TaskId("task-" + uuid.uuid4().hex[:20])
+
+
+class EventStore:
+    """Async facade over the events table and its projections."""
+
+    def __init__(self, pool: AsyncConnectionPool, clock: Clock = utcnow) -> None:
+        self.pool = pool
+        self.clock = clock
+
+    @classmethod
+    async def open(cls, url: str, *, min_size: int = 1, max_size: int = 10) -> EventStore:
+        """Run migrations, then open a connection pool."""
+        with psycopg.connect(url, autocommit=True) as conn:
+            applied = migrate(conn)
+        if applied:
+            log.info("schema_migrated", versions=applied)
+        pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False)
+        await pool.open(wait=True)
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    # --- appending -----------------------------------------------------------------------
+
+    async def _insert(
+        self,
+        conn: AsyncConnection[Any],
+        stream_id: str,
+        events: Sequence[Payload],
+        first_version: int,
+        metadata: dict[str, Any],
+    ) -> list[StoredEvent]:
+        at = self.clock()
+        stored: list[StoredEvent] = []
+        try:
+            for offset, ev in enumerate(events):
+                data = ev.model_dump(mode="json")
+                eid = uuid.uuid4()
+                version = first_version + offset
+                cur = await conn.execute(
+                    INSERT_EVENT,
+                    (
+                        eid,
+                        stream_id,
+                        ev.stream_type,
+                        version,
+                        ev.type,
+                        ev.schema_version,
+                        Jsonb(data),
+                        Jsonb(metadata),
+                        at,
+                    ),
+                )
+                row = await cur.fetchone()
+                assert row is not None
+                stored.append(
+                    StoredEvent(
+                        row[0],
+                        eid,
+                        stream_id,
+                        ev.stream_type,
+                        version,
+                        ev.type,
+                        ev.schema_version,
+                        data,
+                        at,
+                        metadata,
+                    )
+                )
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(f"stream {stream_id} moved concurrently; nothing was changed") from None
+        return stored
+
+    async def create_tasks(
+        self,
+        items: Sequence[tuple[TenantId, TaskSpec, str | None, int | None]],
+        *,
+        metadata: dict[str, Any] | None = None,
+    ) -> list[Task]:
+        """Create tasks in one transaction (batched append). Items: tenant, spec, group, rank."""
+        meta = metadata or {}
+        tasks: list[Task] = []
+        async with self.pool.connection() as conn, conn.transaction():
+            for tenant_id, spec, group_id, rank in items:
+                ev = TaskCreated(
+                    task_id=new_task_id(),
+                    tenant_id=tenant_id,
+                    spec=spec,
+                    group_id=group_id,
+                    rank=rank,
+                )
+                (st,) = await self._insert(conn, ev.task_id, [ev], 1, meta)
+                tasks.append(evolve_task(None, ev, st.occurred_at, st.version))
+            await projections.upsert_tasks(conn, tasks)
+        return tasks
+
+    async def create_task(
+        self,
+        tenant_id: TenantId,
+        spec: TaskSpec,
+        *,
+        group_id: str | None = None,
+        rank: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Task:
+        (task,) = await self.create_tasks([(tenant_id, spec, group_id, rank)], metadata=metadata)
+        return task
+
+    async def execute(
+        self,
+        task_id: str,
+        decide: Decide,
+        *,
+        tenant_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        include_deleted: bool = False,
+    ) -> Task:
+        """Load the task under a row lock, decide, append, project, commit.
+
+        Returns the task after the events (unchanged when decide returned nothing).
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            task = await self._load_for_update(conn, task_id, tenant_id, include_deleted)
+            events = list(decide(task))
+            if not events:
+                return task
+            stored = await self._insert(conn, task.id, events, task.version + 1, metadata or {})
+            for ev, st in zip(events, stored, strict=True):
+                task = evolve_task(task, ev, st.occurred_at, st.version)
+            await projections.upsert_tasks(conn, [task])
+            return task
+
+    async def _load_for_update(
+        self, conn: AsyncConnection[Any], task_id: str, tenant_id: str | None, deleted: bool
+    ) -> Task:
+        cur = await conn.execute(
+            "SELECT tenant_id, deleted_at, doc FROM tasks WHERE id = %s FOR UPDATE", (task_id,)
+        )
+        row = await cur.fetchone()
+        if row is None or (tenant_id is not None and row[0] != tenant_id):
+            raise NotFound("task")
+        if row[1] is not None and not deleted:
+            raise NotFound("task")
+        return Task.model_validate(row[2])
+
+    async def append_stream(
+        self,
+        stream_id: str,
+        events: Sequence[Payload],
+        *,
+        expected_version: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> list[StoredEvent]:
+        """Append to a non-task stream (tenant, system) and project it.
+
+        `expected_version=None` appends at the end whatever it is; otherwise CAS on it.
+        A transaction-scoped advisory lock on the stream id serialises writers of the stream.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (stream_id,)
+            )
+            cur = await conn.execute(
+                "SELECT coalesce(max(version), 0) FROM events WHERE stream_id = %s", (stream_id,)
+            )
+            row = await cur.fetchone()
+            current = int(row[0]) if row else 0
+            if expected_version is not None and current != expected_version:
+                raise Conflict(
+                    f"stream {stream_id} is at version {current}, expected {expected_version}"
+                )
+            stored = await self._insert(conn, stream_id, events, current + 1, metadata or {})
+            for ev, st in zip(events, stored, strict=True):
+                await projections.apply_other(conn, st, ev)
+            return stored
+
+    # --- reading -------------------------------------------------------------------------
+
+    async def get_task(
+        self, task_id: str, *, tenant_id: str | None = None, include_deleted: bool = False
+    ) -> Task:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT tenant_id, deleted_at, doc FROM tasks WHERE id = %s", (task_id,)
+            )
+            row = await cur.fetchone()
+        if row is None or (tenant_id is not None and row[0] != tenant_id):
+            raise NotFound("task")
+        if row[1] is not None and not include_deleted:
+            raise NotFound("task")
+        return Task.model_validate(row[2])
+
+    async def read_stream(self, stream_id: str) -> list[StoredEvent]:
+        return await self._read("WHERE stream_id = %s ORDER BY version", (stream_id,))
+
+    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        return await self._read(
+            "WHERE position > %s ORDER BY position LIMIT %s", (after_position, limit)
+        )
+
+    async def _read(self, where: str, params: tuple[Any, ...]) -> list[StoredEvent]:
+        sql = (
+            "SELECT position, event_id, stream_id, stream_type, version, type, schema_version,"
+            f" payload, occurred_at, metadata FROM events {where}"
+        )
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql, params)
+            rows = await cur.fetchall()
+        return [StoredEvent(*r) for r in rows]
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Read-only query helper for projections (rows as dicts)."""
+        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, params)
+            return list(await cur.fetchall())
+
+
+def payload_of(stored: StoredEvent) -> Payload:
+    return parse_payload(stored.type, stored.payload)

@@ -1,0 +1,55 @@
+"""Value types of the event store adapter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """An event as the store holds it: envelope plus JSON payload."""
+
+    position: int
+    event_id: UUID
+    stream_id: str
+    stream_type: str
+    version: int
+    type: str
+    schema_version: int
+    payload: dict[str, Any]
+    occurred_at: datetime
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def envelope(self) -> dict[str, Any]:
+        """The JSON shape published on the bus and exported by `events export`."""
+        return {
+            "event_id": str(self.event_id),
+            "position": self.position,
+            "stream_id": self.stream_id,
+            "stream_type": self.stream_type,
+            "version": self.version,
+            "type": self.type,
+            "schema_version": self.schema_version,
+            "occurred_at": self.occurred_at.isoformat(),
+            "payload": self.payload,
+            "metadata": self.metadata,
+        }
+
+
+@dataclass(frozen=True)
+class TaskQuery:
+    """Filters, sort and page of GET /tasks (already validated by the gateway)."""
+
+    tenant_id: str | None
+    page: int = 1
+    per_page: int = 20
+    status: str | None = None
+    node_id: str | None = None
+    name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    sort: str = "created_at"
+    order: str = "desc"
+    group_id: str | None = None

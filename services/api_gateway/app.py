@@ -1,0 +1,55 @@
+"""The api-gateway app: SPEC §2 over HTTP, health endpoints without auth."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from libs.config import GatewaySettings
+from libs.store.eventstore import EventStore
+
+from . import errors, routes_tasks, routes_tenants
+
+API_TITLE = "HeteroFlow API"
+API_VERSION = "1.0.0"
+
+
+def create_app(settings: GatewaySettings, store: EventStore | None = None) -> FastAPI:
+    """Build the app. With `store=None` it opens one from `settings.database_url` on start."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = store is None
+        if owned:
+            assert settings.database_url is not None, "database_url is required"
+            app.state.store = await EventStore.open(
+                settings.database_url.get_secret_value(), max_size=settings.db_pool_max
+            )
+        yield
+        if owned:
+            await app.state.store.close()
+
+    app = FastAPI(title=API_TITLE, version=API_VERSION, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.store = store
+    errors.install(app)
+    app.include_router(routes_tasks.router)
+    app.include_router(routes_tenants.router)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> JSONResponse:
+        try:
+            await app.state.store.fetch("SELECT 1 AS ok")
+        except Exception as exc:  # noqa: BLE001 - readiness reports any failure
+            return JSONResponse({"status": "unavailable", "error": str(exc)}, 503)
+        return JSONResponse({"status": "ok"})
+
+    return app

@@ -1,0 +1,52 @@
+"""Every refusal as `{"error": str, "code": int, "fields": [...]}` with the SPEC §2 codes.
+
+Framework errors (malformed JSON, unknown route, wrong method, bad query types) are mapped
+here too, so no request gets a bare framework error or a stack trace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from libs.domain.errors import Code, DomainError
+
+log = structlog.get_logger(__name__)
+
+INTERNAL_ERROR = 50000
+
+
+def error_body(message: str, code: int, fields: list[str] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": message, "code": int(code)}
+    if fields:
+        body["fields"] = fields
+    return body
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(DomainError)
+    async def _domain(_: Request, exc: DomainError) -> JSONResponse:
+        return JSONResponse(error_body(exc.message, exc.code, exc.fields), exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = [".".join(str(p) for p in e["loc"][1:]) or "body" for e in exc.errors()]
+        msgs = "; ".join(f"{f}: {e['msg']}" for f, e in zip(fields, exc.errors(), strict=True))
+        return JSONResponse(error_body(f"invalid value: {msgs}", Code.INVALID_VALUE, fields), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        mapping = {401: Code.UNAUTHENTICATED, 403: Code.FORBIDDEN, 404: Code.NOT_FOUND}
+        code = mapping.get(exc.status_code, exc.status_code * 100)
+        return JSONResponse(error_body(str(exc.detail), code), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug: logged with its stack, answered without internals.
+        log.exception("unhandled_error", path=request.url.path, error=str(exc))
+        return JSONResponse(error_body("internal error", INTERNAL_ERROR), 500)

@@ -1,0 +1,265 @@
+"""`/api/v1/tasks`: create, list, get, update, delete, stats and operations (SPEC §2).
+
+Handlers validate, call a pure decide function through the store, and shape the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from libs.auth import Principal as PrincipalT
+from libs.domain import commands
+from libs.domain.errors import Code, DomainError
+from libs.domain.states import Actor, TaskStatus
+from libs.domain.task import (
+    REPORT_FIELDS,
+    SERVER_OWNED,
+    Task,
+    TaskSpec,
+    TenantId,
+    parse_create,
+    parse_update,
+)
+from libs.store import queries
+from libs.store.types import TaskQuery
+
+from .deps import Body, Principal, Store, tenant_scope
+from .views import task_view
+
+router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
+
+CREATE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": TaskSpec.model_json_schema()}},
+    }
+}
+LIST_PARAMS = {"page", "per_page", "status", "node_id", "name", "sort", "order", "labels"}
+# What an agent or operator may send on the report path of PUT.
+REPORT_BODY = (REPORT_FIELDS - {"finished_at"}) | {"expected_status", "reason"}
+
+
+def actor_of(principal: PrincipalT) -> Actor:
+    return {"operator": Actor.OPERATOR, "agent": Actor.AGENT}.get(
+        principal.role.value, Actor.TENANT
+    )
+
+
+def _create_tenant(principal: PrincipalT, request: Request) -> str:
+    if principal.is_tenant:
+        assert principal.tenant_id is not None
+        return principal.tenant_id
+    if principal.role.value == "operator":
+        tenant = request.query_params.get("tenant_id")
+        if not tenant:
+            raise DomainError(
+                Code.INVALID_VALUE,
+                "operators create tasks for a tenant: add ?tenant_id=<tenant>",
+                ["tenant_id"],
+            )
+        return tenant
+    raise DomainError(Code.FORBIDDEN, "agents cannot create tasks")
+
+
+@router.post("", status_code=201, openapi_extra=CREATE_BODY)
+async def create_task(
+    request: Request, principal: Principal, store: Store, body: Body
+) -> JSONResponse:
+    settings = request.app.state.settings
+    tenant_id = _create_tenant(principal, request)
+    if await queries.get_tenant(store, tenant_id) is None:
+        raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
+    spec = parse_create(
+        body, tenant=principal.is_tenant, volume_allow_list=settings.volume_allow_list
+    )
+    task = await store.create_task(
+        TenantId(tenant_id), spec, metadata={"principal": principal.subject}
+    )
+    return JSONResponse(task_view(task), status_code=201)
+
+
+def _int_param(params: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not lo <= int(raw) <= hi:
+        raise DomainError(Code.INVALID_VALUE, f"{name} must be an integer in {lo}..{hi}", [name])
+    return int(raw)
+
+
+def _labels_param(raw: str | None) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for part in (raw or "").split(","):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise DomainError(Code.INVALID_VALUE, "labels must be k=v[,k=v...]", ["labels"])
+        labels[key] = value
+    return labels
+
+
+def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery:
+    unknown = sorted(set(params) - LIST_PARAMS)
+    if unknown:
+        raise DomainError(
+            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
+        )
+    status = params.get("status")
+    if status is not None and status.lower() not in {s.value for s in TaskStatus}:
+        raise DomainError(Code.INVALID_VALUE, f"unknown status {status!r}", ["status"])
+    sort = params.get("sort", "created_at")
+    if sort not in queries.SORT_COLUMNS:
+        raise DomainError(
+            Code.INVALID_VALUE, "sort must be created_at, updated_at or priority", ["sort"]
+        )
+    order = params.get("order", "desc").lower()
+    if order not in ("asc", "desc"):
+        raise DomainError(Code.INVALID_VALUE, "order must be asc or desc", ["order"])
+    return TaskQuery(
+        tenant_id=tenant_id,
+        page=_int_param(params, "page", 1, 1, 1_000_000),
+        per_page=_int_param(params, "per_page", 20, 1, 500),
+        status=status.lower() if status else None,
+        node_id=params.get("node_id") or None,
+        name=params.get("name") or None,
+        labels=_labels_param(params.get("labels")),
+        sort=sort,
+        order=order,
+    )
+
+
+@router.get("")
+async def list_tasks(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
+    q = parse_list_query(dict(request.query_params), tenant_scope(principal))
+    tasks, total = await queries.list_tasks(store, q)
+    return {
+        "tasks": [task_view(t) for t in tasks],
+        "total": total,
+        "page": q.page,
+        "per_page": q.per_page,
+    }
+
+
+@router.get("/stats")
+async def task_stats(principal: Principal, store: Store) -> dict[str, Any]:
+    counts = await queries.task_stats(store, tenant_scope(principal))
+    return {"total": sum(counts.values()), "by_status": counts}
+
+
+@router.get("/{task_id}")
+async def get_task(task_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    return task_view(await store.get_task(task_id, tenant_id=tenant_scope(principal)))
+
+
+@router.put("/{task_id}", openapi_extra=CREATE_BODY)
+async def update_task(
+    request: Request, task_id: str, principal: Principal, store: Store, body: Body
+) -> dict[str, Any]:
+    reported = sorted((REPORT_FIELDS | {"expected_status"}) & body.keys())
+    if principal.is_tenant and reported:
+        raise DomainError(
+            Code.FORBIDDEN,
+            f"execution-report fields are reserved to agents and operators: {', '.join(reported)}",
+            reported,
+        )
+    scope = tenant_scope(principal)
+    if principal.can_report and "status" in body:
+        task = await _report(store, task_id, principal, body)
+        return task_view(task)
+    allow = request.app.state.settings.volume_allow_list
+
+    def decide(t: Task) -> list[Any]:
+        _, changes = parse_update(t, body, tenant=principal.is_tenant, volume_allow_list=allow)
+        return list(commands.decide_config_update(t, changes))
+
+    task = await store.execute(
+        task_id, decide, tenant_id=scope, metadata={"principal": principal.subject}
+    )
+    return task_view(task)
+
+
+async def _report(store: Store, task_id: str, principal: PrincipalT, body: dict[str, Any]) -> Task:
+    """Agent/operator report: whitelist + CAS on `expected_status` (or the table alone)."""
+    extra = sorted(set(body) - REPORT_BODY)
+    if extra:
+        owned = [k for k in extra if k in SERVER_OWNED]
+        code = Code.SERVER_OWNED_FIELD if owned else Code.UNKNOWN_FIELD
+        raise DomainError(code, f"not accepted in a status report: {', '.join(extra)}", extra)
+    try:
+        to = TaskStatus(str(body["status"]).lower())
+        expected = (
+            TaskStatus(str(body["expected_status"]).lower())
+            if body.get("expected_status")
+            else None
+        )
+    except ValueError:
+        raise DomainError(
+            Code.INVALID_VALUE, "unknown status value", ["status", "expected_status"]
+        ) from None
+    fields: dict[str, Any] = {}
+    for name, kind in (
+        ("exit_code", int),
+        ("result", str),
+        ("error", str),
+        ("node_id", str),
+        ("container_id", str),
+    ):
+        if body.get(name) is not None:
+            if not isinstance(body[name], kind) or isinstance(body[name], bool):
+                raise DomainError(Code.INVALID_VALUE, f"{name} must be {kind.__name__}", [name])
+            fields[name] = body[name]
+    actor = actor_of(principal)
+    return await store.execute(
+        task_id,
+        lambda t: commands.decide_transition(
+            t,
+            to,
+            actor=actor,
+            expected_status=expected,
+            report=True,
+            reason=str(body.get("reason") or "reported"),
+            **fields,
+        ),
+        metadata={"principal": principal.subject},
+        include_deleted=True,
+    )
+
+
+@router.delete("/{task_id}")
+async def delete_task(task_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    actor = actor_of(principal)
+    task = await store.execute(
+        task_id,
+        lambda t: commands.decide_delete(t, actor),
+        tenant_id=tenant_scope(principal),
+        metadata={"principal": principal.subject},
+    )
+    return {"message": "task deleted", "id": task.id, "status": task.status.value}
+
+
+@router.post("/{task_id}/stop")
+async def stop_task(task_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    actor = actor_of(principal)
+    task = await store.execute(
+        task_id,
+        lambda t: commands.decide_stop(t, actor),
+        tenant_id=tenant_scope(principal),
+        metadata={"principal": principal.subject},
+    )
+    return task_view(task)
+
+
+@router.post("/{task_id}/sleep")
+async def sleep_task(task_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    actor = actor_of(principal)
+    task = await store.execute(
+        task_id,
+        lambda t: commands.decide_sleep(t, actor),
+        tenant_id=tenant_scope(principal),
+        metadata={"principal": principal.subject},
+    )
+    return task_view(task)
