@@ -1,0 +1,28 @@
+# HeteroFlow recipes. `just` lists them.
+
+default:
+    @just --list
+
+# install and start the platform (embedded NATS + PostgreSQL unless URLs are set)
+up:
+    python3 -m venv .venv && . .venv/bin/activate && pip install -e . && heteroflow up
+
+# install and run the whole test suite (what CI runs)
+test:
+    python3 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[test]' && pytest
+
+# unit tests only (no servers)
+unit:
+    .venv/bin/pytest tests/unit -q
+
+# format, lint, type-check
+lint:
+    .venv/bin/ruff format . && .venv/bin/ruff check . && .venv/bin/mypy libs services agent bench
+
+# benchmarks (prints a table; see docs/benchmarks.md)
+bench *SUITES:
+    .venv/bin/python -m bench {{SUITES}}
+
+# regenerate the committed OpenAPI document
+openapi:
+    .venv/bin/python -m services.api_gateway.openapi > docs/openapi.json

@@ -1,0 +1,215 @@
+"""`heteroflow up`: the whole platform on one machine.
+
+With no URLs configured it starts an embedded NATS server and an embedded PostgreSQL under
+the state directory, then every service in this process. On first start it creates an
+operator token, an agent key and a `default` tenant with an API key, and writes them to
+`credentials.json` (mode 0600). Data survive a restart; SIGINT/SIGTERM stop everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvicorn
+from pydantic import Field, SecretStr
+
+from libs import auth
+from libs.config import GatewaySettings
+from libs.embedded import EmbeddedNats, EmbeddedPostgres
+from libs.store import queries
+from libs.store.eventstore import EventStore
+from services.api_gateway.app import create_app
+
+log = structlog.get_logger(__name__)
+
+ServiceRunner = Callable[["Platform", asyncio.Event], Awaitable[None]]
+
+
+class PlatformSettings(GatewaySettings):
+    """Settings of `heteroflow up` (prefix HETEROFLOW_)."""
+
+    nats_port: int = Field(default=0, description="embedded NATS port; 0 = 4222 if free")
+    local_agent: bool = Field(default=True, description="start one agent for this machine")
+
+
+@dataclass
+class Platform:
+    settings: PlatformSettings
+    nats_url: str = ""
+    database_url: str = ""
+    store: EventStore | None = None
+    credentials: dict[str, str] = field(default_factory=dict)
+    _nats: EmbeddedNats | None = None
+    _pg: EmbeddedPostgres | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.settings.home
+
+    def start_servers(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        s = self.settings
+        if s.nats_url:
+            self.nats_url = s.nats_url.get_secret_value()
+        else:
+            port = s.nats_port or _saved_or_free_port(self.home / "nats" / "port", 4222)
+            self._nats = EmbeddedNats(self.home / "nats", port=port).start()
+            self.nats_url = self._nats.url
+        if s.database_url:
+            self.database_url = s.database_url.get_secret_value()
+        else:
+            self._pg = EmbeddedPostgres(self.home / "postgres").start()
+            self.database_url = self._pg.url
+
+    def stop_servers(self) -> None:
+        if self._nats:
+            self._nats.stop()
+        if self._pg:
+            self._pg.stop()
+
+    def jwt_secret(self) -> SecretStr:
+        if self.settings.jwt_secret:
+            return self.settings.jwt_secret
+        path = self.home / "jwt_secret"
+        if not path.exists():
+            path.write_text(secrets.token_urlsafe(48))
+            path.chmod(0o600)
+        return SecretStr(path.read_text().strip())
+
+    async def bootstrap(self) -> dict[str, str]:
+        """Create first credentials once; later starts reuse credentials.json."""
+        assert self.store is not None
+        path = self.home / "credentials.json"
+        url = f"http://{self.settings.host}:{self.settings.port}"
+        have_operator = await self.store.fetch(
+            "SELECT 1 FROM system_credentials WHERE role = 'operator' LIMIT 1"
+        )
+        if have_operator and path.exists():
+            creds: dict[str, str] = json.loads(path.read_text())
+            creds["url"] = url
+        else:
+            if await queries.get_tenant(self.store, "default") is None:
+                await auth.create_tenant(self.store, "default", "default")
+            _, tenant_key = await auth.issue_api_key(self.store, "default", "local")
+            creds = {
+                "operator_token": await auth.issue_system_credential(
+                    self.store, "operator", "local operator"
+                ),
+                "agent_token": await auth.issue_system_credential(self.store, "agent", "agents"),
+                "tenant_api_key": tenant_key,
+                "tenant_id": "default",
+                "url": url,
+            }
+        _write_private(path, json.dumps(creds, indent=2) + "\n")
+        self.credentials = creds
+        return creds
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    path.chmod(0o600)
+
+
+def _saved_or_free_port(saved: Path, preferred: int) -> int:
+    """Keep the embedded NATS port stable across restarts when it is still free."""
+    candidates = [int(saved.read_text())] if saved.exists() else []
+    candidates.append(preferred)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        break
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(str(port))
+    return port
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the platform owns shutdown order."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
+    s = platform.settings
+    settings = s.model_copy(update={"jwt_secret": platform.jwt_secret()})
+    app = create_app(settings, platform.store)
+    server = _Server(
+        uvicorn.Config(app, host=s.host, port=s.port, log_config=None, access_log=False)
+    )
+    task = asyncio.create_task(server.serve())
+    await stop.wait()
+    server.should_exit = True
+    await task
+
+
+def banner(creds: dict[str, str], home: Path) -> str:
+    url = creds["url"]
+    return (
+        f"\nHeteroFlow is up at {url}\n"
+        f"Credentials: {home / 'credentials.json'} (operator_token, tenant_api_key, agent_token)\n"
+        "Try it:\n"
+        f"  export HF_KEY=$(python3 -c \"import json;print(json.load(open('{home}/credentials.json'))"
+        "['tenant_api_key'])\")\n"
+        f'  curl -s -X POST {url}/api/v1/tasks -H "Authorization: Bearer $HF_KEY" '
+        "-H 'Content-Type: application/json' "
+        '-d \'{"name": "hello", "image": "busybox:latest", "command": "echo hello"}\'\n'
+        f'  curl -s {url}/api/v1/tasks -H "Authorization: Bearer $HF_KEY"\n'
+        "Stop with Ctrl-C.\n"
+    )
+
+
+async def serve(
+    settings: PlatformSettings,
+    ready: Callable[[dict[str, str]], Any] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    platform = Platform(settings)
+    await asyncio.to_thread(platform.start_servers)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        platform.store = await EventStore.open(platform.database_url, max_size=settings.db_pool_max)
+        creds = await platform.bootstrap()
+        runners: list[ServiceRunner] = [run_gateway]
+        tasks = [asyncio.create_task(r(platform, stop)) for r in runners]
+        print(banner(creds, platform.home), flush=True)
+        if ready:
+            ready(creds)
+        done, _ = await asyncio.wait(
+            [asyncio.create_task(stop.wait()), *tasks], return_when=asyncio.FIRST_COMPLETED
+        )
+        for t in done:
+            if t in tasks and t.exception():
+                log.error("service_failed", error=repr(t.exception()))
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        if platform.store:
+            await platform.store.close()
+        await asyncio.to_thread(platform.stop_servers)
+        log.info("platform_stopped")

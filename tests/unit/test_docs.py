@@ -1,0 +1,18 @@
+"""Docs that restate code are checked against it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from libs.domain.states import TRANSITIONS, TaskStatus
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_state_machine_page_matches_whitelist() -> None:
+    text = (DOCS / "state-machine.md").read_text()
+    for src in TaskStatus:
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{src.value}` |"))
+        listed = {part.strip(" `") for part in row.split("|")[2].split(",")}
+        expected = {t.value for t in TRANSITIONS[src]} or {"— (terminal)"}
+        assert listed == expected, src
