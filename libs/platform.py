@@ -170,8 +170,8 @@ def banner(creds: dict[str, str], home: Path) -> str:
         f"\nHeteroFlow is up at {url}\n"
         f"Credentials: {home / 'credentials.json'} (operator_token, tenant_api_key, agent_token)\n"
         "Try it:\n"
-        f"  export HF_KEY=$(python3 -c \"import json;print(json.load(open('{home}/credentials.json'))"
-        "['tenant_api_key'])\")\n"
+        "  export HF_KEY=$(python3 -c \"import json;"
+        f"print(json.load(open('{home}/credentials.json'))['tenant_api_key'])\")\n"
         f'  curl -s -X POST {url}/api/v1/tasks -H "Authorization: Bearer $HF_KEY" '
         "-H 'Content-Type: application/json' "
         '-d \'{"name": "hello", "image": "busybox:latest", "command": "echo hello"}\'\n'
