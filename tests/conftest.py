@@ -4,6 +4,8 @@ and a fresh database per test that needs one."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +18,12 @@ from libs.embedded import EmbeddedNats, EmbeddedPostgres
 
 
 @pytest.fixture(scope="session")
-def hf_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("hf")
+def hf_tmp() -> Iterator[Path]:
+    # Not pytest's tmp_path: pytest prunes old base dirs, which would pull the data directory
+    # from under a server of a concurrently running session.
+    root = Path(tempfile.mkdtemp(prefix="hf-test-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

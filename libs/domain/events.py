@@ -134,23 +134,31 @@ class SystemCredentialIssued(Payload):
     key_hash: str
 
 
-PAYLOAD_TYPES: dict[str, type[Payload]] = {
-    cls.type: cls
-    for cls in (
-        TaskCreated,
-        TaskStatusChanged,
-        TaskConfigUpdated,
-        TaskPendingReason,
-        TaskDeleted,
-        TenantCreated,
-        ApiKeyIssued,
-        ApiKeyRevoked,
-        SystemCredentialIssued,
-    )
-}
+PAYLOAD_TYPES: dict[str, type[Payload]] = {}
+
+
+def register(*classes: type[Payload]) -> None:
+    """Add payload types to the catalogue (each domain module registers its own)."""
+    for cls in classes:
+        if PAYLOAD_TYPES.setdefault(cls.type, cls) is not cls:
+            raise ValueError(f"event type {cls.type} registered twice")
+
+
+register(
+    TaskCreated,
+    TaskStatusChanged,
+    TaskConfigUpdated,
+    TaskPendingReason,
+    TaskDeleted,
+    TenantCreated,
+    ApiKeyIssued,
+    ApiKeyRevoked,
+    SystemCredentialIssued,
+)
 
 
 def parse_payload(event_type: str, data: dict[str, Any]) -> Payload:
+    """Parse a stored payload; import `libs.domain.catalog` so every module has registered."""
     return PAYLOAD_TYPES[event_type].model_validate(data)
 
 

@@ -22,12 +22,14 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from libs.domain.catalog import parse_payload
 from libs.domain.errors import Conflict, NotFound
-from libs.domain.events import Payload, TaskCreated, evolve_task, parse_payload
+from libs.domain.events import Payload, TaskCreated, evolve_task
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
 
 from . import projections
 from .migrations import migrate
+from .projections import TASKS, Aggregate, M
 from .types import StoredEvent
 
 log = structlog.get_logger(__name__)
@@ -173,14 +175,46 @@ class EventStore:
         """
         async with self.pool.connection() as conn, conn.transaction():
             task = await self._load_for_update(conn, task_id, tenant_id, include_deleted)
-            events = list(decide(task))
-            if not events:
-                return task
-            stored = await self._insert(conn, task.id, events, task.version + 1, metadata or {})
-            for ev, st in zip(events, stored, strict=True):
-                task = evolve_task(task, ev, st.occurred_at, st.version)
-            await projections.upsert_tasks(conn, [task])
-            return task
+            result: Task = await self._apply(conn, TASKS, task_id, task, decide(task), metadata)
+            return result
+
+    async def execute_aggregate(
+        self,
+        agg: Aggregate[M],
+        agg_id: str,
+        decide: Callable[[M | None], Sequence[Payload]],
+        *,
+        metadata: dict[str, Any] | None = None,
+    ) -> M | None:
+        """Like `execute` for any aggregate; `decide` gets None when the stream is new."""
+        async with self.pool.connection() as conn, conn.transaction():
+            # Serialise writers of a stream that may not have a row yet.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (agg_id,))
+            cur = await conn.execute(
+                f"SELECT doc FROM {agg.table} WHERE id = %s FOR UPDATE", (agg_id,)
+            )
+            row = await cur.fetchone()
+            current = agg.model.model_validate(row[0]) if row else None
+            new: M | None = await self._apply(conn, agg, agg_id, current, decide(current), metadata)
+            return new
+
+    async def _apply(
+        self,
+        conn: AsyncConnection[Any],
+        agg: Aggregate[Any],
+        agg_id: str,
+        current: Any,
+        events: Sequence[Payload],
+        metadata: dict[str, Any] | None,
+    ) -> Any:
+        if not events:
+            return current
+        version = current.version if current is not None else 0
+        stored = await self._insert(conn, agg_id, events, version + 1, metadata or {})
+        for ev, st in zip(events, stored, strict=True):
+            current = agg.evolve(current, ev, st.occurred_at, st.version)
+        await projections.upsert(conn, agg, [current])
+        return current
 
     async def _load_for_update(
         self, conn: AsyncConnection[Any], task_id: str, tenant_id: str | None, deleted: bool

@@ -107,10 +107,31 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        2,
+        """
+        CREATE TABLE nodes (
+            id            text PRIMARY KEY,
+            status        text NOT NULL,
+            version       integer NOT NULL,
+            registered_at timestamptz NOT NULL,
+            updated_at    timestamptz NOT NULL,
+            doc           jsonb NOT NULL
+        );
+        CREATE INDEX tasks_pending ON tasks (priority DESC, created_at)
+            WHERE status = 'pending' AND deleted_at IS NULL;
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).
-PROJECTION_TABLES: tuple[str, ...] = ("api_keys", "system_credentials", "tasks", "tenants")
+PROJECTION_TABLES: tuple[str, ...] = (
+    "api_keys",
+    "system_credentials",
+    "tasks",
+    "nodes",
+    "tenants",
+)
 
 
 def migrate(conn: psycopg.Connection) -> list[int]:

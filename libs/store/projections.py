@@ -7,11 +7,14 @@ the clock, so a rebuild gives identical tables.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
+from pydantic import BaseModel
 
 from libs.domain.events import (
     ApiKeyIssued,
@@ -19,7 +22,9 @@ from libs.domain.events import (
     Payload,
     SystemCredentialIssued,
     TenantCreated,
+    evolve_task,
 )
+from libs.domain.node import Node, evolve_node
 from libs.domain.task import Task
 
 from .types import StoredEvent
@@ -40,6 +45,22 @@ ON CONFLICT (id) DO UPDATE SET
 """
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Aggregate(Generic[M]):
+    """How one aggregate type is folded from its events and stored as a projection row."""
+
+    stream_type: str
+    table: str
+    model: type[M]
+    evolve: Callable[[M | None, Any, datetime, int], M]
+    row: Callable[[M], tuple[Any, ...]]
+    upsert_sql: str
+    tenant_column: str | None = None
+
+
 def task_row(task: Task) -> tuple[Any, ...]:
     return (
         task.id,
@@ -58,11 +79,41 @@ def task_row(task: Task) -> tuple[Any, ...]:
     )
 
 
-async def upsert_tasks(conn: AsyncConnection[Any], tasks: Iterable[Task]) -> None:
-    rows = [task_row(t) for t in tasks]
+def node_row(node: Node) -> tuple[Any, ...]:
+    return (
+        node.id,
+        node.status.value,
+        node.version,
+        node.registered_at,
+        node.updated_at,
+        Jsonb(node.model_dump(mode="json")),
+    )
+
+
+UPSERT_NODE = """
+INSERT INTO nodes (id, status, version, registered_at, updated_at, doc)
+VALUES (%s, %s, %s, %s, %s, %s)
+ON CONFLICT (id) DO UPDATE SET
+    status = EXCLUDED.status, version = EXCLUDED.version,
+    updated_at = EXCLUDED.updated_at, doc = EXCLUDED.doc
+"""
+
+TASKS: Aggregate[Task] = Aggregate(
+    "task", "tasks", Task, evolve_task, task_row, UPSERT_TASK, tenant_column="tenant_id"
+)
+NODES: Aggregate[Node] = Aggregate("node", "nodes", Node, evolve_node, node_row, UPSERT_NODE)
+AGGREGATES: dict[str, Aggregate[Any]] = {a.stream_type: a for a in (TASKS, NODES)}
+
+
+async def upsert(conn: AsyncConnection[Any], agg: Aggregate[M], items: Iterable[M]) -> None:
+    rows = [agg.row(x) for x in items]
     if rows:
         async with conn.cursor() as cur:
-            await cur.executemany(UPSERT_TASK, rows)
+            await cur.executemany(agg.upsert_sql, rows)
+
+
+async def upsert_tasks(conn: AsyncConnection[Any], tasks: Iterable[Task]) -> None:
+    await upsert(conn, TASKS, tasks)
 
 
 async def apply_other(conn: AsyncConnection[Any], stored: StoredEvent, payload: Payload) -> None:

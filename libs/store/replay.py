@@ -14,8 +14,8 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from libs.domain.events import Payload, evolve_task, parse_payload
-from libs.domain.task import Task
+from libs.domain.catalog import parse_payload
+from libs.domain.events import Payload
 
 from . import projections
 from .eventstore import EventStore
@@ -63,7 +63,7 @@ def diff(
 
 
 async def _fold(conn: AsyncConnection[Any], batch: int = 5000) -> int:
-    tasks: dict[str, Task] = {}
+    folded: dict[str, dict[str, Any]] = {t: {} for t in projections.AGGREGATES}
     count = 0
     last = 0
     while True:
@@ -77,15 +77,18 @@ async def _fold(conn: AsyncConnection[Any], batch: int = 5000) -> int:
         for r in rows:
             st = StoredEvent(*r)
             payload: Payload = parse_payload(st.type, st.payload)
-            if st.stream_type == "task":
-                tasks[st.stream_id] = evolve_task(
-                    tasks.get(st.stream_id), payload, st.occurred_at, st.version
+            agg = projections.AGGREGATES.get(st.stream_type)
+            if agg is not None:
+                states = folded[st.stream_type]
+                states[st.stream_id] = agg.evolve(
+                    states.get(st.stream_id), payload, st.occurred_at, st.version
                 )
             else:
                 await projections.apply_other(conn, st, payload)
         count += len(rows)
         last = rows[-1][0]
-    await projections.upsert_tasks(conn, tasks.values())
+    for stream_type, states in folded.items():
+        await projections.upsert(conn, projections.AGGREGATES[stream_type], states.values())
     return count
 
 

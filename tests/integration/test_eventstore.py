@@ -15,7 +15,7 @@ from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import TaskSpec, TenantId
 from libs.store import queries
 from libs.store.eventstore import EventStore
-from libs.store.migrations import migrate
+from libs.store.migrations import MIGRATIONS, migrate
 from libs.store.replay import rebuild
 from libs.store.types import TaskQuery
 
@@ -48,7 +48,7 @@ def test_migrations_are_idempotent(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         first = migrate(conn)
         second = migrate(conn)
-    assert first == [1]
+    assert first == [v for v, _ in MIGRATIONS]
     assert second == []
 
 

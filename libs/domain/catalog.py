@@ -1,0 +1,8 @@
+"""The full event catalogue: importing this module registers every payload type."""
+
+from __future__ import annotations
+
+from . import events, node
+from .events import PAYLOAD_TYPES, Payload, parse_payload
+
+__all__ = ["PAYLOAD_TYPES", "Payload", "events", "node", "parse_payload"]
