@@ -63,6 +63,9 @@ class TaskStatusChanged(Payload):
     retry_count: int | None = None
     memory_mb: int | None = None
     clear_placement: bool = False
+    # Failure evidence for the retry engine's classifier (not folded into the task row).
+    error_kind: str | None = None
+    oom_killed: bool | None = None
 
 
 class TaskConfigUpdated(Payload):

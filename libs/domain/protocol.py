@@ -1,0 +1,195 @@
+"""Messages between the control plane and node agents, and how reports become transitions.
+
+Commands go to `hf.node.<id>.cmd`; reports and registration come back on
+`hf.node.<id>.report`; heartbeats on `hf.node.<id>.heartbeat`. Every message is a versioned,
+frozen model. An agent reports what it saw together with the status it believes the task has
+(`expected_status`); `decide_report` turns that into one compare-and-set transition.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .commands import decide_transition
+from .errors import Conflict
+from .events import TaskStatusChanged
+from .node import NodeInventory
+from .states import TERMINAL, Actor, TaskStatus
+from .task import Task
+
+S = TaskStatus
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = 1
+
+
+class CommandKind(StrEnum):
+    START = "start"
+    STOP = "stop"
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+class NodeCommand(Message):
+    """One instruction for one task on one node. `attempt` = the task's retry_count."""
+
+    kind: CommandKind
+    node_id: str
+    task_id: str
+    attempt: int
+    status: TaskStatus  # the task's status when the command was issued
+    grace_s: float = 10.0
+    run: dict[str, Any] | None = None  # RunSpec fields for START
+
+    @property
+    def msg_id(self) -> str:
+        # Dedup key on the command stream: one command per task, attempt and status change.
+        return f"{self.task_id}:{self.attempt}:{self.kind.value}:{self.status.value}"
+
+
+class Fact(StrEnum):
+    """What an agent observed."""
+
+    STARTING = "starting"  # container being created
+    RUNNING = "running"  # process is up
+    EXITED = "exited"  # process ended (exit_code, oom_killed)
+    START_FAILED = "start_failed"  # could not start (error_kind: ImageNotFound, ...)
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    LOST = "lost"  # the agent no longer finds the container it ran
+
+
+class AgentReport(Message):
+    kind: Literal["task"] = "task"
+    node_id: str
+    task_id: str
+    attempt: int
+    fact: Fact
+    expected_status: TaskStatus
+    exit_code: int | None = None
+    oom_killed: bool = False
+    error_kind: str = ""
+    error: str = ""
+    output_tail: list[str] = Field(default_factory=list)
+    container_id: str = ""
+    memory_mb: int | None = None  # what the agent actually applied (memory boost)
+    at: datetime
+
+
+class Registration(Message):
+    kind: Literal["register"] = "register"
+    node_id: str
+    inventory: NodeInventory
+    at: datetime
+
+
+class Heartbeat(Message):
+    node_id: str
+    seq: int
+    visible_gpus: list[str]
+    tasks: list[str] = Field(default_factory=list)
+    at: datetime
+
+
+def _exit_target(task: Task, report: AgentReport) -> TaskStatus:
+    """Where an exit takes the task, given who asked for it to end."""
+    if task.status is S.STOPPING:
+        return S.STOPPED  # never completed: somebody decided to stop it
+    if task.status is S.PREEMPTING:
+        return S.PENDING
+    if task.status is S.DRAINING:
+        return S.CANCELLED
+    return S.COMPLETED if report.exit_code == 0 and not report.oom_killed else S.FAILED
+
+
+def _failure_text(report: AgentReport) -> str:
+    if report.error_kind:
+        return f"{report.error_kind}: {report.error}".strip(": ")
+    if report.oom_killed:
+        return "OOMKilled: container exceeded its memory limit"
+    if report.fact is Fact.LOST:
+        return "ContainerLost: the agent no longer finds the container"
+    if report.exit_code not in (None, 0):
+        return f"exit code {report.exit_code}"
+    return report.error
+
+
+def report_target(task: Task, report: AgentReport) -> TaskStatus | None:
+    """The status a fact moves the task to from its current status (None = nothing to do)."""
+    fact = report.fact
+    if fact is Fact.STARTING:
+        return S.STARTING if task.status is S.SCHEDULED else None
+    if fact is Fact.RUNNING:
+        return S.RUNNING if task.status in (S.SCHEDULED, S.STARTING) else None
+    if fact is Fact.RESUMED:
+        return S.RUNNING if task.status is S.WAKING else None
+    if fact is Fact.PAUSED:
+        return None
+    if fact in (Fact.EXITED, Fact.START_FAILED, Fact.LOST):
+        if task.status in TERMINAL or task.status is S.PENDING:
+            return None
+        if fact is not Fact.EXITED and task.status not in (S.STOPPING, S.PREEMPTING, S.DRAINING):
+            return S.FAILED
+        return _exit_target(task, report)
+    return None
+
+
+def decide_report(task: Task, report: AgentReport) -> list[TaskStatusChanged]:
+    """Events for an agent report, compare-and-set on the status the agent expected.
+
+    A report from an older attempt or another node changes nothing. When the task moved on
+    since the agent looked (its expected status is stale), the reported transition is refused
+    with Conflict; the caller may then apply `report_target` for the same fact from the
+    current status (e.g. an exit while `stopping` records `stopped`, never `completed`).
+    """
+    if report.attempt != task.retry_count or task.node_id != report.node_id:
+        return []
+    target = report_target(task.model_copy(update={"status": report.expected_status}), report)
+    if target is None:
+        return []
+    if task.status is not report.expected_status:
+        raise Conflict(
+            f"agent expected {report.expected_status.value} but task is {task.status.value}"
+        )
+    return _transition(task, target, report)
+
+
+def decide_reconcile(task: Task, report: AgentReport) -> list[TaskStatusChanged]:
+    """After a Conflict: apply the fact from the task's current status (no CAS on the agent)."""
+    if report.attempt != task.retry_count or task.node_id != report.node_id:
+        return []
+    target = report_target(task, report)
+    return [] if target is None else _transition(task, target, report)
+
+
+def _transition(task: Task, target: TaskStatus, report: AgentReport) -> list[TaskStatusChanged]:
+    fields: dict[str, Any] = {}
+    if report.container_id:
+        fields["container_id"] = report.container_id
+    if target in TERMINAL:
+        fields["exit_code"] = report.exit_code
+        fields["result"] = "\n".join(report.output_tail[-20:])
+        if target is not S.COMPLETED:
+            fields["error"] = _failure_text(report)
+            fields["error_kind"] = report.error_kind or None
+            fields["oom_killed"] = report.oom_killed
+    if target is S.PENDING:
+        fields["clear_placement"] = True
+    if report.memory_mb is not None and report.memory_mb != task.spec.memory_mb:
+        fields["memory_mb"] = report.memory_mb
+    return decide_transition(
+        task,
+        target,
+        actor=Actor.AGENT,
+        expected_status=task.status,
+        report=True,
+        reason=f"agent: {report.fact.value}",
+        **fields,
+    )
