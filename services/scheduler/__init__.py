@@ -1,0 +1,41 @@
+"""Placement: a ClusterSnapshot in, a Plan out, no I/O inside (see docs/scheduling.md).
+
+`model` holds the values, `feasibility` the per-node checks, `scoring` the ranking,
+`planner` the evaluation loop with preemption and gangs, `reasons` the named reasons.
+"""
+
+from __future__ import annotations
+
+from .model import (
+    Allocation,
+    ClusterSnapshot,
+    Gpu,
+    GpuShare,
+    Node,
+    PendingTask,
+    Placement,
+    Plan,
+    Preemption,
+    Qos,
+    Requirement,
+    Unplaced,
+)
+from .planner import plan
+from .reasons import Reason
+
+__all__ = [
+    "Allocation",
+    "ClusterSnapshot",
+    "Gpu",
+    "GpuShare",
+    "Node",
+    "PendingTask",
+    "Placement",
+    "Plan",
+    "Preemption",
+    "Qos",
+    "Reason",
+    "Requirement",
+    "Unplaced",
+    "plan",
+]

@@ -1,0 +1,387 @@
+"""Feasibility: can this task go on this node, and if so on which cards?
+
+A node is checked by a chain of small stages, each returning a `Verdict`. The chain stops
+at the first rejection; the position of that stage in `NODE_STAGE_ORDER` tells how close
+the node came to fitting, which the planner uses to pick the most informative reason.
+Task-level checks (backoff, tenant quota) run once per task, before any node.
+
+Usage is computed from allocations whose status is in GPU_HOLDING, the one definition of
+what counts against capacity and quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .model import (
+    Allocation,
+    Gpu,
+    GpuShare,
+    Node,
+    PendingTask,
+    Qos,
+    derive_qos,
+    gpu_matches,
+    share_on,
+)
+from .reasons import PASS, Reason, Verdict, reject
+
+# Float slack for summed compute shares (0.1 + 0.2 + 0.7 must fit on one card).
+EPS = 1e-9
+
+NODE_STAGE_ORDER: tuple[Reason, ...] = (
+    Reason.PINNED_ELSEWHERE,
+    Reason.NODE_OFFLINE,
+    Reason.NODE_EXCLUDED,
+    Reason.GPU_TYPE_UNAVAILABLE,
+    Reason.INSUFFICIENT_VRAM,
+    Reason.INSUFFICIENT_GPUS,
+    Reason.FRACTION_UNAVAILABLE,
+    Reason.INSUFFICIENT_MEMORY,
+    Reason.INSUFFICIENT_CPU,
+    Reason.ANTI_AFFINITY,
+    Reason.TENANT_QUOTA_EXCEEDED,
+)
+
+
+# --- usage ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CardUse:
+    whole: bool = False
+    vram_mb: int = 0
+    compute_ratio: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    cards: Mapping[str, CardUse] = field(default_factory=dict)  # only cards with any use
+    memory_mb: int = 0
+    cpu_cores: float = 0.0
+    affinity: frozenset[tuple[str, str]] = frozenset()  # (tenant, anti-affinity key)
+
+
+def usage_of(allocations: Iterable[Allocation]) -> NodeUsage:
+    cards: dict[str, CardUse] = {}
+    memory, cpu = 0, 0.0
+    keys: set[tuple[str, str]] = set()
+    for a in allocations:
+        if not a.holding:
+            continue
+        memory += a.memory_mb
+        cpu += a.cpu_cores
+        keys.update((a.tenant_id, k) for k in a.anti_affinity)
+        if a.is_fractional:
+            for s in a.fractions:
+                c = cards.get(s.gpu_id, CardUse())
+                cards[s.gpu_id] = CardUse(
+                    c.whole, c.vram_mb + s.vram_mb, c.compute_ratio + s.compute_ratio
+                )
+        else:
+            for gid in a.gpu_ids:
+                c = cards.get(gid, CardUse())
+                cards[gid] = CardUse(True, c.vram_mb, c.compute_ratio)
+    return NodeUsage(cards, memory, cpu, frozenset(keys))
+
+
+def free_whole_cards(node: Node, usage: NodeUsage) -> int:
+    return sum(1 for g in node.gpus if not g.excluded and g.id not in usage.cards)
+
+
+# --- quota ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A tenant's GPU quota in cards and what it holds now (this round's placements included)."""
+
+    tenant_id: str
+    limit: float
+    used: float
+
+    def allows(self, cost: float) -> bool:
+        return self.used + cost <= self.limit + EPS
+
+    def rejection(self, cost: float) -> Verdict:
+        return reject(
+            Reason.TENANT_QUOTA_EXCEEDED,
+            f"tenant {self.tenant_id!r} GPU quota is {self.limit:g} card(s): "
+            f"{self.used:g} held, this task needs {cost:g}",
+        )
+
+
+def share_cost(share: GpuShare, gpus: Mapping[str, Gpu]) -> float:
+    """Quota cost of a fraction: the larger of its compute share and its VRAM share."""
+    gpu = gpus.get(share.gpu_id)
+    vram_share = share.vram_mb / gpu.vram_mb if gpu and gpu.vram_mb else 0.0
+    return max(share.compute_ratio, vram_share)
+
+
+def allocation_cost(a: Allocation, gpus: Mapping[str, Gpu]) -> float:
+    if a.is_fractional:
+        return sum(share_cost(s, gpus) for s in a.fractions)
+    return float(len(a.gpu_ids))
+
+
+def floor_cost(task: PendingTask) -> float:
+    """The least a task can cost before we know its card (exact for whole cards)."""
+    req = task.requirement
+    return float(req.gpu_count) if req.gpu_count else req.gpu_compute_ratio
+
+
+# --- task-level checks ---------------------------------------------------------------
+
+
+def check_backoff(task: PendingTask, now: datetime) -> Verdict:
+    if task.not_before is not None and now < task.not_before:
+        return reject(
+            Reason.BACKOFF, f"retry backoff: not placeable before {task.not_before.isoformat()}"
+        )
+    return PASS
+
+
+def check_quota_floor(task: PendingTask, quota: Quota | None) -> Verdict:
+    cost = floor_cost(task)
+    if quota is None or cost == 0 or quota.allows(cost):
+        return PASS
+    return quota.rejection(cost)
+
+
+# --- node stages ---------------------------------------------------------------------
+
+Stage = Callable[[PendingTask, Node, NodeUsage], Verdict]
+
+
+def check_pin(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    for pin in task.pins:
+        if node.id != pin:
+            return reject(Reason.PINNED_ELSEWHERE, f"task is pinned to node {pin!r}")
+    return PASS
+
+
+def check_online(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    if not node.online:
+        return reject(Reason.NODE_OFFLINE, f"node {node.id!r} is offline")
+    return PASS
+
+
+def check_excluded(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    if node.id in task.excluded_node_ids:
+        return reject(
+            Reason.NODE_EXCLUDED, f"node {node.id!r} is excluded for this task (earlier failure)"
+        )
+    return PASS
+
+
+def check_gpu_type(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    req = task.requirement
+    if not req.needs_gpu or not req.gpu_type:
+        return PASS
+    if any(gpu_matches(g, req.gpu_type) for g in node.gpus):
+        return PASS
+    return reject(
+        Reason.GPU_TYPE_UNAVAILABLE, f"node {node.id!r} has no GPU of type {req.gpu_type!r}"
+    )
+
+
+def _typed_and_suitable(task: PendingTask, node: Node) -> tuple[tuple[Gpu, ...], tuple[Gpu, ...]]:
+    req = task.requirement
+    frac_vram = req.gpu_memory_mb if req.is_fractional else 0
+    return node.cards_for(req.gpu_type, task.required_min_vram_mb, frac_vram)
+
+
+def _vram_need(task: PendingTask) -> str:
+    parts = []
+    if task.required_min_vram_mb:
+        parts.append(f"more than {task.required_min_vram_mb} MB")
+    if task.requirement.is_fractional and task.requirement.gpu_memory_mb:
+        parts.append(f"at least {task.requirement.gpu_memory_mb} MB")
+    return " and ".join(parts)
+
+
+def _kind(task: PendingTask) -> str:
+    t = task.requirement.gpu_type
+    return f"{t!r} GPU(s)" if t else "GPU(s)"
+
+
+def _suitable(task: PendingTask, node: Node) -> tuple[Gpu, ...]:
+    """Cards of the wanted type, not excluded, with enough VRAM."""
+    return _typed_and_suitable(task, node)[1]
+
+
+def check_vram(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    req = task.requirement
+    if not req.needs_gpu:
+        return PASS
+    need = req.gpu_count or 1
+    typed, big = _typed_and_suitable(task, node)
+    if len(typed) >= need and len(big) < need:
+        return reject(
+            Reason.INSUFFICIENT_VRAM,
+            f"node {node.id!r} has {len(big)} {_kind(task)} with {_vram_need(task)} VRAM, "
+            f"task needs {need}",
+        )
+    return PASS
+
+
+def check_memory(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    free = node.memory_mb - usage.memory_mb
+    if task.requirement.memory_mb > free:
+        return reject(
+            Reason.INSUFFICIENT_MEMORY,
+            f"node {node.id!r} has {free} MB memory free, task needs {task.requirement.memory_mb}",
+        )
+    return PASS
+
+
+def check_cpu(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    free = node.cpu_cores - usage.cpu_cores
+    if task.requirement.cpu_cores > free + EPS:
+        return reject(
+            Reason.INSUFFICIENT_CPU,
+            f"node {node.id!r} has {free:g} CPU cores free, task needs "
+            f"{task.requirement.cpu_cores:g}",
+        )
+    return PASS
+
+
+def check_anti_affinity(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    # Keys are scoped to the tenant: another tenant's key never blocks this task.
+    for key in task.requirement.anti_affinity:
+        if (task.tenant_id, key) in usage.affinity:
+            return reject(
+                Reason.ANTI_AFFINITY,
+                f"node {node.id!r} already runs a task with anti-affinity key {key!r}",
+            )
+    return PASS
+
+
+# --- GPU allocation ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The cards chosen on one node: whole `gpu_ids`, or one fractional share."""
+
+    gpu_ids: tuple[str, ...] = ()
+    fractions: tuple[GpuShare, ...] = ()
+    qos: Qos | None = None
+
+
+def allocate_gpus(task: PendingTask, node: Node, usage: NodeUsage) -> tuple[Verdict, Grant | None]:
+    if task.requirement.is_fractional:
+        return _allocate_fraction(task, node, usage)
+    if task.requirement.gpu_count:
+        return _allocate_whole(task, node, usage)
+    return PASS, Grant()
+
+
+def _allocate_whole(
+    task: PendingTask, node: Node, usage: NodeUsage
+) -> tuple[Verdict, Grant | None]:
+    need = task.requirement.gpu_count
+    suitable = _suitable(task, node)
+    free = [g for g in suitable if g.id not in usage.cards]
+    if len(free) < need:
+        lost = sum(1 for g in node.gpus if g.excluded and gpu_matches(g, task.requirement.gpu_type))
+        extra = f", {lost} excluded (lost)" if lost else ""
+        return reject(
+            Reason.INSUFFICIENT_GPUS,
+            f"node {node.id!r} has {len(free)} free of {len(suitable)} suitable "
+            f"{_kind(task)}{extra}, task needs {need}",
+        ), None
+    # `suitable` is smallest card first, so this is a best fit.
+    return PASS, Grant(gpu_ids=tuple(g.id for g in free[:need]))
+
+
+def fill_after(gpu: Gpu, use: CardUse, share: GpuShare) -> float:
+    """How full a card is once `share` is added (the larger of VRAM and compute fill)."""
+    return max((use.vram_mb + share.vram_mb) / gpu.vram_mb, use.compute_ratio + share.compute_ratio)
+
+
+def _allocate_fraction(
+    task: PendingTask, node: Node, usage: NodeUsage
+) -> tuple[Verdict, Grant | None]:
+    req = task.requirement
+    options: list[tuple[float, int, Gpu, GpuShare]] = []
+    for g in _suitable(task, node):
+        use = usage.cards.get(g.id, CardUse())
+        share = share_on(req, g)
+        if use.whole or use.vram_mb + share.vram_mb > g.vram_mb:
+            continue
+        if use.compute_ratio + share.compute_ratio > 1.0 + EPS:
+            continue
+        options.append((-fill_after(g, use, share), g.index, g, share))
+    if not options:
+        return reject(
+            Reason.FRACTION_UNAVAILABLE,
+            f"node {node.id!r} has no {_kind(task)} with room for {_fraction_text(task)}",
+        ), None
+    # Fullest card first, so whole cards stay free for whole-card work.
+    _, _, gpu, share = min(options, key=lambda o: (o[0], o[1]))
+    return PASS, Grant(gpu_ids=(gpu.id,), fractions=(share,), qos=derive_qos(gpu))
+
+
+def _fraction_text(task: PendingTask) -> str:
+    req = task.requirement
+    parts = []
+    if req.gpu_memory_mb:
+        parts.append(f"{req.gpu_memory_mb} MB VRAM")
+    if req.gpu_compute_ratio:
+        parts.append(f"{req.gpu_compute_ratio:.0%} compute")
+    return " and ".join(parts)
+
+
+# --- the chain -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A node that can take the task, with the cards it would get and the quota it costs."""
+
+    node: Node
+    usage: NodeUsage
+    grant: Grant
+    cost: float
+
+
+STATIC_STAGES: tuple[Stage, ...] = (
+    check_pin,
+    check_online,
+    check_excluded,
+    check_gpu_type,
+    check_vram,
+)
+LATE_STAGES: tuple[Stage, ...] = (check_memory, check_cpu, check_anti_affinity)
+
+
+def check_node(
+    task: PendingTask,
+    node: Node,
+    usage: NodeUsage,
+    *,
+    quota: Quota | None,
+) -> tuple[Verdict, Fit | None]:
+    """Run every stage in order; the first rejection wins. On success return the Fit."""
+    for stage in STATIC_STAGES:
+        verdict = stage(task, node, usage)
+        if not verdict.ok:
+            return verdict, None
+    verdict, grant = allocate_gpus(task, node, usage)
+    if grant is None:
+        return verdict, None
+    for stage in LATE_STAGES:
+        verdict = stage(task, node, usage)
+        if not verdict.ok:
+            return verdict, None
+    gpus = {g.id: g for g in node.gpus}
+    if grant.fractions:
+        cost = sum(share_cost(s, gpus) for s in grant.fractions)
+    else:
+        cost = float(len(grant.gpu_ids))
+    if quota is not None and cost and not quota.allows(cost):
+        return quota.rejection(cost), None
+    return PASS, Fit(node=node, usage=usage, grant=grant, cost=cost)

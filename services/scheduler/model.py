@@ -1,0 +1,337 @@
+"""The scheduler's inputs and outputs: an immutable cluster snapshot in, a plan out.
+
+Everything here is a frozen value. The control plane builds a `ClusterSnapshot` from the
+node inventory and the tasks in `GPU_HOLDING` (libs.domain.states), plus `PendingTask`s
+for the tasks waiting in `pending`; `planner.plan` returns a `Plan` that the control plane
+commits through the transition whitelist. Nothing in this package performs I/O or reads
+the clock: `ClusterSnapshot.now` is the only time the scheduler knows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from types import MappingProxyType
+
+from libs.domain.states import GPU_HOLDING, TaskStatus
+from libs.domain.task import Task, TaskSpec
+
+from .reasons import Reason
+
+
+class Qos(StrEnum):
+    """Isolation class of a fractional GPU share, derived on placement (SPEC §3)."""
+
+    GOLD = "gold"  # NVIDIA with MIG: hardware partition
+    SILVER = "silver"  # other NVIDIA: MPS
+    BRONZE = "bronze"  # every other vendor: software accounting only
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    id: str  # card uuid, or "<node>-gpu<index>" when the agent has none
+    index: int
+    vendor: str  # "nvidia", "amd", "huawei", "intel", ...
+    model: str  # "A100-80GB", "RTX4090", "MI300X", "Ascend910B", ...
+    vram_mb: int
+    mig_capable: bool = False
+    excluded: bool = False  # GPU_LOST: kept out of new placements until seen again
+
+
+def derive_qos(gpu: Gpu) -> Qos:
+    if gpu.vendor.lower() == "nvidia":
+        return Qos.GOLD if gpu.mig_capable else Qos.SILVER
+    return Qos.BRONZE
+
+
+def gpu_matches(gpu: Gpu, wanted: str) -> bool:
+    """Case-insensitive: "" = any, a vendor name = all its cards, "vendor/model", or a
+    substring of the model that does not cut a number ("A100" matches "A100-80GB",
+    "A10" does not)."""
+    return not wanted or _type_matches(gpu.vendor, gpu.model, wanted)
+
+
+@functools.lru_cache(maxsize=4096)
+def _type_matches(vendor_name: str, model: str, wanted: str) -> bool:
+    # A fleet has few distinct (vendor, model, wanted) triples; every node check hits this.
+    w = wanted.strip().lower()
+    if not w:
+        return True
+    vendor = vendor_name.strip().lower()
+    if "/" in w:
+        want_vendor, _, want_model = w.partition("/")
+        return want_vendor.strip() == vendor and _model_has(model, want_model.strip())
+    return w == vendor or _model_has(model, w)
+
+
+def _model_has(model: str, w: str) -> bool:
+    if not w:
+        return True
+    head = r"(?<!\d)" if w[0].isdigit() else ""
+    tail = r"(?!\d)" if w[-1].isdigit() else ""
+    return re.search(head + re.escape(w) + tail, model.lower()) is not None
+
+
+CardSets = tuple[tuple[Gpu, ...], tuple[Gpu, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    id: str
+    online: bool
+    memory_mb: int
+    cpu_cores: float
+    gpus: tuple[Gpu, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Memo for cards_for: the answer depends only on the (immutable) cards, and the planner
+    # asks once per task and node. Not part of the value.
+    _cards_memo: dict[tuple[str, int, int], CardSets] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def cards_for(self, gpu_type: str, min_vram_mb: int = 0, fraction_vram_mb: int = 0) -> CardSets:
+        """(cards of `gpu_type`, those with more than `min_vram_mb` and at least
+        `fraction_vram_mb` VRAM, smallest first); lost cards are left out of both."""
+        key = (gpu_type, min_vram_mb, fraction_vram_mb)
+        hit = self._cards_memo.get(key)
+        if hit is None:
+            typed = tuple(g for g in self.gpus if not g.excluded and gpu_matches(g, gpu_type))
+            # Smallest sufficient card first: best fit leaves big cards for big requests.
+            big = tuple(
+                sorted(
+                    (g for g in typed if g.vram_mb > min_vram_mb and g.vram_mb >= fraction_vram_mb),
+                    key=lambda g: (g.vram_mb, g.index),
+                )
+            )
+            hit = self._cards_memo[key] = (typed, big)
+        return hit
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    """A fraction of one card: the VRAM and the compute share it holds."""
+
+    gpu_id: str
+    vram_mb: int
+    compute_ratio: float
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """What a task needs from a node, taken from its TaskSpec."""
+
+    gpu_count: int = 0  # whole cards
+    gpu_type: str = ""  # "", a vendor, a model substring, or "vendor/model"
+    gpu_memory_mb: int = 0  # fraction: VRAM on one card
+    gpu_compute_ratio: float = 0.0  # fraction: compute share of one card
+    memory_mb: int = 2048
+    cpu_cores: float = 1.0
+    requested_node_id: str = ""
+    anti_affinity: tuple[str, ...] = ()
+
+    @property
+    def is_fractional(self) -> bool:
+        return self.gpu_count == 0 and (self.gpu_memory_mb > 0 or self.gpu_compute_ratio > 0)
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.gpu_count > 0 or self.is_fractional
+
+    @classmethod
+    def from_spec(cls, spec: TaskSpec) -> Requirement:
+        return cls(
+            gpu_count=spec.gpu_required,
+            gpu_type=spec.gpu_type.strip(),
+            gpu_memory_mb=0 if spec.gpu_required else spec.gpu_memory_mb,
+            gpu_compute_ratio=0.0 if spec.gpu_required else spec.gpu_compute_ratio,
+            memory_mb=spec.memory_mb,
+            cpu_cores=spec.cpu_cores,
+            requested_node_id=spec.requested_node_id,
+            anti_affinity=tuple(spec.anti_affinity),
+        )
+
+
+def share_on(req: Requirement, gpu: Gpu) -> GpuShare:
+    """The share a fractional request holds on `gpu`.
+
+    A request naming only one dimension holds the matching share of the other, so every
+    fraction is accounted in both VRAM and compute and a card is never oversubscribed.
+    """
+    vram = req.gpu_memory_mb or math.ceil(req.gpu_compute_ratio * gpu.vram_mb)
+    ratio = req.gpu_compute_ratio or min(1.0, vram / gpu.vram_mb)
+    return GpuShare(gpu_id=gpu.id, vram_mb=vram, compute_ratio=ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Resources a task holds now. Only statuses in GPU_HOLDING hold anything."""
+
+    task_id: str
+    tenant_id: str
+    node_id: str
+    status: TaskStatus
+    gpu_ids: tuple[str, ...] = ()
+    fractions: tuple[GpuShare, ...] = ()  # non-empty: gpu_ids are shared, not whole
+    memory_mb: int = 0
+    cpu_cores: float = 0.0
+    priority: int = 0
+    preemptible: bool = False
+    anti_affinity: tuple[str, ...] = ()
+
+    @property
+    def holding(self) -> bool:
+        return self.status in GPU_HOLDING
+
+    @property
+    def is_fractional(self) -> bool:
+        return bool(self.fractions)
+
+    @classmethod
+    def from_task(cls, task: Task, gpus: Mapping[str, Gpu]) -> Allocation:
+        """Build from a placed task; `gpus` (by id) lets a fraction be re-derived per card.
+
+        A fractional task whose card is missing from `gpus` is counted as holding the whole
+        card: too much rather than too little.
+        """
+        req = Requirement.from_spec(task.spec)
+        fractions: tuple[GpuShare, ...] = ()
+        if req.is_fractional:
+            fractions = tuple(share_on(req, gpus[g]) for g in task.gpu_ids if g in gpus)
+        return cls(
+            task_id=task.id,
+            tenant_id=task.tenant_id,
+            node_id=task.node_id or "",
+            status=task.status,
+            gpu_ids=task.gpu_ids,
+            fractions=fractions,
+            memory_mb=req.memory_mb,
+            cpu_cores=req.cpu_cores,
+            priority=task.spec.priority,
+            preemptible=task.spec.preemptible,
+            anti_affinity=req.anti_affinity,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PendingTask:
+    """A task waiting for a node, with the constraints retry and grouping add to its spec."""
+
+    task_id: str
+    tenant_id: str
+    requirement: Requirement
+    created_at: datetime  # FIFO within one priority
+    priority: int = 0
+    excluded_node_ids: frozenset[str] = frozenset()  # retry: avoid these nodes
+    required_min_vram_mb: int = 0  # GPU OOM retry: cards must have MORE VRAM than this
+    same_node_id: str = ""  # retry on the same node
+    not_before: datetime | None = None  # backoff
+    gang_id: str | None = None  # members are placed all together or not at all
+    gang_size: int = 0  # members expected; 0 = whatever is pending
+
+    @property
+    def pins(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.requirement.requested_node_id, self.same_node_id) if n)
+
+    @classmethod
+    def from_task(
+        cls,
+        task: Task,
+        *,
+        excluded_node_ids: frozenset[str] = frozenset(),
+        required_min_vram_mb: int = 0,
+        same_node_id: str = "",
+        not_before: datetime | None = None,
+        gang_id: str | None = None,
+        gang_size: int = 0,
+    ) -> PendingTask:
+        return cls(
+            task_id=task.id,
+            tenant_id=task.tenant_id,
+            requirement=Requirement.from_spec(task.spec),
+            created_at=task.created_at,
+            priority=task.spec.priority,
+            excluded_node_ids=excluded_node_ids,
+            required_min_vram_mb=required_min_vram_mb,
+            same_node_id=same_node_id,
+            not_before=not_before,
+            gang_id=gang_id,
+            gang_size=gang_size,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """The cluster as one evaluation sees it. Quotas are in cards; 0 or absent = unlimited."""
+
+    now: datetime
+    nodes: tuple[Node, ...] = ()
+    allocations: tuple[Allocation, ...] = ()
+    tenant_quotas: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tenant_quotas", MappingProxyType(dict(self.tenant_quotas)))
+
+    def holding(self) -> tuple[Allocation, ...]:
+        return tuple(a for a in self.allocations if a.holding)
+
+    def quota_of(self, tenant_id: str) -> float:
+        return self.tenant_quotas.get(tenant_id, 0.0)
+
+    def gpus_by_id(self) -> dict[str, Gpu]:
+        return {g.id: g for n in self.nodes for g in n.gpus}
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    task_id: str
+    node_id: str
+    gpu_ids: tuple[str, ...] = ()
+    qos: Qos | None = None  # set for fractions only; whole cards are exclusive
+    fractions: tuple[GpuShare, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Evict `victims` (preempting -> pending) so `task_id` fits on `node_id` next round."""
+
+    task_id: str
+    node_id: str
+    victims: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    task_id: str
+    reason: Reason
+    message: str
+
+    @property
+    def text(self) -> str:
+        """The "why pending" line a user sees: `<reason>: <message>`."""
+        return f"{self.reason.value}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The outcome of one evaluation.
+
+    Every task considered appears exactly once in `placements` or `unplaced`; a task that
+    asked for a preemption is also in `unplaced` (it waits for the capacity to free).
+    `deferred` lists tasks beyond `max_batch`, left untouched for the next round.
+    """
+
+    placements: tuple[Placement, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    unplaced: tuple[Unplaced, ...] = ()
+    deferred: tuple[str, ...] = ()
+
+    def placement_for(self, task_id: str) -> Placement | None:
+        return next((p for p in self.placements if p.task_id == task_id), None)
+
+    def unplaced_for(self, task_id: str) -> Unplaced | None:
+        return next((u for u in self.unplaced if u.task_id == task_id), None)
