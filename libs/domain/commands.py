@@ -7,12 +7,16 @@ in one transaction, so what the functions see is exactly what a compare-and-set 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import Code, Conflict, DomainError
-from .events import TaskConfigUpdated, TaskDeleted, TaskPendingReason, TaskStatusChanged
+from .events import Payload, TaskConfigUpdated, TaskDeleted, TaskPendingReason, TaskStatusChanged
 from .states import TERMINAL, Actor, IllegalTransition, TaskStatus, check_transition
 from .task import Task
+
+# A command: the current task in, the events that record the decision out (or DomainError).
+Decide = Callable[[Task], Sequence[Payload]]
 
 
 def decide_transition(

@@ -45,13 +45,14 @@ class NodeCommand(Message):
     task_id: str
     attempt: int
     status: TaskStatus  # the task's status when the command was issued
+    task_version: int = 0  # the task's stream version when the command was issued
     grace_s: float = 10.0
     run: dict[str, Any] | None = None  # RunSpec fields for START
 
     @property
     def msg_id(self) -> str:
-        # Dedup key on the command stream: one command per task, attempt and status change.
-        return f"{self.task_id}:{self.attempt}:{self.kind.value}:{self.status.value}"
+        # Dedup key on the command stream: one per node and task stream version.
+        return f"{self.node_id}:{self.task_id}:{self.task_version}:{self.kind.value}"
 
 
 class Fact(StrEnum):

@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from libs.domain.catalog import parse_payload
-from libs.domain.errors import Conflict, NotFound
+from libs.domain.errors import Conflict, DomainError, NotFound
 from libs.domain.events import Payload, TaskCreated, evolve_task
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
 
@@ -177,6 +177,62 @@ class EventStore:
             task = await self._load_for_update(conn, task_id, tenant_id, include_deleted)
             result: Task = await self._apply(conn, TASKS, task_id, task, decide(task), metadata)
             return result
+
+    async def execute_batch(
+        self,
+        decisions: dict[str, Decide],
+        *,
+        metadata: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Task], dict[str, DomainError]]:
+        """Many task commands in one transaction (the scheduler's batched commit).
+
+        Rows are locked in id order (no deadlock between batches); a command whose decide
+        raises is left out and reported, the others commit together.
+        """
+        done: dict[str, Task] = {}
+        refused: dict[str, DomainError] = {}
+        meta = Jsonb(metadata or {})
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT doc FROM tasks WHERE id = ANY(%s) AND deleted_at IS NULL"
+                " ORDER BY id FOR UPDATE",
+                (list(decisions),),
+            )
+            found = {r[0]["id"]: Task.model_validate(r[0]) for r in await cur.fetchall()}
+            at = self.clock()
+            rows: list[tuple[Any, ...]] = []
+            for task_id, decide in decisions.items():
+                task = found.get(task_id)
+                if task is None:
+                    refused[task_id] = NotFound("task")
+                    continue
+                try:
+                    events = list(decide(task))
+                except DomainError as exc:
+                    refused[task_id] = exc
+                    continue
+                for ev in events:
+                    version = task.version + 1
+                    rows.append(
+                        (
+                            uuid.uuid4(),
+                            task.id,
+                            ev.stream_type,
+                            version,
+                            ev.type,
+                            ev.schema_version,
+                            Jsonb(ev.model_dump(mode="json")),
+                            meta,
+                            at,
+                        )
+                    )
+                    task = evolve_task(task, ev, at, version)
+                done[task_id] = task
+            if rows:
+                async with conn.cursor() as c:
+                    await c.executemany(INSERT_EVENT.replace("RETURNING position", ""), rows)
+                await projections.upsert_tasks(conn, done.values())
+        return done, refused
 
     async def execute_aggregate(
         self,

@@ -1,0 +1,95 @@
+"""Turn committed task transitions into node commands (the outbox pattern, one hop on).
+
+The scheduler commits `pending → scheduled`; the relay publishes that event; this consumer
+sends `start` to the node. A crash between any two steps loses nothing: the event is
+redelivered until acknowledged, and the command's message id makes a resend a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from libs.bus.subjects import node_command_subject
+from libs.domain.errors import NotFound
+from libs.domain.protocol import CommandKind, NodeCommand
+from libs.domain.states import TaskStatus
+from libs.domain.task import Task
+from libs.store.eventstore import EventStore
+
+log = structlog.get_logger(__name__)
+
+S = TaskStatus
+KIND_FOR_STATUS: dict[TaskStatus, CommandKind] = {
+    S.SCHEDULED: CommandKind.START,
+    S.STOPPING: CommandKind.STOP,
+    S.PREEMPTING: CommandKind.STOP,
+    S.DRAINING: CommandKind.STOP,
+    S.SLEEPING: CommandKind.PAUSE,
+    S.WAKING: CommandKind.RESUME,
+}
+STOP_GRACE_S = 10.0
+
+
+def run_payload(task: Task) -> dict[str, Any]:
+    return {
+        "spec": task.spec.model_dump(mode="json"),
+        "gpu_ids": list(task.gpu_ids),
+        "qos": task.qos,
+        "tenant_id": task.tenant_id,
+        "group_id": task.group_id,
+        "rank": task.rank,
+    }
+
+
+def command_for(task: Task, to: TaskStatus) -> NodeCommand | None:
+    """The command for a transition to `to`, if the task is still there and placed."""
+    kind = KIND_FOR_STATUS.get(to)
+    if kind is None or task.status is not to or not task.node_id:
+        return None  # stale: the task moved on; the later event brings its own command
+    return NodeCommand(
+        kind=kind,
+        node_id=task.node_id,
+        task_id=task.id,
+        attempt=task.retry_count,
+        status=to,
+        task_version=task.version,
+        grace_s=STOP_GRACE_S,
+        run=run_payload(task) if kind is CommandKind.START else None,
+    )
+
+
+async def send(js: JetStreamContext, cmd: NodeCommand) -> None:
+    await js.publish(
+        node_command_subject(cmd.node_id),
+        cmd.model_dump_json().encode(),
+        headers={"Nats-Msg-Id": cmd.msg_id},
+    )
+
+
+class Dispatcher:
+    def __init__(self, store: EventStore, js: JetStreamContext) -> None:
+        self.store = store
+        self.js = js
+
+    async def handle(self, msg: Msg) -> None:
+        envelope = json.loads(msg.data)
+        if envelope.get("type") != "task_status_changed":
+            return
+        payload = envelope["payload"]
+        to = TaskStatus(payload["to_status"])
+        if to not in KIND_FOR_STATUS:
+            return
+        try:
+            task = await self.store.get_task(payload["task_id"], include_deleted=True)
+        except NotFound:
+            return
+        cmd = command_for(task, to)
+        if cmd is None:
+            return
+        await send(self.js, cmd)
+        log.info("command_sent", kind=cmd.kind.value, task_id=cmd.task_id, node_id=cmd.node_id)

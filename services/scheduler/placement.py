@@ -1,0 +1,172 @@
+"""The placement loop: read the cluster, plan, commit the plan with compare-and-set.
+
+Only the lease holder runs it, so exactly one scheduler places at a time even when several
+replicas run. Each commit is conditioned on `expected_status` (pending for placements,
+the victim's status for preemptions): a task that moved since the snapshot is skipped and
+reconsidered next round, never double-placed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import structlog
+from prometheus_client import Counter, Gauge, Histogram
+
+from libs.domain import commands
+from libs.domain.states import Actor, TaskStatus
+from libs.domain.task import Task
+from libs.store.eventstore import EventStore
+
+from . import view
+from .model import Plan
+from .planner import plan
+
+log = structlog.get_logger(__name__)
+
+ATTEMPTS = Counter(
+    "heteroflow_schedule_attempts_total", "Scheduling decisions by result", ["result"]
+)
+LATENCY = Histogram(
+    "heteroflow_scheduling_round_seconds",
+    "Duration of one scheduling round",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+PENDING = Gauge("heteroflow_pending_tasks", "Pending tasks seen by the scheduler")
+
+
+@dataclass
+class RoundResult:
+    placed: int = 0
+    preempted: int = 0
+    unplaced: int = 0
+    conflicts: int = 0
+    seconds: float = 0.0
+    placements: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Placer:
+    store: EventStore
+    clock: Callable[[], datetime]
+    batch: int = 512
+    fencing_token: int | None = None
+
+    async def round(self) -> RoundResult:
+        started = time.perf_counter()
+        pending = await view.load_pending(self.store, self.batch)
+        PENDING.set(len(pending))
+        if not pending:
+            return RoundResult()
+        nodes, holding, quotas = await asyncio.gather(
+            view.load_nodes(self.store),
+            view.load_holding(self.store),
+            view.load_quotas(self.store),
+        )
+        snap = view.snapshot(self.clock(), nodes, holding, quotas)
+        result_plan = plan(snap, [view.pending_of(t) for t in pending], max_batch=self.batch)
+        result = await self.commit(result_plan, {t.id: t for t in pending})
+        result.seconds = time.perf_counter() - started
+        LATENCY.observe(result.seconds)
+        return result
+
+    async def commit(self, p: Plan, pending: dict[str, Task]) -> RoundResult:
+        meta: dict[str, Any] = {"fencing_token": self.fencing_token}
+        decisions: dict[str, commands.Decide] = {}
+        for pl in p.placements:
+            decisions[pl.task_id] = _place(pl.node_id, pl.gpu_ids, pl.qos.value if pl.qos else "")
+        victims: dict[str, commands.Decide] = {}
+        for pre in p.preemptions:
+            for victim in pre.victims:
+                victims[victim] = _preempt(pre.task_id)
+        for un in p.unplaced:
+            if un.task_id in pending and pending[un.task_id].pending_reason != un.text:
+                decisions.setdefault(un.task_id, _why(un.text))
+        done, refused = await self.store.execute_batch(decisions, metadata=meta)
+        if victims:
+            v_done, v_refused = await self.store.execute_batch(victims, metadata=meta)
+            refused |= v_refused
+        result = RoundResult(
+            placed=sum(1 for pl in p.placements if pl.task_id in done),
+            preempted=len(victims) - len(refused.keys() & victims.keys()),
+            unplaced=len(p.unplaced),
+            conflicts=len(refused),
+            placements=[pl.task_id for pl in p.placements if pl.task_id in done],
+        )
+        ATTEMPTS.labels("placed").inc(result.placed)
+        ATTEMPTS.labels("unplaced").inc(result.unplaced)
+        ATTEMPTS.labels("conflict").inc(result.conflicts)
+        if result.placed or result.preempted or result.conflicts:
+            log.info(
+                "scheduling_round",
+                placed=result.placed,
+                preempted=result.preempted,
+                unplaced=result.unplaced,
+                conflicts=result.conflicts,
+            )
+        return result
+
+
+def _place(node_id: str, gpu_ids: tuple[str, ...], qos: str) -> commands.Decide:
+    def decide(t: Task) -> list[Any]:
+        return list(
+            commands.decide_transition(
+                t,
+                TaskStatus.SCHEDULED,
+                actor=Actor.SCHEDULER,
+                expected_status=TaskStatus.PENDING,
+                reason="placed",
+                node_id=node_id,
+                gpu_ids=gpu_ids,
+                qos=qos,
+            )
+        )
+
+    return decide
+
+
+def _preempt(preemptor: str) -> commands.Decide:
+    def decide(t: Task) -> list[Any]:
+        return list(
+            commands.decide_transition(
+                t,
+                TaskStatus.PREEMPTING,
+                actor=Actor.SCHEDULER,
+                expected_status=t.status,
+                reason=f"preempted by {preemptor}",
+            )
+        )
+
+    return decide
+
+
+def _why(text: str) -> commands.Decide:
+    def decide(t: Task) -> list[Any]:
+        return list(commands.decide_pending_reason(t, text))
+
+    return decide
+
+
+async def run_placement(
+    placer: Placer, stop: asyncio.Event, wake: asyncio.Event, idle_s: float = 0.5
+) -> None:
+    """Rounds back to back while there is work; otherwise wait for a wake-up or `idle_s`."""
+    while not stop.is_set():
+        try:
+            result = await placer.round()
+        except Exception:
+            log.exception("scheduling_round_failed")
+            result = RoundResult()
+            await asyncio.sleep(1.0)
+        if result.placed or result.preempted:
+            continue
+        wake.clear()
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+        await asyncio.wait(waiters, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()

@@ -1,0 +1,93 @@
+"""The scheduler service: placement (leader), node monitor (leader), command dispatch and
+agent reports (competing durable consumers)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import structlog
+from pydantic import Field
+
+from libs.bus.consume import consume
+from libs.bus.lease import Lease, open_lease_bucket, run_while_leader
+from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, NODE_PREFIX, NODE_STREAM, event_filter
+from libs.config import CommonSettings
+from libs.service import ServiceContext
+
+from .dispatch import Dispatcher
+from .monitor import NodeMonitor
+from .placement import Placer, run_placement
+from .reports import ReportHandler
+
+log = structlog.get_logger(__name__)
+
+LEASE_TTL_S = 6.0
+
+
+class SchedulerSettings(CommonSettings):
+    node_offline_after_s: float = Field(default=10.0, description="heartbeat silence → offline")
+    node_gone_after_s: float = Field(default=600.0, description="offline this long → gone")
+    schedule_batch: int = 512
+    instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+
+async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSettings) -> None:
+    kv = await open_lease_bucket(ctx.js, LEASE_TTL_S)
+    wake = asyncio.Event()
+
+    async def on_task_event(_msg: object) -> None:
+        wake.set()
+
+    # Any task or node event may free or need capacity: wake the placer (core, no ack).
+    subs = [
+        await ctx.nc.subscribe(f"{EVENTS_PREFIX}.task.>", cb=on_task_event),
+        await ctx.nc.subscribe(f"{EVENTS_PREFIX}.node.>", cb=on_task_event),
+    ]
+    placer = Placer(ctx.store, ctx.store.clock, batch=settings.schedule_batch)
+    monitor = NodeMonitor(
+        ctx.store,
+        ctx.nc,
+        offline_after_s=settings.node_offline_after_s,
+        gone_after_s=settings.node_gone_after_s,
+    )
+
+    async def place(token: int) -> None:
+        placer.fencing_token = token
+        await run_placement(placer, stop, wake)
+
+    async def watch(_token: int) -> None:
+        await monitor.run(stop)
+
+    me = f"{ctx.name}-{settings.instance_id}"
+    dispatcher = Dispatcher(ctx.store, ctx.js)
+    reports = ReportHandler(ctx.store, ctx.js)
+    jobs = [
+        run_while_leader(
+            Lease(kv, "scheduler", me, LEASE_TTL_S), place, stop, renew_every=LEASE_TTL_S / 3
+        ),
+        run_while_leader(
+            Lease(kv, "node-monitor", me, LEASE_TTL_S), watch, stop, renew_every=LEASE_TTL_S / 3
+        ),
+        consume(
+            ctx.js,
+            stream=EVENTS_STREAM,
+            durable="scheduler-dispatch",
+            filter_subject=event_filter(stream_type="task", event_type="task_status_changed"),
+            handler=dispatcher.handle,
+            stop=stop,
+        ),
+        consume(
+            ctx.js,
+            stream=NODE_STREAM,
+            durable="scheduler-reports",
+            filter_subject=f"{NODE_PREFIX}.*.report",
+            handler=reports.handle,
+            stop=stop,
+        ),
+    ]
+    try:
+        await asyncio.gather(*jobs)
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
