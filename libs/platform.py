@@ -15,7 +15,7 @@ import os
 import secrets
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,16 +24,22 @@ import structlog
 import uvicorn
 from pydantic import Field, SecretStr
 
+from agent.service import AgentSettings, run_agent
 from libs import auth
+from libs.bus.nats import connect, ensure_streams
 from libs.config import GatewaySettings
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
+from libs.service import ServiceContext
 from libs.store import queries
 from libs.store.eventstore import EventStore
+from libs.store.relay import OutboxRelay
 from services.api_gateway.app import create_app
+from services.scheduler import service as scheduler_service
+from services.scheduler.service import SchedulerSettings
 
 log = structlog.get_logger(__name__)
 
-ServiceRunner = Callable[["Platform", asyncio.Event], Awaitable[None]]
+ServiceRunner = Callable[["Platform", asyncio.Event], Coroutine[Any, Any, None]]
 
 
 class PlatformSettings(GatewaySettings):
@@ -154,7 +160,8 @@ class _Server(uvicorn.Server):
 async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
     s = platform.settings
     settings = s.model_copy(update={"jwt_secret": platform.jwt_secret()})
-    app = create_app(settings, platform.store)
+    nc = await connect(platform.nats_url, "api-gateway")
+    app = create_app(settings, platform.store, nc)
     server = _Server(
         uvicorn.Config(app, host=s.host, port=s.port, log_config=None, access_log=False)
     )
@@ -162,6 +169,35 @@ async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
     await stop.wait()
     server.should_exit = True
     await task
+    await nc.drain()
+
+
+async def run_relay(platform: Platform, stop: asyncio.Event) -> None:
+    nc = await connect(platform.nats_url, "outbox-relay")
+    js = nc.jetstream()
+    await ensure_streams(js)
+    async with OutboxRelay(platform.database_url, js) as relay:
+        await relay.run(stop)
+    await nc.drain()
+
+
+async def run_scheduler(platform: Platform, stop: asyncio.Event) -> None:
+    ctx = await ServiceContext.open(platform.database_url, platform.nats_url, "scheduler")
+    try:
+        await scheduler_service.run(ctx, stop, SchedulerSettings())
+    finally:
+        await ctx.close()
+
+
+async def run_local_agent(platform: Platform, stop: asyncio.Event) -> None:
+    settings = AgentSettings()
+    nc = await connect(platform.nats_url, f"agent-{settings.node_id}")
+    js = nc.jetstream()
+    await ensure_streams(js)
+    try:
+        await run_agent(settings, nc, js, stop)
+    finally:
+        await nc.drain()
 
 
 def banner(creds: dict[str, str], home: Path) -> str:
@@ -170,7 +206,7 @@ def banner(creds: dict[str, str], home: Path) -> str:
         f"\nHeteroFlow is up at {url}\n"
         f"Credentials: {home / 'credentials.json'} (operator_token, tenant_api_key, agent_token)\n"
         "Try it:\n"
-        "  export HF_KEY=$(python3 -c \"import json;"
+        '  export HF_KEY=$(python3 -c "import json;'
         f"print(json.load(open('{home}/credentials.json'))['tenant_api_key'])\")\n"
         f'  curl -s -X POST {url}/api/v1/tasks -H "Authorization: Bearer $HF_KEY" '
         "-H 'Content-Type: application/json' "
@@ -195,7 +231,9 @@ async def serve(
     try:
         platform.store = await EventStore.open(platform.database_url, max_size=settings.db_pool_max)
         creds = await platform.bootstrap()
-        runners: list[ServiceRunner] = [run_gateway]
+        runners: list[ServiceRunner] = [run_relay, run_scheduler, run_gateway]
+        if settings.local_agent:
+            runners.append(run_local_agent)
         tasks = [asyncio.create_task(r(platform, stop)) for r in runners]
         print(banner(creds, platform.home), flush=True)
         if ready:

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from nats.aio.client import Client
 
 from libs.config import GatewaySettings
 from libs.store.eventstore import EventStore
@@ -18,7 +19,9 @@ API_TITLE = "HeteroFlow API"
 API_VERSION = "1.0.0"
 
 
-def create_app(settings: GatewaySettings, store: EventStore | None = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings, store: EventStore | None = None, nc: Client | None = None
+) -> FastAPI:
     """Build the app. With `store=None` it opens one from `settings.database_url` on start."""
 
     @asynccontextmanager
@@ -36,6 +39,7 @@ def create_app(settings: GatewaySettings, store: EventStore | None = None) -> Fa
     app = FastAPI(title=API_TITLE, version=API_VERSION, lifespan=lifespan)
     app.state.settings = settings
     app.state.store = store
+    app.state.nc = nc
     errors.install(app)
     app.include_router(routes_tasks.router)
     app.include_router(routes_tenants.router)

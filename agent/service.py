@@ -1,0 +1,383 @@
+"""The node agent: register, heartbeat, run what the control plane commands, report facts.
+
+It consumes only its own command subject (`hf.node.<id>.cmd`) through a durable consumer,
+publishes reports on `hf.node.<id>.report` (JetStream, acknowledged) and heartbeats on
+`hf.node.<id>.heartbeat` (core NATS: a lost beat is just a missed beat), and answers log
+requests on `hf.node.<id>.logs`. Restarted, it re-adopts the containers it started (by label)
+instead of restarting them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from pydantic import Field
+
+from libs.bus.consume import consume
+from libs.bus.subjects import (
+    NODE_STREAM,
+    node_command_subject,
+    node_heartbeat_subject,
+    node_report_subject,
+)
+from libs.config import CommonSettings
+from libs.domain.node import GpuCard, NodeInventory
+from libs.domain.protocol import (
+    AgentReport,
+    CommandKind,
+    Fact,
+    Heartbeat,
+    NodeCommand,
+    Registration,
+)
+from libs.domain.states import TaskStatus
+from libs.domain.task import TaskSpec
+
+from .boost import boost_memory
+from .inventory import Inventory, detect_inventory, visible_gpu_ids
+from .runtimes.base import ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
+
+log = structlog.get_logger(__name__)
+S = TaskStatus
+
+
+class AgentSettings(CommonSettings):
+    node_id: str = Field(default_factory=socket.gethostname)
+    runtime: str = Field(default="auto", description="auto | docker | process | simulated")
+    declared_gpus: str = Field(default="", description='e.g. "amd:MI300X:196608x2"')
+    detect_nvidia: bool = True
+    node_labels: dict[str, str] = Field(default_factory=dict)
+    address: str = "127.0.0.1"
+    heartbeat_interval_s: float = 2.0
+    state_dir: Path | None = None
+
+    def resolved_state_dir(self) -> Path:
+        return self.state_dir or self.home / "agents" / self.node_id
+
+
+def node_inventory(inv: Inventory, address: str) -> NodeInventory:
+    return NodeInventory(
+        hostname=inv.hostname,
+        address=address,
+        memory_mb=inv.memory_mb,
+        cpu_cores=inv.cpu_cores,
+        labels=inv.labels,
+        runtime=inv.runtime,
+        gpus=tuple(
+            GpuCard(
+                id=g.uuid,
+                index=g.index,
+                vendor=g.vendor,
+                model=g.model,
+                vram_mb=g.vram_mb,
+                mig_capable=g.mig_capable,
+            )
+            for g in inv.gpus
+        ),
+    )
+
+
+@dataclass
+class Tracked:
+    handle: Handle
+    expected: TaskStatus
+    timeout_s: float = 0.0
+    waiter: asyncio.Task[None] | None = None
+    timed_out: bool = False
+
+
+@dataclass
+class Agent:
+    settings: AgentSettings
+    nc: Client
+    js: JetStreamContext
+    runtime: Runtime
+    inventory: Inventory
+    tracked: dict[str, Tracked] = field(default_factory=dict)
+    finished: dict[str, Handle] = field(default_factory=dict)
+    seq: int = 0
+
+    @property
+    def node_id(self) -> str:
+        return self.settings.node_id
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.register()
+        await self.readopt()
+        logs_sub = await self.nc.subscribe(f"hf.node.{self.node_id}.logs", cb=self._on_logs)
+        try:
+            await asyncio.gather(
+                self._heartbeats(stop),
+                consume(
+                    self.js,
+                    stream=NODE_STREAM,
+                    durable=f"agent-{self.node_id}",
+                    filter_subject=node_command_subject(self.node_id),
+                    handler=self.on_command,
+                    stop=stop,
+                    batch=32,
+                ),
+            )
+        finally:
+            await logs_sub.unsubscribe()
+            for t in self.tracked.values():
+                if t.waiter:
+                    t.waiter.cancel()
+
+    async def register(self) -> None:
+        reg = Registration(
+            node_id=self.node_id,
+            at=_now(),
+            inventory=node_inventory(self.inventory, self.settings.address),
+        )
+        await self.js.publish(node_report_subject(self.node_id), reg.model_dump_json().encode())
+        log.info(
+            "agent_registered",
+            node_id=self.node_id,
+            runtime=self.runtime.name,
+            gpus=len(self.inventory.gpus),
+        )
+
+    async def readopt(self) -> None:
+        """Pick up containers started before a restart; report what happened meanwhile."""
+        for handle in await self.runtime.list_managed():
+            state = await self.runtime.inspect(handle)
+            self.tracked[handle.task_id] = Tracked(handle, S.RUNNING)
+            log.info("container_readopted", task_id=handle.task_id, state=state.value)
+            await self.report(handle, Fact.RUNNING, S.RUNNING)
+            self._watch(handle.task_id)
+
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        declared = [g for g in self.inventory.gpus if g.declared]
+        while not stop.is_set():
+            self.seq += 1
+            visible = visible_gpu_ids(
+                declared, self.settings.resolved_state_dir(), detect=self.settings.detect_nvidia
+            )
+            hb = Heartbeat(
+                node_id=self.node_id,
+                seq=self.seq,
+                visible_gpus=visible,
+                tasks=sorted(self.tracked),
+                at=_now(),
+            )
+            with contextlib.suppress(Exception):
+                await self.nc.publish(
+                    node_heartbeat_subject(self.node_id), hb.model_dump_json().encode()
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.heartbeat_interval_s)
+
+    # --- commands ----------------------------------------------------------------------
+
+    async def on_command(self, msg: Msg) -> None:
+        cmd = NodeCommand.model_validate_json(msg.data)
+        log.info("command_received", kind=cmd.kind.value, task_id=cmd.task_id)
+        if cmd.kind is CommandKind.START:
+            await self.start(cmd)
+        elif cmd.kind is CommandKind.STOP:
+            await self.stop(cmd)
+        elif cmd.kind is CommandKind.PAUSE:
+            await self.pause(cmd)
+        elif cmd.kind is CommandKind.RESUME:
+            await self.resume(cmd)
+
+    def run_spec(self, cmd: NodeCommand) -> tuple[RunSpec, str | None, float]:
+        assert cmd.run is not None
+        spec = TaskSpec.model_validate(cmd.run["spec"])
+        gpu_ids = tuple(cmd.run.get("gpu_ids") or ())
+        memory, boost_line = boost_memory(
+            spec.image, spec.memory_mb, spec.gpu_required > 0 or spec.is_fractional
+        )
+        vendors = {g.uuid: g.vendor for g in self.inventory.gpus}
+        run = RunSpec(
+            task_id=cmd.task_id,
+            attempt=cmd.attempt,
+            image=spec.image,
+            command=spec.command,
+            env=dict(spec.env),
+            volumes=tuple(v.model_dump() for v in spec.volumes),
+            memory_mb=memory,
+            cpu_cores=spec.cpu_cores,
+            gpu_ids=gpu_ids,
+            gpu_vendor=vendors.get(gpu_ids[0], "") if gpu_ids else "",
+            labels={"heteroflow.tenant": str(cmd.run.get("tenant_id") or "")},
+        )
+        timeout = float(spec.timeout) if spec.task_type.value != "inference" else 0.0
+        return run, boost_line, timeout
+
+    async def start(self, cmd: NodeCommand) -> None:
+        known = self.tracked.get(cmd.task_id)
+        if known and known.handle.attempt == cmd.attempt:
+            return  # a redelivered start: already running
+        run, boost_line, timeout = self.run_spec(cmd)
+        if boost_line:
+            log.info(boost_line, task_id=cmd.task_id)
+        pseudo = Handle(runtime=self.runtime.name, id="", task_id=cmd.task_id, attempt=cmd.attempt)
+        await self.report(pseudo, Fact.STARTING, S.SCHEDULED)
+        try:
+            handle = await self.runtime.start(run)
+        except RuntimeStartError as exc:
+            await self.report(
+                pseudo, Fact.START_FAILED, S.STARTING, error_kind=str(exc.kind), error=exc.message
+            )
+            return
+        self.tracked[cmd.task_id] = Tracked(handle, S.RUNNING, timeout_s=timeout)
+        await self.report(handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb)
+        self._watch(cmd.task_id)
+
+    def _watch(self, task_id: str) -> None:
+        tracked = self.tracked[task_id]
+        tracked.waiter = asyncio.create_task(self._wait(task_id, tracked))
+
+    async def _wait(self, task_id: str, tracked: Tracked) -> None:
+        try:
+            if tracked.timeout_s > 0:
+                try:
+                    result = await asyncio.wait_for(
+                        self.runtime.wait(tracked.handle), tracked.timeout_s
+                    )
+                except TimeoutError:
+                    tracked.timed_out = True
+                    await self.runtime.stop(tracked.handle, grace_s=10.0)
+                    result = await self.runtime.wait(tracked.handle)
+            else:
+                result = await self.runtime.wait(tracked.handle)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("wait_failed", task_id=task_id)
+            result = ExitReport(exit_code=None, error=f"ContainerRuntimeError: {exc}")
+        self.tracked.pop(task_id, None)
+        self.finished[task_id] = tracked.handle
+        await self._report_exit(tracked, result)
+
+    async def _report_exit(self, tracked: Tracked, result: ExitReport) -> None:
+        kind, _, detail = (result.error or "").partition(": ")
+        extra: dict[str, Any] = {}
+        if tracked.timed_out:
+            extra = {"error_kind": "Timeout", "error": "task exceeded its timeout"}
+        elif result.error:
+            extra = {"error_kind": kind, "error": detail or kind}
+        await self.report(
+            tracked.handle,
+            Fact.EXITED,
+            tracked.expected,
+            exit_code=result.exit_code,
+            oom_killed=result.oom_killed,
+            output_tail=result.output_tail[-50:],
+            **extra,
+        )
+
+    async def stop(self, cmd: NodeCommand) -> None:
+        tracked = self.tracked.get(cmd.task_id)
+        if tracked is None or tracked.handle.attempt != cmd.attempt:
+            # Nothing of ours runs it: say so, so a `stopping` task can end.
+            pseudo = Handle(
+                runtime=self.runtime.name, id="", task_id=cmd.task_id, attempt=cmd.attempt
+            )
+            await self.report(pseudo, Fact.EXITED, cmd.status, exit_code=None)
+            return
+        tracked.expected = cmd.status
+        with contextlib.suppress(Exception):
+            await self.runtime.unpause(tracked.handle)  # a paused process cannot stop
+        await self.runtime.stop(tracked.handle, grace_s=cmd.grace_s)
+
+    async def pause(self, cmd: NodeCommand) -> None:
+        tracked = self.tracked.get(cmd.task_id)
+        if tracked is None:
+            return
+        await self.runtime.pause(tracked.handle)
+        tracked.expected = S.SLEEPING
+        await self.report(tracked.handle, Fact.PAUSED, S.SLEEPING)
+
+    async def resume(self, cmd: NodeCommand) -> None:
+        tracked = self.tracked.get(cmd.task_id)
+        if tracked is None:
+            return
+        await self.runtime.unpause(tracked.handle)
+        tracked.expected = S.RUNNING
+        await self.report(tracked.handle, Fact.RESUMED, S.WAKING)
+
+    # --- reports and logs --------------------------------------------------------------
+
+    async def report(self, handle: Handle, fact: Fact, expected: TaskStatus, **fields: Any) -> None:
+        rep = AgentReport(
+            node_id=self.node_id,
+            task_id=handle.task_id,
+            attempt=handle.attempt,
+            fact=fact,
+            expected_status=expected,
+            container_id=handle.id,
+            at=_now(),
+            **fields,
+        )
+        await self.js.publish(node_report_subject(self.node_id), rep.model_dump_json().encode())
+
+    def _handle_for(self, task_id: str) -> Handle | None:
+        tracked = self.tracked.get(task_id)
+        return tracked.handle if tracked else self.finished.get(task_id)
+
+    async def _on_logs(self, msg: Msg) -> None:
+        try:
+            req = json.loads(msg.data)
+            handle = self._handle_for(str(req["task_id"]))
+            if handle is None:
+                handle = await self._find_handle(str(req["task_id"]))
+            if handle is None:
+                body: dict[str, Any] = {"found": False, "lines": []}
+            else:
+                lines = await self.runtime.logs(handle, tail=req.get("tail"))
+                running = req["task_id"] in self.tracked
+                body = {"found": True, "lines": lines, "running": running}
+        except Exception as exc:  # the requester gets an answer, never a hang
+            body = {"found": False, "lines": [], "error": str(exc)}
+        await msg.respond(json.dumps(body).encode())
+
+    async def _find_handle(self, task_id: str) -> Handle | None:
+        handles = [h for h in await self.runtime.list_managed() if h.task_id == task_id]
+        return max(handles, key=lambda h: h.attempt) if handles else None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def run_agent(
+    settings: AgentSettings,
+    nc: Client,
+    js: JetStreamContext,
+    stop: asyncio.Event,
+    runtime: Runtime | None = None,
+) -> None:
+    from .runtimes import choose_runtime_kind, create_runtime
+
+    state_dir = settings.resolved_state_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    kind = runtime.name if runtime else choose_runtime_kind(settings.runtime)
+    runtime = runtime or create_runtime(kind, state_dir=state_dir)
+    inventory = detect_inventory(
+        settings.node_id,
+        declared=settings.declared_gpus or None,
+        labels=settings.node_labels,
+        detect=settings.detect_nvidia,
+        runtime=kind,
+    )
+    agent = Agent(settings, nc, js, runtime, inventory)
+    try:
+        await agent.run(stop)
+    finally:
+        await runtime.close()
