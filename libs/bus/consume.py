@@ -24,7 +24,8 @@ log = structlog.get_logger(__name__)
 Handler = Callable[[Msg], Awaitable[None]]
 
 HANDLED = Counter(
-    "heteroflow_consumer_messages_total", "Messages handled by durable consumers",
+    "heteroflow_consumer_messages_total",
+    "Messages handled by durable consumers",
     ["consumer", "result"],
 )
 REDELIVERED = Counter(
@@ -72,8 +73,12 @@ async def _handle(msg: Msg, handler: Handler, durable: str, nak_delay: float) ->
     try:
         await handler(msg)
     except Exception:
-        log.exception("consumer_handler_failed", consumer=durable, subject=msg.subject,
-                      delivered=msg.metadata.num_delivered)
+        log.exception(
+            "consumer_handler_failed",
+            consumer=durable,
+            subject=msg.subject,
+            delivered=msg.metadata.num_delivered,
+        )
         HANDLED.labels(durable, "error").inc()
         with contextlib.suppress(Exception):
             await msg.nak(delay=nak_delay)

@@ -1,0 +1,224 @@
+"""NATS plumbing shared by every process: connect, declare streams and durable consumers,
+and park poison messages where an operator can see them.
+
+Declarations are idempotent so that every replica can run them on start: a stream or consumer
+that exists is brought to the declared configuration instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerInfo,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    StreamInfo,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+
+from . import subjects as s
+
+log = structlog.get_logger(__name__)
+
+# JetStream's "stream name already in use with a different configuration".
+_STREAM_NAME_IN_USE = 10058
+
+# Headers added to a dead-lettered message, so it says where and why it died.
+HDR_DLQ_STREAM = "Hf-Dlq-Stream"
+HDR_DLQ_CONSUMER = "Hf-Dlq-Consumer"
+HDR_DLQ_STREAM_SEQ = "Hf-Dlq-Stream-Seq"
+HDR_DLQ_DELIVERIES = "Hf-Dlq-Deliveries"
+HDR_DLQ_SUBJECT = "Hf-Dlq-Subject"
+
+
+async def connect(
+    url: str, name: str, *, connect_timeout: float = 5.0, give_up_after: float = 60.0
+) -> Client:
+    """A client that reconnects forever.
+
+    `url` may list several servers separated by commas. With unbounded reconnects nats-py also
+    retries the first connect without end (services may start before the server does); that
+    first connect is bounded by `give_up_after` seconds so a wrong URL fails the start.
+    """
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats_error", client=name, error=str(exc))
+
+    async def on_disconnected() -> None:
+        # Also called on a deliberate close, hence not a warning.
+        log.info("nats_disconnected", client=name)
+
+    async def on_reconnected() -> None:
+        log.info("nats_reconnected", client=name)
+
+    return await asyncio.wait_for(
+        nats.connect(
+            servers=[u.strip() for u in url.split(",") if u.strip()],
+            name=name,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=1,
+            connect_timeout=int(max(1, connect_timeout)),
+            # Detect a dead peer within ~1 minute instead of nats-py's default 4.
+            ping_interval=20,
+            max_outstanding_pings=3,
+            error_cb=on_error,
+            disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
+        ),
+        give_up_after,
+    )
+
+
+def stream_configs(
+    *,
+    events_max_age: float = s.EVENTS_MAX_AGE_S,
+    node_max_age: float = s.NODE_MAX_AGE_S,
+    dlq_max_age: float = s.DLQ_MAX_AGE_S,
+    replicas: int = 1,
+) -> list[StreamConfig]:
+    """The platform's streams: events, node traffic, dead letters."""
+
+    def cfg(name: str, subject: str, max_age: float, description: str) -> StreamConfig:
+        return StreamConfig(
+            name=name,
+            description=description,
+            subjects=[subject],
+            storage=StorageType.FILE,
+            retention=RetentionPolicy.LIMITS,
+            discard=DiscardPolicy.OLD,
+            max_age=max_age,
+            duplicate_window=s.DUPLICATE_WINDOW_S,
+            num_replicas=replicas,
+        )
+
+    return [
+        cfg(s.EVENTS_STREAM, s.EVENTS_SUBJECTS, events_max_age, "committed domain events"),
+        cfg(s.NODE_STREAM, s.NODE_SUBJECTS, node_max_age, "node commands, reports, heartbeats"),
+        cfg(s.DLQ_STREAM, s.DLQ_SUBJECTS, dlq_max_age, "messages that exhausted max_deliver"),
+    ]
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInfo:
+    """Create `config`'s stream, or update it to `config` when it exists with another one."""
+    try:
+        return await js.add_stream(config)
+    except BadRequestError as exc:
+        if exc.err_code != _STREAM_NAME_IN_USE:
+            raise
+    return await js.update_stream(config)
+
+
+async def ensure_streams(
+    js: JetStreamContext,
+    *,
+    events_max_age: float = s.EVENTS_MAX_AGE_S,
+    node_max_age: float = s.NODE_MAX_AGE_S,
+    dlq_max_age: float = s.DLQ_MAX_AGE_S,
+    replicas: int = 1,
+) -> dict[str, StreamInfo]:
+    """Declare every platform stream; safe to run from every replica on every start."""
+    infos: dict[str, StreamInfo] = {}
+    configs = stream_configs(
+        events_max_age=events_max_age,
+        node_max_age=node_max_age,
+        dlq_max_age=dlq_max_age,
+        replicas=replicas,
+    )
+    for config in configs:
+        info = await ensure_stream(js, config)
+        infos[info.config.name or ""] = info
+    return infos
+
+
+async def ensure_durable_consumer(
+    js: JetStreamContext,
+    stream: str,
+    durable: str,
+    filter_subject: str,
+    ack_wait: float = 30.0,
+    max_deliver: int = 5,
+    *,
+    max_ack_pending: int = 1000,
+) -> ConsumerInfo:
+    """A durable pull consumer with explicit acks and bounded redelivery.
+
+    Idempotent: the durable-create API creates or updates, so a changed `ack_wait` or
+    `max_deliver` is applied to the existing consumer. A message delivered `max_deliver`
+    times without an ack stops being redelivered; JetStream then emits a max-deliveries
+    advisory, which `forward_dead_letters` turns into a message on ``hf.dlq.<subject>``.
+    """
+    return await js.add_consumer(
+        stream,
+        durable_name=durable,
+        filter_subject=filter_subject,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        max_ack_pending=max_ack_pending,
+    )
+
+
+async def dead_letter(js: JetStreamContext, advisory: dict[str, object]) -> str | None:
+    """Copy the message named by a max-deliveries advisory to ``hf.dlq.<subject>``.
+
+    Returns the DLQ subject, or None when the original is gone (aged out or deleted).
+    """
+    stream = str(advisory["stream"])
+    consumer = str(advisory["consumer"])
+    seq = int(str(advisory["stream_seq"]))
+    try:
+        original = await js.get_msg(stream, seq)
+    except NotFoundError:
+        log.warning("dlq_original_missing", stream=stream, consumer=consumer, stream_seq=seq)
+        return None
+    subject = s.dlq_subject(original.subject or "")
+    headers = dict(original.headers or {})
+    headers.update(
+        {
+            # Per (stream, consumer, seq): two consumers failing one message give two entries,
+            # while two forwarders handling the same advisory give one.
+            s.HDR_MSG_ID: f"{stream}:{consumer}:{seq}",
+            HDR_DLQ_STREAM: stream,
+            HDR_DLQ_CONSUMER: consumer,
+            HDR_DLQ_STREAM_SEQ: str(seq),
+            HDR_DLQ_DELIVERIES: str(advisory.get("deliveries", "")),
+            HDR_DLQ_SUBJECT: original.subject or "",
+        }
+    )
+    await js.publish(subject, original.data or b"", headers=headers)
+    log.warning("dead_lettered", stream=stream, consumer=consumer, stream_seq=seq, dlq=subject)
+    return subject
+
+
+async def forward_dead_letters(
+    nc: Client, js: JetStreamContext, stream: str = "*", consumer: str = "*"
+) -> Subscription:
+    """Subscribe to max-deliveries advisories and dead-letter each message they name.
+
+    JetStream emits the advisory when it next looks for a message to deliver to that
+    consumer (a pull is waiting) and finds this one exhausted. Advisories are plain NATS
+    messages: one emitted while no forwarder runs is not seen, so run a forwarder in every
+    consumer process (duplicates collapse in HF_DLQ by Msg-Id).
+    """
+
+    async def on_advisory(msg: Msg) -> None:
+        try:
+            await dead_letter(js, json.loads(msg.data))
+        except Exception:  # a bad advisory must not kill the subscription
+            log.exception("dlq_forward_failed", advisory=msg.data.decode(errors="replace"))
+
+    return await nc.subscribe(s.max_deliveries_advisory(stream, consumer), cb=on_advisory)

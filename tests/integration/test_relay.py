@@ -1,0 +1,306 @@
+"""Outbox relay against a real PostgreSQL and a real JetStream.
+
+Each test writes events under its own `stream_type`, so it reads back only its own messages
+from the session-wide HF_EVENTS stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig
+from prometheus_client import REGISTRY
+from psycopg.types.json import Jsonb
+
+from libs.bus import subjects as s
+from libs.bus.nats import connect, ensure_durable_consumer, ensure_streams
+from libs.store.migrations import migrate
+from libs.store.relay import OutboxEvent, OutboxRelay, RelayPublishError, in_stream_order
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def db(database_url: str) -> str:
+    with psycopg.connect(database_url) as conn:
+        migrate(conn)
+    return database_url
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    client = await connect(nats_url, "test-relay")
+    await ensure_streams(client.jetstream())
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def js(nc: Client) -> JetStreamContext:
+    return nc.jetstream()
+
+
+@pytest.fixture
+def stream_type() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def insert(conn: psycopg.Connection[Any], stream_type: str, stream_id: str, version: int) -> str:
+    event_id = str(uuid.uuid4())
+    conn.execute(
+        "INSERT INTO events (event_id, stream_id, stream_type, version, type, payload,"
+        " occurred_at) VALUES (%s, %s, %s, %s, %s, %s, now())",
+        (event_id, stream_id, stream_type, version, "thing_happened", Jsonb({"n": version})),
+    )
+    return event_id
+
+
+def insert_committed(
+    db: str, stream_type: str, stream_id: str, versions: Sequence[int]
+) -> list[str]:
+    with psycopg.connect(db) as conn:
+        return [insert(conn, stream_type, stream_id, v) for v in versions]
+
+
+async def stored(js: JetStreamContext, stream_type: str) -> list[Msg]:
+    """Every message HF_EVENTS holds for `stream_type`, in stream order."""
+    config = ConsumerConfig(inactive_threshold=10.0)
+    sub = await js.pull_subscribe(
+        s.event_filter(stream_type), stream=s.EVENTS_STREAM, config=config
+    )
+    msgs: list[Msg] = []
+    while (await sub.consumer_info()).num_pending:
+        msgs.extend(await sub.fetch(1000, timeout=1.0))
+    await sub.unsubscribe()
+    return msgs
+
+
+def msg_ids(msgs: Sequence[Msg]) -> list[str]:
+    return [(m.headers or {})[s.HDR_MSG_ID] for m in msgs]
+
+
+def published_total(name: str) -> float:
+    value = REGISTRY.get_sample_value("heteroflow_relay_published_events_total", {"relay": name})
+    return value or 0.0
+
+
+async def test_every_committed_event_is_published_once(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    ids = insert_committed(db, stream_type, "task-a", [1, 2, 3])
+    ids += insert_committed(db, stream_type, "task-b", [1, 2])
+    name = "r-" + stream_type
+    async with OutboxRelay(db, js, name=name, batch_size=2) as relay:
+        assert await relay.run_once() == 5
+        assert await relay.run_once() == 0
+    assert published_total(name) == 5
+    assert REGISTRY.get_sample_value("heteroflow_relay_lag_events", {"relay": name}) == 0
+
+    msgs = await stored(js, stream_type)
+    assert msg_ids(msgs) == ids
+    first = msgs[0]
+    assert first.subject == s.event_subject(stream_type, "task-a", "thing_happened")
+    assert first.headers is not None
+    assert first.headers[s.HDR_STREAM_ID] == "task-a"
+    assert first.headers[s.HDR_VERSION] == "1"
+    assert first.headers[s.HDR_EVENT_TYPE] == "thing_happened"
+    body = json.loads(first.data)
+    assert body["event_id"] == ids[0]
+    assert body["payload"] == {"n": 1}
+    assert body["schema_version"] == 1
+    assert first.headers[s.HDR_POSITION] == str(body["position"])
+    assert set(body) == {
+        "event_id", "position", "stream_id", "stream_type", "version", "type",
+        "schema_version", "occurred_at", "payload", "metadata",
+    }  # fmt: skip
+
+
+async def test_a_new_relay_resumes_from_the_checkpoint(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    first = insert_committed(db, stream_type, "task-a", [1, 2, 3])
+    async with OutboxRelay(db, js, name="main") as relay:
+        assert await relay.run_once() == 3
+    later = insert_committed(db, stream_type, "task-a", [4, 5])
+    async with OutboxRelay(db, js, name="main") as relay:
+        assert await relay.run_once() == 2  # only the new ones
+    assert msg_ids(await stored(js, stream_type)) == first + later
+
+
+class CrashBeforeCheckpoint(OutboxRelay):
+    async def _after_publish(self, events: Sequence[OutboxEvent]) -> None:
+        raise RuntimeError("crash between the acks and the checkpoint write")
+
+
+async def test_crash_before_checkpoint_republishes_and_the_stream_dedups(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    ids = insert_committed(db, stream_type, "task-a", [1, 2, 3, 4])
+    durable = "d" + stream_type
+    await ensure_durable_consumer(js, s.EVENTS_STREAM, durable, s.event_filter(stream_type), 5, 3)
+
+    async with CrashBeforeCheckpoint(db, js, name="main") as crashing:
+        with pytest.raises(RuntimeError, match="crash"):
+            await crashing.run_once()
+    with psycopg.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM relay_checkpoints").fetchone() == (0,)
+
+    async with OutboxRelay(db, js, name="main") as relay:
+        assert await relay.run_once() == 4  # published again ...
+    assert msg_ids(await stored(js, stream_type)) == ids  # ... but stored once
+
+    sub = await js.pull_subscribe_bind(durable, s.EVENTS_STREAM)
+    seen = []
+    for msg in await sub.fetch(100, timeout=1.0):
+        seen.append(msg_ids([msg])[0])
+        await msg.ack()
+    assert seen == ids
+    assert (await js.consumer_info(s.EVENTS_STREAM, durable)).num_pending == 0
+    await js.delete_consumer(s.EVENTS_STREAM, durable)
+
+
+async def test_an_earlier_insert_committing_late_is_not_skipped(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    # A inserts first (lower position) but commits after B: a position cursor would skip A.
+    async with OutboxRelay(db, js, name="main") as relay:
+        with psycopg.connect(db) as a, psycopg.connect(db) as b:
+            id_a = insert(a, stream_type, "task-a", 1)
+            id_b = insert(b, stream_type, "task-b", 1)
+            b.commit()
+            assert await relay.run_once() == 0  # B waits behind the running A
+            a.commit()
+        assert await relay.run_once() == 2
+    assert msg_ids(await stored(js, stream_type)) == [id_a, id_b]
+
+
+async def test_an_older_transaction_committing_last_is_not_skipped(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    # A takes its transaction id first, B inserts and commits, then A inserts (a higher
+    # position than B's) and commits: A is still delivered, and first (commit-final order).
+    async with OutboxRelay(db, js, name="main") as relay:
+        with psycopg.connect(db) as a, psycopg.connect(db) as b:
+            a.execute("SELECT pg_current_xact_id()")
+            id_b = insert(b, stream_type, "task-b", 1)
+            b.commit()
+            assert await relay.run_once() == 0
+            id_a = insert(a, stream_type, "task-a", 1)
+            a.commit()
+        assert await relay.run_once() == 2
+        assert await relay.run_once() == 0
+    assert msg_ids(await stored(js, stream_type)) == [id_a, id_b]
+
+
+async def test_an_unacknowledged_publish_does_not_move_the_checkpoint(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    ids = insert_committed(db, stream_type, "task-a", [1, 2])
+    # JetStream refuses a publish whose expected stream is not the one holding the subject.
+    # (nats-py 2.16 leaves the future of a refused async publish pending: the timeout ends it.)
+    failing = OutboxRelay(db, js, name="main", expected_stream="HF_NOWHERE", publish_timeout=0.5)
+    async with failing:
+        with pytest.raises(RelayPublishError):
+            await failing.run_once()
+    with psycopg.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM relay_checkpoints").fetchone() == (0,)
+    async with OutboxRelay(db, js, name="main") as relay:
+        assert await relay.run_once() == 2
+    assert msg_ids(await stored(js, stream_type)) == ids
+
+
+async def test_run_is_woken_by_notify_and_stops(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    # A poll far longer than the test: only LISTEN/NOTIFY can deliver the event in time.
+    relay = OutboxRelay(db, js, name="main", poll_interval=30.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    await asyncio.sleep(0.3)  # let it drain the empty store and start waiting
+    ids = insert_committed(db, stream_type, "task-a", [1])
+    for _ in range(40):
+        if await stored(js, stream_type):
+            break
+        await asyncio.sleep(0.05)
+    assert msg_ids(await stored(js, stream_type)) == ids
+    stop.set()
+    await asyncio.wait_for(task, 2.0)  # without waiting out the poll
+    assert relay.checkpoint is None  # closed its connections
+
+
+async def test_versions_of_one_stream_go_out_in_order_when_tx_ids_disagree(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    # A takes its id first by writing another stream; B commits version 1 of task-x; A then
+    # appends version 2 of task-x. By (tx_id, position) A's rows come first; by version, no.
+    async with OutboxRelay(db, js, name="main") as relay:
+        with psycopg.connect(db) as a, psycopg.connect(db) as b:
+            insert(a, stream_type, "task-y", 1)
+            x1 = insert(b, stream_type, "task-x", 1)
+            b.commit()
+            x2 = insert(a, stream_type, "task-x", 2)
+            a.commit()
+        assert await relay.run_once() == 3
+    x_msgs = [m for m in await stored(js, stream_type) if ".task-x." in m.subject]
+    assert msg_ids(x_msgs) == [x1, x2]
+
+
+def event(stream_id: str, version: int, position: int) -> OutboxEvent:
+    return OutboxEvent(
+        position, uuid.uuid4(), stream_id, "task", version, "t", 1, {}, {}, datetime.now(UTC), "1"
+    )
+
+
+def test_in_stream_order_keeps_slots_and_sorts_each_stream() -> None:
+    rows = [event("y", 1, 5), event("x", 2, 6), event("z", 7, 7), event("x", 1, 4)]
+    got = [(e.stream_id, e.version) for e in in_stream_order(rows)]
+    assert got == [("y", 1), ("x", 1), ("z", 7), ("x", 2)]
+
+
+class Recording(OutboxRelay):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.published: list[str] = []
+
+    async def _after_publish(self, events: Sequence[OutboxEvent]) -> None:
+        self.published.extend(str(e.event_id) for e in events)
+
+
+async def wait_stored(js: JetStreamContext, stream_type: str, count: int) -> list[str]:
+    for _ in range(60):
+        ids = msg_ids(await stored(js, stream_type))
+        if len(ids) >= count:
+            return ids
+        await asyncio.sleep(0.05)
+    return msg_ids(await stored(js, stream_type))
+
+
+async def test_a_second_relay_waits_as_standby_and_takes_over(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    active, standby = Recording(db, js, name="main"), Recording(db, js, name="main")
+    stops = asyncio.Event(), asyncio.Event()
+    first = asyncio.create_task(active.run(stops[0]))
+    await asyncio.sleep(0.2)
+    second = asyncio.create_task(standby.run(stops[1]))
+    ids = insert_committed(db, stream_type, "task-a", [1, 2])
+    assert await wait_stored(js, stream_type, 2) == ids
+    assert active.published == ids and standby.published == []
+
+    stops[0].set()  # the active one stops: its session, and so its lock, ends
+    await asyncio.wait_for(first, 2.0)
+    later = insert_committed(db, stream_type, "task-a", [3])
+    assert await wait_stored(js, stream_type, 3) == ids + later
+    assert standby.published == later
+    stops[1].set()
+    await asyncio.wait_for(second, 2.0)
