@@ -29,6 +29,7 @@ from libs.bus.subjects import (
     NODE_STREAM,
     node_command_subject,
     node_heartbeat_subject,
+    node_logs_subject,
     node_report_subject,
 )
 from libs.config import CommonSettings
@@ -117,7 +118,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         await self.register()
         await self.readopt()
-        logs_sub = await self.nc.subscribe(f"hf.node.{self.node_id}.logs", cb=self._on_logs)
+        logs_sub = await self.nc.subscribe(node_logs_subject(self.node_id), cb=self._on_logs)
         try:
             await asyncio.gather(
                 self._heartbeats(stop),

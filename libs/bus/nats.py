@@ -91,11 +91,11 @@ def stream_configs(
 ) -> list[StreamConfig]:
     """The platform's streams: events, node traffic, dead letters."""
 
-    def cfg(name: str, subject: str, max_age: float, description: str) -> StreamConfig:
+    def cfg(name: str, subjects: tuple[str, ...], max_age: float, description: str) -> StreamConfig:
         return StreamConfig(
             name=name,
             description=description,
-            subjects=[subject],
+            subjects=list(subjects),
             storage=StorageType.FILE,
             retention=RetentionPolicy.LIMITS,
             discard=DiscardPolicy.OLD,
@@ -106,7 +106,7 @@ def stream_configs(
 
     return [
         cfg(s.EVENTS_STREAM, s.EVENTS_SUBJECTS, events_max_age, "committed domain events"),
-        cfg(s.NODE_STREAM, s.NODE_SUBJECTS, node_max_age, "node commands, reports, heartbeats"),
+        cfg(s.NODE_STREAM, s.NODE_SUBJECTS, node_max_age, "node commands and reports"),
         cfg(s.DLQ_STREAM, s.DLQ_SUBJECTS, dlq_max_age, "messages that exhausted max_deliver"),
     ]
 

@@ -27,9 +27,11 @@ EVENTS_STREAM = "HF_EVENTS"
 NODE_STREAM = "HF_NODE"
 DLQ_STREAM = "HF_DLQ"
 
-EVENTS_SUBJECTS = f"{EVENTS_PREFIX}.>"
-NODE_SUBJECTS = f"{NODE_PREFIX}.>"
-DLQ_SUBJECTS = f"{DLQ_PREFIX}.>"
+EVENTS_SUBJECTS: tuple[str, ...] = (f"{EVENTS_PREFIX}.>",)
+# Only commands and reports are kept: heartbeats and log requests are core NATS traffic
+# (a log request captured by a stream would be answered by the stream's publish ack).
+NODE_SUBJECTS: tuple[str, ...] = (f"{NODE_PREFIX}.*.cmd", f"{NODE_PREFIX}.*.report")
+DLQ_SUBJECTS: tuple[str, ...] = (f"{DLQ_PREFIX}.>",)
 
 # The window in which JetStream drops a second message with the same Nats-Msg-Id.
 DUPLICATE_WINDOW_S = 120.0
@@ -117,6 +119,11 @@ def node_command_subject(node_id: str) -> str:
 def node_report_subject(node_id: str) -> str:
     """State changes reported by one node agent."""
     return f"{NODE_PREFIX}.{escape_token(node_id)}.report"
+
+
+def node_logs_subject(node_id: str) -> str:
+    """Log requests answered by one node agent (core NATS request/reply)."""
+    return f"{NODE_PREFIX}.{escape_token(node_id)}.logs"
 
 
 def node_heartbeat_subject(node_id: str) -> str:

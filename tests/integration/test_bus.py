@@ -60,7 +60,7 @@ async def test_ensure_streams_is_idempotent(js: JetStreamContext) -> None:
     second = await ensure_streams(js)
     assert set(first) == set(second) == {s.EVENTS_STREAM, s.NODE_STREAM, s.DLQ_STREAM}
     events = second[s.EVENTS_STREAM].config
-    assert events.subjects == [s.EVENTS_SUBJECTS]
+    assert events.subjects == list(s.EVENTS_SUBJECTS)
     assert events.duplicate_window == s.DUPLICATE_WINDOW_S
     assert events.max_age == s.EVENTS_MAX_AGE_S
     assert second[s.NODE_STREAM].config.max_age == s.NODE_MAX_AGE_S

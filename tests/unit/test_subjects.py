@@ -83,8 +83,8 @@ def test_node_subjects() -> None:
 
 
 def test_streams_cover_their_subjects() -> None:
-    assert s.EVENTS_SUBJECTS == "hf.events.>"
-    assert s.NODE_SUBJECTS == "hf.node.>"
+    assert s.EVENTS_SUBJECTS == ("hf.events.>",)
+    assert s.NODE_SUBJECTS == ("hf.node.*.cmd", "hf.node.*.report")
     assert s.dlq_subject("hf.events.task.t.x") == "hf.dlq.hf.events.task.t.x"
     assert s.max_deliveries_advisory("HF_EVENTS", "sched") == (
         "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.HF_EVENTS.sched"
