@@ -1,0 +1,179 @@
+"""Operations that reach a node: wake, logs (plain and Server-Sent Events), node inventory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from libs.bus.subjects import node_logs_subject
+from libs.domain import commands
+from libs.domain.errors import Code, DomainError
+from libs.domain.node import Node, NodeStatus
+from libs.domain.states import TERMINAL, TaskStatus
+from libs.domain.task import Task
+from libs.store.eventstore import EventStore
+
+from .deps import Principal, Store, require_operator, tenant_scope
+from .routes_tasks import actor_of
+from .views import task_view
+
+router = APIRouter(prefix="/api/v1", tags=["operations"])
+S = TaskStatus
+WAKE_WAIT_S = 10.0
+LOG_REQUEST_TIMEOUT_S = 5.0
+
+
+async def _node(store: EventStore, node_id: str | None) -> Node | None:
+    if not node_id:
+        return None
+    rows = await store.fetch("SELECT doc FROM nodes WHERE id = %s", [node_id])
+    return Node.model_validate(rows[0]["doc"]) if rows else None
+
+
+@router.post("/tasks/{task_id}/wake")
+async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONResponse:
+    scope, actor = tenant_scope(principal), actor_of(principal)
+    task = await store.get_task(task_id, tenant_id=scope)
+    if task.status is not S.SLEEPING:
+        raise DomainError(
+            Code.INVALID_STATUS_FOR_OPERATION,
+            f"task is not sleeping, current status: {task.status.value}",
+        )
+    node = await _node(store, task.node_id)
+    if node is None or node.status is not NodeStatus.ONLINE:
+        # The host is gone: run it again elsewhere; the caller need not retry.
+        await store.execute(
+            task_id,
+            lambda t: commands.decide_transition(
+                t,
+                S.PENDING,
+                actor=actor,
+                expected_status=S.SLEEPING,
+                reason="wake: host offline",
+                clear_placement=True,
+            ),
+            tenant_id=scope,
+        )
+        return JSONResponse({"id": task_id, "status": "rescheduling"}, status_code=202)
+    await store.execute(
+        task_id,
+        lambda t: commands.decide_transition(
+            t, S.WAKING, actor=actor, expected_status=S.SLEEPING, reason="wake requested"
+        ),
+        tenant_id=scope,
+    )
+    task = await _wait_for(store, task_id, {S.RUNNING}, WAKE_WAIT_S)
+    if task.status is S.RUNNING:
+        return JSONResponse(task_view(task) | {"message": "task woke up"})
+    return JSONResponse({"id": task_id, "status": task.status.value}, status_code=202)
+
+
+async def _wait_for(
+    store: EventStore, task_id: str, want: set[TaskStatus], within_s: float
+) -> Task:
+    deadline = time.monotonic() + within_s
+    while True:
+        task = await store.get_task(task_id, include_deleted=True)
+        if task.status in want or task.status in TERMINAL or time.monotonic() > deadline:
+            return task
+        await asyncio.sleep(0.1)
+
+
+async def fetch_logs(request: Request, task: Task, tail: int | None) -> dict[str, Any]:
+    nc = request.app.state.nc
+    if not task.node_id:
+        raise DomainError(
+            Code.INVALID_STATUS_FOR_OPERATION,
+            f"task has not been placed on a node yet, current status: {task.status.value}",
+        )
+    if nc is None:
+        raise DomainError(Code.NODE_UNREACHABLE, "this gateway has no bus connection")
+    body = json.dumps({"task_id": task.id, "tail": tail}).encode()
+    try:
+        reply = await nc.request(
+            node_logs_subject(task.node_id), body, timeout=LOG_REQUEST_TIMEOUT_S
+        )
+    except (NoRespondersError, NatsTimeout, TimeoutError):
+        raise DomainError(
+            Code.NODE_UNREACHABLE,
+            f"node {task.node_id} holding the logs of {task.id} is unreachable",
+        ) from None
+    data: dict[str, Any] = json.loads(reply.data)
+    if not data.get("found"):
+        raise DomainError(
+            Code.NOT_FOUND, f"node {task.node_id} has no logs for {task.id} (removed or never ran)"
+        )
+    return data
+
+
+def _lines_param(request: Request) -> int:
+    raw = request.query_params.get("lines", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
+        raise DomainError(Code.INVALID_VALUE, "lines must be an integer in 1..100000", ["lines"])
+    return int(raw)
+
+
+def _follow_param(request: Request) -> bool:
+    raw = request.query_params.get("follow", "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise DomainError(Code.INVALID_VALUE, "follow must be true or false", ["follow"])
+    return raw in ("true", "1")
+
+
+@router.get("/tasks/{task_id}/logs", response_model=None)
+async def task_logs(
+    request: Request, task_id: str, principal: Principal, store: Store
+) -> JSONResponse | StreamingResponse:
+    unknown = sorted(set(request.query_params) - {"lines", "follow"})
+    if unknown:
+        raise DomainError(
+            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
+        )
+    lines, follow = _lines_param(request), _follow_param(request)
+    task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
+    if not follow:
+        data = await fetch_logs(request, task, lines)
+        return JSONResponse({"task_id": task_id, "logs": data["lines"]})
+    first = await fetch_logs(request, task, None)  # errors surface before the stream starts
+    return StreamingResponse(
+        _follow(request, store, task, first["lines"], lines), media_type="text/event-stream"
+    )
+
+
+async def _follow(
+    request: Request, store: EventStore, task: Task, seen: list[str], tail: int
+) -> AsyncIterator[str]:
+    """SSE: the last `tail` lines, then new lines as they come, then an `end` event."""
+    sent = len(seen)
+    for line in seen[-tail:]:
+        yield f"data: {line}\n\n"
+    while not await request.is_disconnected():
+        current = await store.get_task(task.id, include_deleted=True)
+        done = current.status in TERMINAL or current.node_id != task.node_id
+        try:
+            data = await fetch_logs(request, task, None)
+        except DomainError as exc:
+            yield f"event: error\ndata: {json.dumps({'error': exc.message})}\n\n"
+            return
+        for line in data["lines"][sent:]:
+            yield f"data: {line}\n\n"
+        sent = max(sent, len(data["lines"]))
+        if done:
+            yield f"event: end\ndata: {json.dumps({'status': current.status.value})}\n\n"
+            return
+        await asyncio.sleep(0.5)
+
+
+@router.get("/nodes")
+async def list_nodes(principal: Principal, store: Store) -> dict[str, Any]:
+    require_operator(principal)
+    rows = await store.fetch("SELECT doc FROM nodes ORDER BY id")
+    return {"nodes": [r["doc"] for r in rows]}
