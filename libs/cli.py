@@ -1,12 +1,30 @@
-"""The `heteroflow` command."""
+"""The `heteroflow` command: `up` (everything on one machine), `agent` (a node agent) and
+`service <name>` (one control-plane service, for deployments that scale them apart)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
 import sys
+from collections.abc import Awaitable, Callable
 
 from libs.logging import configure
+
+SERVICES = ("api-gateway", "scheduler", "relay")
+
+
+def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    asyncio.run(runner())
 
 
 def _up(_: argparse.Namespace) -> int:
@@ -18,16 +36,71 @@ def _up(_: argparse.Namespace) -> int:
     return 0
 
 
+def _agent(_: argparse.Namespace) -> int:
+    from agent.service import AgentSettings, run_agent
+    from libs.bus.nats import connect, ensure_streams
+
+    settings = AgentSettings()
+    configure(settings.log_level, settings.log_format)
+    if settings.nats_url is None:
+        print("heteroflow agent: set HETEROFLOW_NATS_URL", file=sys.stderr)
+        return 2
+    url = settings.nats_url.get_secret_value()
+
+    async def main(stop: asyncio.Event) -> None:
+        nc = await connect(url, f"agent-{settings.node_id}")
+        js = nc.jetstream()
+        await ensure_streams(js)
+        try:
+            await run_agent(settings, nc, js, stop)
+        finally:
+            await nc.drain()
+
+    _run_until_signal(main)
+    return 0
+
+
+def _service(args: argparse.Namespace) -> int:
+    from libs.platform import Platform, PlatformSettings, run_gateway, run_relay, run_scheduler
+    from libs.store.eventstore import EventStore
+
+    settings = PlatformSettings()
+    configure(settings.log_level, settings.log_format)
+    if settings.nats_url is None or settings.database_url is None:
+        print(
+            "heteroflow service: set HETEROFLOW_NATS_URL and HETEROFLOW_DATABASE_URL",
+            file=sys.stderr,
+        )
+        return 2
+    runner = {"api-gateway": run_gateway, "scheduler": run_scheduler, "relay": run_relay}[args.name]
+
+    async def main(stop: asyncio.Event) -> None:
+        platform = Platform(settings)
+        platform.start_servers()  # resolves the configured URLs; starts nothing embedded
+        platform.store = await EventStore.open(platform.database_url)
+        try:
+            await runner(platform, stop)
+        finally:
+            await platform.store.close()
+
+    _run_until_signal(main)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="heteroflow", description="Run GPU container work on heterogeneous fleets."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser(
-        "up",
-        help="start the platform (embedded NATS + PostgreSQL unless URLs are configured)",
+        "up", help="start the platform (embedded NATS + PostgreSQL unless URLs are configured)"
     )
     up.set_defaults(func=_up)
+    agent = sub.add_parser("agent", help="run a node agent (HETEROFLOW_NODE_ID, _NATS_URL, ...)")
+    agent.set_defaults(func=_agent)
+    service = sub.add_parser("service", help="run one control-plane service")
+    service.add_argument("name", choices=SERVICES)
+    service.set_defaults(func=_service)
     return parser
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -10,9 +13,11 @@ from pydantic import SecretStr
 
 from libs import auth
 from libs.config import GatewaySettings
+from libs.embedded import EmbeddedNats
 from libs.store.eventstore import EventStore
 from services.api_gateway.app import create_app
 
+from .cluster import Cluster
 from .helpers import Api, bearer
 
 
@@ -34,3 +39,33 @@ async def api(database_url: str) -> AsyncIterator[Api]:
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
         yield Api(client, store, bearer(op), bearer(key), bearer(other), bearer(agent), settings)
     await store.close()
+
+
+@pytest.fixture
+def cluster(database_url: str) -> Iterator[Cluster]:
+    """A control plane (`heteroflow up`, no local agent) on its own NATS server; add agents
+    with `cluster.start_agent(...)`."""
+    root = Path(tempfile.mkdtemp(prefix="hf-cluster-"))
+    nats_server = EmbeddedNats(root / "nats").start()
+    c = Cluster(root, database_url, nats_server)
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+        nats_server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+requires_docker = pytest.mark.skipif(
+    not docker_answers(), reason="no Docker engine answers (CI installs one: .ci/setup-docker.sh)"
+)

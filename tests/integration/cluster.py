@@ -1,0 +1,183 @@
+"""A real platform for end-to-end tests: `heteroflow up` (control plane) and `heteroflow agent`
+processes over a NATS server of their own and a fresh PostgreSQL database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from libs.embedded import EmbeddedNats
+
+BIN = Path(sys.executable).parent / "heteroflow"
+TERMINAL = {"completed", "failed", "cancelled", "stopped"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    root: Path
+    database_url: str
+    nats: EmbeddedNats
+    env: dict[str, str] = field(default_factory=dict)
+    control: subprocess.Popen[bytes] | None = None
+    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    url: str = ""
+    creds: dict[str, str] = field(default_factory=dict)
+
+    def start(self, **extra_env: str) -> Cluster:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = (
+            os.environ
+            | {
+                "HETEROFLOW_HOME": str(self.root / "home"),
+                "HETEROFLOW_PORT": str(port),
+                "HETEROFLOW_NATS_URL": self.nats.url,
+                "HETEROFLOW_DATABASE_URL": self.database_url,
+                "HETEROFLOW_LOCAL_AGENT": "false",
+                "HETEROFLOW_NODE_OFFLINE_AFTER_S": "3",
+                "HETEROFLOW_LOG_FORMAT": "json",
+            }
+            | extra_env
+        )
+        log = open(self.root / "control.log", "ab")  # noqa: SIM115 - the child owns it
+        self.control = subprocess.Popen(
+            [str(BIN), "up"], env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.control.poll() is None, self.log("control")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.creds = json.loads((self.root / "home" / "credentials.json").read_text())
+        return self
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text()[-6000:] if path.exists() else ""
+
+    def start_agent(self, node_id: str, runtime: str = "process", **extra_env: str) -> None:
+        env = (
+            self.env
+            | {
+                "HETEROFLOW_NODE_ID": node_id,
+                "HETEROFLOW_RUNTIME": runtime,
+                "HETEROFLOW_DETECT_NVIDIA": "false",
+                "HETEROFLOW_HEARTBEAT_INTERVAL_S": "0.5",
+                "HETEROFLOW_STATE_DIR": str(self.root / "agents" / node_id),
+            }
+            | extra_env
+        )
+        log = open(self.root / f"agent-{node_id}.log", "ab")  # noqa: SIM115
+        self.agents[node_id] = subprocess.Popen(
+            [str(BIN), "agent"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.wait(
+            lambda: any(n["id"] == node_id and n["status"] == "online" for n in self.nodes()),
+            f"node {node_id} online",
+        )
+
+    def kill_agent(self, node_id: str) -> None:
+        proc = self.agents.pop(node_id)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.url}/api/v1/nodes", headers=self.operator)
+        return list(r.json()["nodes"])
+
+    @property
+    def tenant(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.creds['tenant_api_key']}"}
+
+    @property
+    def operator(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.creds['operator_token']}"}
+
+    @property
+    def agent_key(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.creds['agent_token']}"}
+
+    def create(self, **body: Any) -> dict[str, Any]:
+        body = {"name": "t", "image": "busybox:latest"} | body
+        r = httpx.post(f"{self.url}/api/v1/tasks", json=body, headers=self.tenant)
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        r = httpx.get(f"{self.url}/api/v1/tasks/{task_id}", headers=self.tenant)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def wait(self, cond: Callable[[], bool], what: str, timeout: float = 30.0) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if cond():
+                return time.monotonic() - started
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}\n--- control\n{self.log('control')}")
+
+    def wait_status(self, task_id: str, *statuses: str, timeout: float = 30.0) -> dict[str, Any]:
+        self.wait(
+            lambda: self.task(task_id)["status"] in statuses,
+            f"{task_id} in {statuses} (now {self.task(task_id)['status']})",
+            timeout,
+        )
+        return self.task(task_id)
+
+    def statuses(self, task_id: str) -> list[str]:
+        """The task's status history, from its event stream in the store."""
+        import psycopg
+
+        with psycopg.connect(self.database_url) as conn:
+            rows = conn.execute(
+                "SELECT type, payload FROM events WHERE stream_id = %s ORDER BY version",
+                (task_id,),
+            ).fetchall()
+        out = []
+        for kind, payload in rows:
+            if kind == "task_created":
+                out.append("pending")
+            elif kind == "task_status_changed":
+                out.append(payload["to_status"])
+        return out
+
+    def stop(self) -> None:
+        for node_id in list(self.agents):
+            proc = self.agents.pop(node_id)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.control:
+            self.control.send_signal(signal.SIGTERM)
+            try:
+                self.control.wait(30)
+            except subprocess.TimeoutExpired:
+                self.control.kill()
+
+
+def run_async(coro: Any) -> Any:
+    return asyncio.new_event_loop().run_until_complete(coro)
