@@ -42,14 +42,16 @@ async def api(database_url: str) -> AsyncIterator[Api]:
 
 
 @pytest.fixture
-def cluster(database_url: str) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest, database_url: str) -> Iterator[Cluster]:
     """A control plane (`heteroflow up`, no local agent) on its own NATS server; add agents
-    with `cluster.start_agent(...)`."""
+    with `cluster.start_agent(...)`. `@pytest.mark.cluster_env(KEY="v")` adds settings."""
+    marker = request.node.get_closest_marker("cluster_env")
+    extra: dict[str, str] = dict(marker.kwargs) if marker else {}
     root = Path(tempfile.mkdtemp(prefix="hf-cluster-"))
     nats_server = EmbeddedNats(root / "nats").start()
     c = Cluster(root, database_url, nats_server)
     try:
-        yield c.start()
+        yield c.start(**extra)
     finally:
         c.stop()
         nats_server.stop()
