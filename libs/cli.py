@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from libs.logging import configure
 
-SERVICES = ("api-gateway", "scheduler", "relay")
+SERVICES = ("api-gateway", "scheduler", "retry-engine", "relay")
 
 
 def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
@@ -61,7 +61,14 @@ def _agent(_: argparse.Namespace) -> int:
 
 
 def _service(args: argparse.Namespace) -> int:
-    from libs.platform import Platform, PlatformSettings, run_gateway, run_relay, run_scheduler
+    from libs.platform import (
+        Platform,
+        PlatformSettings,
+        run_gateway,
+        run_relay,
+        run_retry_engine,
+        run_scheduler,
+    )
     from libs.store.eventstore import EventStore
 
     settings = PlatformSettings()
@@ -72,7 +79,12 @@ def _service(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    runner = {"api-gateway": run_gateway, "scheduler": run_scheduler, "relay": run_relay}[args.name]
+    runner = {
+        "api-gateway": run_gateway,
+        "scheduler": run_scheduler,
+        "retry-engine": run_retry_engine,
+        "relay": run_relay,
+    }[args.name]
 
     async def main(stop: asyncio.Event) -> None:
         platform = Platform(settings)

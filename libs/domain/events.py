@@ -66,6 +66,28 @@ class TaskStatusChanged(Payload):
     # Failure evidence for the retry engine's classifier (not folded into the task row).
     error_kind: str | None = None
     oom_killed: bool | None = None
+    # Constraints for the next attempt (a requeue to pending sets them; None clears them).
+    not_before: datetime | None = None
+    same_node_id: str | None = None
+    avoid_node_ids: tuple[str, ...] | None = None
+    min_vram_mb: int | None = None
+
+
+class TaskRetryDecided(Payload):
+    """The retry engine's decision on one failure, with its reason (retried or not)."""
+
+    type: ClassVar[str] = "task_retry_decided"
+    stream_type: ClassVar[str] = "task"
+
+    task_id: TaskId
+    attempt: int
+    node_id: str | None
+    failure_class: str
+    failure_kind: str
+    action: Literal["retry", "give_up", "hold"]
+    reason: str
+    delay_s: float = 0.0
+    memory_mb: int | None = None
 
 
 class TaskConfigUpdated(Payload):
@@ -150,6 +172,7 @@ def register(*classes: type[Payload]) -> None:
 register(
     TaskCreated,
     TaskStatusChanged,
+    TaskRetryDecided,
     TaskConfigUpdated,
     TaskPendingReason,
     TaskDeleted,
@@ -192,6 +215,8 @@ def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -
         changes["pending_reason"] = event.reason
     elif isinstance(event, TaskDeleted):
         changes["deleted_at"] = at
+    elif isinstance(event, TaskRetryDecided):
+        pass  # history only: the status change that follows carries the new state
     else:
         raise ValueError(f"not a task event: {event.type}")
     return task.model_copy(update=changes)
@@ -222,6 +247,12 @@ def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str
     if ev.to_status is TaskStatus.PENDING:
         # A fresh attempt: clear the previous attempt's outcome, keep history in the events.
         out.update(started_at=None, finished_at=None, exit_code=None, result="", pending_reason="")
+        out.update(
+            not_before=ev.not_before,
+            same_node_id=ev.same_node_id or "",
+            avoid_node_ids=ev.avoid_node_ids or (),
+            min_vram_mb=ev.min_vram_mb or 0,
+        )
         if ev.error is None:
             out["error"] = ""
     elif ev.to_status in (

@@ -82,6 +82,10 @@ class TaskSpec(BaseModel):
     requested_node_id: str = ""
     anti_affinity: tuple[str, ...] = ()
     idle_timeout_minutes: int = Field(default=0, ge=0)
+    # Per-task overrides of the retry engine's defaults (None = the configured default).
+    retry_delay: float | None = Field(default=None, ge=0, le=86_400)
+    backoff_multiplier: float | None = Field(default=None, ge=1, le=10)
+    oom_memory_limit: int | None = Field(default=None, gt=0)
 
     @field_validator("name", "image")
     @classmethod
@@ -126,6 +130,11 @@ class Task(BaseModel):
     result: str = ""
     error: str = ""
     pending_reason: str = ""
+    # Placement constraints set by the retry engine for the next attempt.
+    not_before: datetime | None = None
+    same_node_id: str = ""
+    avoid_node_ids: tuple[str, ...] = ()
+    min_vram_mb: int = 0
     group_id: str | None = None
     rank: int | None = None
     created_at: datetime
@@ -164,12 +173,21 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "deleted_at",
         "generation",
         "draining",
+        "not_before",
+        "same_node_id",
+        "avoid_node_ids",
+        "min_vram_mb",
     }
 )
 
 # Execution-report fields: tenants get 403 for these on update; agents/operators may report.
 REPORT_FIELDS: frozenset[str] = frozenset(
     {"status", "result", "exit_code", "error", "node_id", "container_id", "finished_at"}
+)
+
+# Fields whose null means "the configured default" (name/image: null is reported as missing).
+NULLABLE: frozenset[str] = frozenset(
+    {"name", "image", "retry_delay", "backoff_multiplier", "oom_memory_limit"}
 )
 
 # The only config field a tenant may change after `pending`.
@@ -301,7 +319,7 @@ def parse_create(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = (
             )
         data["gpu_required"] = data.pop("gpu_count")
     for key, value in data.items():
-        if value is None and key not in ("name", "image"):
+        if value is None and key not in NULLABLE:
             raise DomainError(Code.INVALID_VALUE, f"{key} must not be null", [key])
     try:
         spec = TaskSpec.model_validate(data, strict=False)
@@ -315,13 +333,18 @@ def parse_create(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = (
 def _check_strict_types(data: Mapping[str, Any]) -> None:
     """Lax validation turns "3" into 3; a wrongly typed value is a client bug we name."""
     ints = {"gpu_required", "gpu_memory_mb", "memory_mb", "priority", "timeout", "max_retries"}
-    ints |= {"idle_timeout_minutes"}
+    ints |= {"idle_timeout_minutes", "oom_memory_limit"}
     for key in ints & data.keys():
         v = data[key]
+        if v is None and key in NULLABLE:
+            continue
         if isinstance(v, bool) or not isinstance(v, int):
             raise DomainError(Code.INVALID_VALUE, f"{key} must be an integer", [key])
-    for key in {"cpu_cores", "gpu_compute_ratio"} & data.keys():
+    numbers = {"cpu_cores", "gpu_compute_ratio", "retry_delay", "backoff_multiplier"}
+    for key in numbers & data.keys():
         v = data[key]
+        if v is None and key in NULLABLE:
+            continue
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise DomainError(Code.INVALID_VALUE, f"{key} must be a number", [key])
     for key in {"name", "image", "command", "gpu_type", "requested_node_id"} & data.keys():

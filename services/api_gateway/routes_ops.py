@@ -16,10 +16,11 @@ from nats.errors import TimeoutError as NatsTimeout
 from libs.bus.subjects import node_logs_subject
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError
+from libs.domain.history import retry_history
 from libs.domain.node import Node, NodeStatus
 from libs.domain.states import TERMINAL, TaskStatus
 from libs.domain.task import Task
-from libs.store.eventstore import EventStore
+from libs.store.eventstore import EventStore, payload_of
 
 from .deps import Principal, Store, require_operator, tenant_scope
 from .routes_tasks import actor_of
@@ -170,6 +171,18 @@ async def _follow(
             yield f"event: end\ndata: {json.dumps({'status': current.status.value})}\n\n"
             return
         await asyncio.sleep(0.5)
+
+
+@router.get("/tasks/{task_id}/retries")
+async def task_retries(task_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
+    events = [(payload_of(e), e.occurred_at) for e in await store.read_stream(task.id)]
+    attempts = retry_history(events)
+    return {
+        "task_id": task.id,
+        "total_retries": task.retry_count,
+        "retries": [a.view() for a in attempts],
+    }
 
 
 @router.get("/nodes")

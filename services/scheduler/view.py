@@ -83,4 +83,11 @@ def snapshot(
 
 
 def pending_of(task: Task) -> PendingTask:
-    return PendingTask.from_task(task)
+    """A pending task with the constraints its last requeue set (retry backoff, node choice)."""
+    return PendingTask.from_task(
+        task,
+        excluded_node_ids=frozenset(task.avoid_node_ids),
+        required_min_vram_mb=task.min_vram_mb,
+        same_node_id=task.same_node_id,
+        not_before=task.not_before,
+    )

@@ -1,0 +1,198 @@
+"""The retry decision chain of SPEC §4, pure: a failed task and its evidence in, events out.
+
+Order: static-world group member (the group owns it) → retries exhausted → `no_retry` →
+classify → permanent / CPU OOM / GPU OOM / transient / other-by-strategy. Every outcome is a
+`task_retry_decided` event with its reason; a retry adds the one `failed → pending` transition
+the retry engine alone may make, with the next attempt's memory and placement constraints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from libs.domain.commands import decide_transition
+from libs.domain.events import Payload, TaskRetryDecided
+from libs.domain.states import Actor, TaskStatus
+from libs.domain.task import RetryStrategy, Task, TaskType
+
+from .classifier import Failure, FailureClass, classify
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """Global defaults (`scheduler.retry.*` of seed 003); tasks may override the last three."""
+
+    retry_delay_s: float = 30.0
+    backoff_multiplier: float = 2.0
+    oom_memory_limit_mb: int = 16384
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the engine needs to know of a node to choose the next attempt's constraints."""
+
+    online: bool
+    memory_mb: int
+    max_vram_mb: int
+    vram_by_gpu: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    exit_code: int | None
+    oom_killed: bool
+    error_kind: str
+    error: str
+    output: str
+    failed_at: datetime
+
+
+def is_static_world_member(task: Task) -> bool:
+    """Training and TP/PP group members: one rank cannot rejoin a formed rendezvous alone."""
+    if task.group_id is None:
+        return False
+    static = task.spec.labels.get("heteroflow.static_world") == "true"
+    return static or task.spec.task_type is TaskType.TRAINING
+
+
+def backoff_delay(task: Task, cfg: RetryConfig) -> float:
+    """retry_delay × backoff_multiplier^(n-1) for retry number n."""
+    base = task.spec.retry_delay if task.spec.retry_delay is not None else cfg.retry_delay_s
+    mult = (
+        task.spec.backoff_multiplier
+        if task.spec.backoff_multiplier is not None
+        else cfg.backoff_multiplier
+    )
+    n = task.retry_count + 1
+    return float(base * mult ** (n - 1))
+
+
+def decide_retry(
+    task: Task, ev: Evidence, cfg: RetryConfig, nodes: Mapping[str, NodeFacts]
+) -> list[Payload]:
+    if task.status is not TaskStatus.FAILED:
+        return []
+    failure = classify(
+        exit_code=ev.exit_code,
+        oom_killed=ev.oom_killed,
+        error_kind=ev.error_kind,
+        error=ev.error,
+        output=ev.output,
+    )
+    if is_static_world_member(task):
+        return [
+            _decided(
+                task,
+                failure,
+                "hold",
+                "static-world group member: left failed for the group to handle",
+            )
+        ]
+    if task.retry_count >= task.spec.max_retries:
+        return [
+            _decided(
+                task,
+                failure,
+                "give_up",
+                f"retries exhausted ({task.retry_count}/{task.spec.max_retries})",
+            )
+        ]
+    if task.spec.retry_strategy is RetryStrategy.NO_RETRY:
+        return [_decided(task, failure, "give_up", "retry_strategy is no_retry")]
+    plan = _plan(task, failure, cfg, nodes)
+    if isinstance(plan, str):
+        return [_decided(task, failure, "give_up", plan)]
+    delay = backoff_delay(task, cfg)
+    reason = plan.pop("why")
+    memory = plan.get("memory_mb")
+    decided = _decided(
+        task,
+        failure,
+        "retry",
+        f"{reason}; retry {task.retry_count + 1}/{task.spec.max_retries} after {delay:g}s",
+        delay,
+        memory,
+    )
+    move = decide_transition(
+        task,
+        TaskStatus.PENDING,
+        actor=Actor.RETRY_ENGINE,
+        expected_status=TaskStatus.FAILED,
+        reason=decided.reason,
+        retry_count=task.retry_count + 1,
+        clear_placement=True,
+        not_before=ev.failed_at + timedelta(seconds=delay),
+        **plan,
+    )
+    return [decided, *move]
+
+
+def _plan(
+    task: Task, failure: Failure, cfg: RetryConfig, nodes: Mapping[str, NodeFacts]
+) -> dict[str, Any] | str:
+    """Constraints for the next attempt, or the reason there is none (a permanent failure)."""
+    failed_on = task.node_id or ""
+    here = nodes.get(failed_on)
+    if failure.cls is FailureClass.PERMANENT:
+        return f"permanent failure ({failure.kind}): {failure.evidence}; not retried"
+    if failure.cls is FailureClass.CPU_OOM:
+        limit = task.spec.oom_memory_limit or cfg.oom_memory_limit_mb
+        doubled = task.spec.memory_mb * 2
+        if doubled > limit:
+            return (
+                f"OOM-killed at {task.spec.memory_mb} MB; doubling to {doubled} MB exceeds "
+                f"oom_memory_limit {limit} MB: permanent failure"
+            )
+        same = failed_on if here and here.online and here.memory_mb >= doubled else ""
+        return {
+            "why": f"OOM-killed at {task.spec.memory_mb} MB: memory doubled to {doubled} MB",
+            "memory_mb": doubled,
+            "same_node_id": same or None,
+        }
+    if failure.cls is FailureClass.GPU_OOM:
+        vram = max((here.vram_by_gpu.get(g, 0) for g in task.gpu_ids), default=0) if here else 0
+        bigger = [n for n, f in nodes.items() if f.online and f.max_vram_mb > vram]
+        if not bigger:
+            return (
+                f"GPU out of memory on a {vram} MB card and no online node has a card with "
+                "more VRAM: permanent failure"
+            )
+        return {
+            "why": f"GPU out of memory on a {vram} MB card: needs more than {vram} MB",
+            "min_vram_mb": vram + 1,
+        }
+    if failure.cls is FailureClass.TRANSIENT:
+        return {
+            "why": f"transient failure ({failure.kind}): same node",
+            "same_node_id": failed_on or None,
+        }
+    if task.spec.retry_strategy is RetryStrategy.RETRY_SAME_NODE:
+        return {"why": f"{failure.evidence}: retry_same_node", "same_node_id": failed_on or None}
+    others = [n for n, f in nodes.items() if f.online and n != failed_on]
+    avoid = (failed_on,) if failed_on and others else None
+    where = "another node" if avoid else "any node (no other node is online)"
+    return {"why": f"{failure.evidence}: retry_new_node on {where}", "avoid_node_ids": avoid}
+
+
+def _decided(
+    task: Task,
+    failure: Failure,
+    action: str,
+    reason: str,
+    delay: float = 0.0,
+    memory: int | None = None,
+) -> TaskRetryDecided:
+    return TaskRetryDecided(
+        task_id=task.id,
+        attempt=task.retry_count,
+        node_id=task.node_id,
+        failure_class=failure.cls.value,
+        failure_kind=failure.kind,
+        action=action,
+        reason=reason,
+        delay_s=delay,
+        memory_mb=memory,
+    )
