@@ -36,6 +36,7 @@ log = structlog.get_logger(__name__)
 
 Clock = Callable[[], datetime]
 Decide = Callable[[Task], Sequence[Payload]]
+NewTask = tuple[TenantId, TaskSpec, str | None, int | None]
 
 INSERT_EVENT = """
 INSERT INTO events (event_id, stream_id, stream_type, version, type, schema_version,
@@ -233,6 +234,39 @@ class EventStore:
                     await c.executemany(INSERT_EVENT.replace("RETURNING position", ""), rows)
                 await projections.upsert_tasks(conn, done.values())
         return done, refused
+
+    async def execute_with_tasks(
+        self,
+        agg: Aggregate[M],
+        agg_id: str,
+        decide: Callable[[M | None], tuple[Sequence[Payload], Sequence[NewTask]]],
+        *,
+        metadata: dict[str, Any] | None = None,
+    ) -> tuple[M | None, list[Task]]:
+        """Append to an aggregate and create tasks in one transaction (group membership)."""
+        meta = metadata or {}
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (agg_id,))
+            cur = await conn.execute(
+                f"SELECT doc FROM {agg.table} WHERE id = %s FOR UPDATE", (agg_id,)
+            )
+            row = await cur.fetchone()
+            current = agg.model.model_validate(row[0]) if row else None
+            events, new_tasks = decide(current)
+            result: M | None = await self._apply(conn, agg, agg_id, current, events, meta)
+            tasks: list[Task] = []
+            for tenant_id, spec, group_id, rank in new_tasks:
+                ev = TaskCreated(
+                    task_id=new_task_id(),
+                    tenant_id=tenant_id,
+                    spec=spec,
+                    group_id=group_id,
+                    rank=rank,
+                )
+                (st,) = await self._insert(conn, ev.task_id, [ev], 1, meta)
+                tasks.append(evolve_task(None, ev, st.occurred_at, st.version))
+            await projections.upsert_tasks(conn, tasks)
+            return result, tasks
 
     async def execute_aggregate(
         self,

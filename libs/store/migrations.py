@@ -122,6 +122,24 @@ MIGRATIONS: list[tuple[int, str]] = [
             WHERE status = 'pending' AND deleted_at IS NULL;
         """,
     ),
+    (
+        3,
+        """
+        CREATE TABLE groups (
+            id          text PRIMARY KEY,
+            tenant_id   text NOT NULL,
+            status      text NOT NULL,
+            name        text NOT NULL,
+            version     integer NOT NULL,
+            created_at  timestamptz NOT NULL,
+            updated_at  timestamptz NOT NULL,
+            deleted_at  timestamptz,
+            doc         jsonb NOT NULL
+        );
+        CREATE INDEX groups_tenant_created ON groups (tenant_id, created_at DESC);
+        CREATE INDEX tasks_group ON tasks (group_id) WHERE group_id IS NOT NULL;
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).
@@ -130,6 +148,7 @@ PROJECTION_TABLES: tuple[str, ...] = (
     "system_credentials",
     "tasks",
     "nodes",
+    "groups",
     "tenants",
 )
 

@@ -24,6 +24,7 @@ from libs.domain.events import (
     TenantCreated,
     evolve_task,
 )
+from libs.domain.group import Group, evolve_group
 from libs.domain.node import Node, evolve_node
 from libs.domain.task import Task
 
@@ -98,11 +99,37 @@ ON CONFLICT (id) DO UPDATE SET
     updated_at = EXCLUDED.updated_at, doc = EXCLUDED.doc
 """
 
+
+def group_row(group: Group) -> tuple[Any, ...]:
+    return (
+        group.id,
+        group.tenant_id,
+        group.status.value,
+        group.spec.template.name,
+        group.version,
+        group.created_at,
+        group.updated_at,
+        group.deleted_at,
+        Jsonb(group.model_dump(mode="json")),
+    )
+
+
+UPSERT_GROUP = """
+INSERT INTO groups (id, tenant_id, status, name, version, created_at, updated_at, deleted_at, doc)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (id) DO UPDATE SET
+    status = EXCLUDED.status, name = EXCLUDED.name, version = EXCLUDED.version,
+    updated_at = EXCLUDED.updated_at, deleted_at = EXCLUDED.deleted_at, doc = EXCLUDED.doc
+"""
+
 TASKS: Aggregate[Task] = Aggregate(
     "task", "tasks", Task, evolve_task, task_row, UPSERT_TASK, tenant_column="tenant_id"
 )
 NODES: Aggregate[Node] = Aggregate("node", "nodes", Node, evolve_node, node_row, UPSERT_NODE)
-AGGREGATES: dict[str, Aggregate[Any]] = {a.stream_type: a for a in (TASKS, NODES)}
+GROUPS: Aggregate[Group] = Aggregate(
+    "group", "groups", Group, evolve_group, group_row, UPSERT_GROUP, tenant_column="tenant_id"
+)
+AGGREGATES: dict[str, Aggregate[Any]] = {a.stream_type: a for a in (TASKS, NODES, GROUPS)}
 
 
 async def upsert(conn: AsyncConnection[Any], agg: Aggregate[M], items: Iterable[M]) -> None:

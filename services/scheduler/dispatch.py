@@ -16,10 +16,14 @@ from nats.js import JetStreamContext
 
 from libs.bus.subjects import node_command_subject
 from libs.domain.errors import NotFound
+from libs.domain.group import Group, current_members, group_env
 from libs.domain.protocol import CommandKind, NodeCommand
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task
 from libs.store.eventstore import EventStore
+
+from . import view
+from .groups import load_group_tasks
 
 log = structlog.get_logger(__name__)
 
@@ -76,6 +80,28 @@ class Dispatcher:
         self.store = store
         self.js = js
 
+    async def group_env(self, task: Task) -> dict[str, str]:
+        """WORLD_SIZE, MASTER_ADDR (rank 0's node address), ... for a group member."""
+        rows = await self.store.fetch("SELECT doc FROM groups WHERE id = %s", [task.group_id])
+        if not rows or task.rank is None:
+            return {}
+        group = Group.model_validate(rows[0]["doc"])
+        members = current_members(await load_group_tasks(self.store, group.id))
+        placed = {m.rank: m.node_id for m in members if m.node_id}
+        nodes = {n.id: n for n in await view.load_nodes(self.store) if n.id in placed.values()}
+        master = nodes.get(placed.get(0) or "")
+        vendor = ""
+        node = nodes.get(task.node_id or "")
+        if node and task.gpu_ids:
+            vendor = next((g.vendor for g in node.inventory.gpus if g.id == task.gpu_ids[0]), "")
+        return group_env(
+            group.spec,
+            task.rank,
+            master.inventory.address if master else "",
+            len(set(placed.values())) or 1,
+            vendor,
+        )
+
     async def handle(self, msg: Msg) -> None:
         envelope = json.loads(msg.data)
         if envelope.get("type") != "task_status_changed":
@@ -91,5 +117,8 @@ class Dispatcher:
         cmd = command_for(task, to)
         if cmd is None:
             return
+        if cmd.run is not None and task.group_id:
+            env = await self.group_env(task)
+            cmd = cmd.model_copy(update={"run": cmd.run | {"group_env": env}})
         await send(self.js, cmd)
         log.info("command_sent", kind=cmd.kind.value, task_id=cmd.task_id, node_id=cmd.node_id)

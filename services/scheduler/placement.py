@@ -69,7 +69,8 @@ class Placer:
             view.load_quotas(self.store),
         )
         snap = view.snapshot(self.clock(), nodes, holding, quotas)
-        result_plan = plan(snap, [view.pending_of(t) for t in pending], max_batch=self.batch)
+        gangs = await view.load_gangs(self.store, pending)
+        result_plan = plan(snap, [view.pending_of(t, gangs) for t in pending], max_batch=self.batch)
         result = await self.commit(result_plan, {t.id: t for t in pending})
         result.seconds = time.perf_counter() - started
         LATENCY.observe(result.seconds)

@@ -16,6 +16,7 @@ from libs.config import CommonSettings
 from libs.service import ServiceContext
 
 from .dispatch import Dispatcher
+from .groups import GroupController, policy_from, run_groups
 from .monitor import NodeMonitor
 from .placement import Placer, run_placement
 from .reports import ReportHandler
@@ -29,6 +30,12 @@ class SchedulerSettings(CommonSettings):
     node_offline_after_s: float = Field(default=10.0, description="heartbeat silence → offline")
     node_gone_after_s: float = Field(default=600.0, description="offline this long → gone")
     schedule_batch: int = 512
+    group_scan_interval_s: float = 2.0
+    group_rebuild_scan_s: float = Field(default=10.0, description="inference rebuild scan")
+    group_restart_backoffs_s: list[float] = Field(default_factory=lambda: [60.0, 180.0])
+    group_restart_window_s: float = 600.0
+    group_restart_give_up_s: float = 1800.0
+    group_max_rebuilds: int = 5
     instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
@@ -58,6 +65,22 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
 
     async def watch(_token: int) -> None:
         await monitor.run(stop)
+
+    controller = GroupController(
+        ctx.store,
+        policy_from(
+            settings.group_restart_backoffs_s,
+            settings.group_restart_window_s,
+            settings.group_restart_give_up_s,
+            settings.group_max_rebuilds,
+        ),
+        ctx.store.clock,
+    )
+
+    async def groups(_token: int) -> None:
+        await run_groups(
+            controller, stop, settings.group_scan_interval_s, settings.group_rebuild_scan_s
+        )
 
     me = f"{ctx.name}-{settings.instance_id}"
     dispatcher = Dispatcher(ctx.store, ctx.js)

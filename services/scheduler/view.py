@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from libs.domain.group import Group
 from libs.domain.node import Node as NodeDoc
 from libs.domain.node import NodeStatus
 from libs.domain.states import GPU_HOLDING
@@ -82,10 +83,24 @@ def snapshot(
     )
 
 
-def pending_of(task: Task) -> PendingTask:
-    """A pending task with the constraints its last requeue set (retry backoff, node choice)."""
+async def load_gangs(store: EventStore, tasks: Sequence[Task]) -> dict[str, int]:
+    """Static-world groups among the pending tasks' groups: group id → world size."""
+    ids = sorted({t.group_id for t in tasks if t.group_id})
+    if not ids:
+        return {}
+    rows = await store.fetch("SELECT doc FROM groups WHERE id = ANY(%s)", [ids])
+    groups = [Group.model_validate(r["doc"]) for r in rows]
+    return {g.id: g.spec.shape.task_count for g in groups if g.spec.static_world}
+
+
+def pending_of(task: Task, gangs: dict[str, int] | None = None) -> PendingTask:
+    """A pending task with the constraints its last requeue set (retry backoff, node choice);
+    members of a static-world group are placed all-or-nothing (a gang)."""
+    gang = (gangs or {}).get(task.group_id or "")
     return PendingTask.from_task(
         task,
+        gang_id=task.group_id if gang else None,
+        gang_size=gang or 0,
         excluded_node_ids=frozenset(task.avoid_node_ids),
         required_min_vram_mb=task.min_vram_mb,
         same_node_id=task.same_node_id,

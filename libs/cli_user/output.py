@@ -1,0 +1,203 @@
+"""Rendering for the user commands: aligned tables, JSON, YAML, ages and resource cells.
+
+Pure functions over plain JSON values (what the API returns); nothing here does I/O, so
+every shape a command prints is testable without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+FORMATS = ("table", "json", "yaml")
+EMPTY = "-"
+GAP = "   "
+
+# YAML 1.1 words a loader would not read back as strings (PyYAML resolves all of them).
+_YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~", ""}
+_PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./+=()@ -]*$")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Columns padded to their widest cell, three spaces apart, no trailing blanks."""
+    body = [[cell(value) for value in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in body:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    lines = [headers, *body]
+    return "\n".join(
+        GAP.join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def cell(value: Any) -> str:
+    if value is None or value == "" or value == [] or value == {}:
+        return EMPTY
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, list | tuple):
+        return ",".join(cell(v) for v in value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def fields(pairs: Iterable[tuple[str, Any]], indent: int = 0) -> str:
+    """`Key:   value` lines, values aligned (the head of `describe`)."""
+    items = [(f"{key}:", cell(value)) for key, value in pairs]
+    width = max((len(k) for k, _ in items), default=0)
+    pad = " " * indent
+    return "\n".join(f"{pad}{k.ljust(width)}  {v}".rstrip() for k, v in items)
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def to_yaml(value: Any) -> str:
+    """PyYAML when it is installed, the built-in emitter otherwise (same data either way)."""
+    try:
+        import yaml
+    except ImportError:
+        return dump_yaml(value)
+    text: str = yaml.safe_dump(value, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return text
+
+
+def render(value: Any, fmt: str) -> str:
+    """JSON or YAML of `value`; tables are built by each command."""
+    if fmt == "json":
+        return to_json(value)
+    if fmt == "yaml":
+        return to_yaml(value).rstrip("\n")
+    raise ValueError(f"not a data format: {fmt}")
+
+
+# --- a small YAML emitter: block style for mappings and sequences, safe scalars -------------
+
+
+def dump_yaml(value: Any) -> str:
+    return "\n".join(_yaml_lines(value, 0)) + "\n"
+
+
+def _is_block(value: Any) -> bool:
+    return isinstance(value, dict | list | tuple) and len(value) > 0
+
+
+def _yaml_lines(value: Any, indent: int) -> list[str]:
+    pad = " " * indent
+    if isinstance(value, dict) and value:
+        out: list[str] = []
+        for key, item in value.items():
+            name = yaml_scalar(str(key))
+            if _is_block(item):
+                out.append(f"{pad}{name}:")
+                out.extend(_yaml_lines(item, indent + 2))
+            else:
+                out.append(f"{pad}{name}: {yaml_scalar(item)}")
+        return out
+    if isinstance(value, list | tuple) and value:
+        out = []
+        for item in value:
+            if _is_block(item):
+                inner = _yaml_lines(item, indent + 2)
+                out.append(f"{pad}- {inner[0][indent + 2 :]}")
+                out.extend(inner[1:])
+            else:
+                out.append(f"{pad}- {yaml_scalar(item)}")
+        return out
+    return [pad + yaml_scalar(value)]
+
+
+def yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ".nan"
+        if math.isinf(value):
+            return ".inf" if value > 0 else "-.inf"
+        return repr(value)
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list | tuple):
+        return "[]"
+    text = str(value)
+    if _PLAIN.match(text) and text.lower() not in _YAML_WORDS and not text.endswith(" "):
+        return text
+    # A JSON string is a valid YAML double-quoted scalar, escapes included.
+    return json.dumps(text, ensure_ascii=False)
+
+
+# --- cells ------------------------------------------------------------------------------------
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not value or not isinstance(value, str):
+        return None
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def age(value: Any, now: datetime | None = None) -> str:
+    """kubectl-style age: 42s, 5m, 3h, 2d."""
+    at = parse_time(value)
+    if at is None:
+        return EMPTY
+    seconds = max(0, int(((now or datetime.now(UTC)) - at).total_seconds()))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size * (2 if unit != "d" else 1):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def short_time(value: Any) -> str:
+    at = parse_time(value)
+    return at.strftime("%Y-%m-%d %H:%M:%S") if at else EMPTY
+
+
+def task_gpus(task: dict[str, Any]) -> str:
+    """Whole cards (`2`, `2:A100`) or a fraction (`8192MiB`, `0.5`)."""
+    kind = task.get("gpu_type") or ""
+    count = task.get("gpu_required") or task.get("gpu_count") or 0
+    if count:
+        amount = str(count)
+    elif task.get("gpu_memory_mb"):
+        amount = f"{task['gpu_memory_mb']}MiB"
+    elif task.get("gpu_compute_ratio"):
+        amount = f"{task['gpu_compute_ratio']:g}"
+    else:
+        return "0"
+    return f"{amount}:{kind}" if kind else amount
+
+
+def node_gpus(node: dict[str, Any]) -> str:
+    """Cards grouped by vendor and model: `nvidia:A100x4,amd:MI300x2`."""
+    counts: dict[str, int] = {}
+    for card in (node.get("inventory") or {}).get("gpus") or []:
+        key = f"{card.get('vendor', '?')}:{card.get('model', '?')}"
+        counts[key] = counts.get(key, 0) + 1
+    return ",".join(f"{key}x{n}" for key, n in counts.items()) or "0"
+
+
+def mebibytes(value: Any) -> str:
+    if not isinstance(value, int | float) or value <= 0:
+        return EMPTY
+    if value >= 1024:
+        return f"{value / 1024:.1f}".removesuffix(".0") + "GiB"
+    return f"{int(value)}MiB"

@@ -1,0 +1,344 @@
+"""Task groups (SPEC §5, seed 000): shapes, injected environment, status aggregation.
+
+A group is its own aggregate (stream `grp-…`); members are ordinary tasks carrying
+`group_id` and `rank`. Fault tolerance never deletes rows: a replaced member stays as a
+"historical remnant" (a terminal row superseded by a newer task of the same rank) and is
+ignored by aggregation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import Code, DomainError
+from .events import Payload, register
+from .states import TERMINAL, TaskStatus
+from .task import Task, TaskSpec, TaskType, TenantId, parse_create
+
+S = TaskStatus
+
+
+class Parallelism(StrEnum):
+    SPLIT = "split"
+    DATA_PARALLEL = "data_parallel"
+    TENSOR_PARALLEL = "tensor_parallel"
+    PIPELINE_PARALLEL = "pipeline_parallel"
+
+
+class GroupStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    STOPPING = "stopping"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+GROUP_TERMINAL = frozenset({GroupStatus.COMPLETED, GroupStatus.FAILED, GroupStatus.STOPPED})
+GROUP_FIELDS = frozenset(
+    {
+        "task_count",
+        "parallelism",
+        "per_node_gpu",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "master_port",
+    }
+)
+
+
+class GroupShape(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task_count: int = Field(ge=1, le=1024)
+    parallelism: Parallelism = Parallelism.SPLIT
+    per_node_gpu: int = Field(default=0, ge=0, le=64)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=1024)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=1024)
+    master_port: int = Field(default=29500, ge=1024, le=65535)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> GroupShape:
+        if self.parallelism is Parallelism.TENSOR_PARALLEL and self.tensor_parallel_size < 2:
+            raise ValueError("tensor_parallel requires tensor_parallel_size >= 2")
+        if self.parallelism is Parallelism.PIPELINE_PARALLEL and self.pipeline_parallel_size < 2:
+            raise ValueError("pipeline_parallel requires pipeline_parallel_size >= 2")
+        return self
+
+
+class GroupSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    template: TaskSpec
+    shape: GroupShape
+
+    @property
+    def is_training(self) -> bool:
+        return self.template.task_type is TaskType.TRAINING
+
+    @property
+    def static_world(self) -> bool:
+        """Training and TP/PP groups: the world is fixed at creation, members cannot rejoin."""
+        return self.is_training or self.shape.parallelism in (
+            Parallelism.TENSOR_PARALLEL,
+            Parallelism.PIPELINE_PARALLEL,
+        )
+
+    @property
+    def is_inference(self) -> bool:
+        return self.template.task_type is TaskType.INFERENCE
+
+    def member_spec(self, rank: int) -> TaskSpec:
+        labels = dict(self.template.labels) | {"heteroflow.rank": str(rank)}
+        if self.static_world:
+            labels["heteroflow.static_world"] = "true"
+        update: dict[str, Any] = {"labels": labels, "name": f"{self.template.name}-{rank}"[:100]}
+        if self.is_training and self.shape.per_node_gpu and not self.template.gpu_required:
+            update["gpu_required"] = self.shape.per_node_gpu
+        return self.template.model_copy(update=update)
+
+
+def parse_group(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()) -> GroupSpec:
+    if not isinstance(raw, Mapping):
+        raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
+    owned = sorted(k for k in ("group_id", "rank") if k in raw)
+    if owned:
+        raise DomainError(
+            Code.SERVER_OWNED_FIELD,
+            f"server-owned field(s) cannot be set: {', '.join(owned)}",
+            owned,
+        )
+    template = parse_create(
+        {k: v for k, v in raw.items() if k not in GROUP_FIELDS},
+        tenant=tenant,
+        volume_allow_list=volume_allow_list,
+    )
+    shape_raw = {k: v for k, v in raw.items() if k in GROUP_FIELDS}
+    if "task_count" not in shape_raw:
+        raise DomainError(Code.INVALID_VALUE, "task_count is required", ["task_count"])
+    for key, value in shape_raw.items():
+        if key != "parallelism" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise DomainError(Code.INVALID_VALUE, f"{key} must be an integer", [key])
+    try:
+        shape = GroupShape.model_validate(shape_raw)
+    except ValidationError as exc:
+        fields = [".".join(str(p) for p in e["loc"]) or "parallelism" for e in exc.errors()]
+        msg = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise DomainError(Code.INVALID_VALUE, f"invalid value: {msg}", fields) from None
+    return GroupSpec(template=template, shape=shape)
+
+
+# --- events ----------------------------------------------------------------------------
+
+
+class GroupCreated(Payload):
+    type: ClassVar[str] = "group_created"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    tenant_id: TenantId
+    spec: GroupSpec
+
+
+class GroupStatusChanged(Payload):
+    type: ClassVar[str] = "group_status_changed"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    from_status: GroupStatus
+    to_status: GroupStatus
+    reason: str
+
+
+class GroupRecovery(Payload):
+    """A fault-tolerance action on the group: restart, rebuild or replica replacement."""
+
+    type: ClassVar[str] = "group_recovery"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    kind: str  # group_restart | inference_rebuild | replica_replaced | restart_scheduled
+    reason: str
+    ranks: tuple[int, ...] = ()
+    task_ids: tuple[str, ...] = ()
+    due_at: datetime | None = None
+
+
+class GroupConfigUpdated(Payload):
+    type: ClassVar[str] = "group_config_updated"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    changes: dict[str, Any]
+
+
+class GroupDeleted(Payload):
+    type: ClassVar[str] = "group_deleted"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+
+
+register(GroupCreated, GroupStatusChanged, GroupRecovery, GroupConfigUpdated, GroupDeleted)
+
+
+class Group(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    tenant_id: TenantId
+    spec: GroupSpec
+    status: GroupStatus = GroupStatus.PENDING
+    reason: str = ""
+    restarts: int = 0
+    rebuilds: int = 0
+    replacements: int = 0
+    restart_due_at: datetime | None = None
+    failed_at: datetime | None = None
+    version: int = 0
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None = None
+
+
+def evolve_group(group: Group | None, event: Payload, at: datetime, version: int) -> Group:
+    if isinstance(event, GroupCreated):
+        return Group(
+            id=event.group_id,
+            tenant_id=event.tenant_id,
+            spec=event.spec,
+            version=version,
+            created_at=at,
+            updated_at=at,
+        )
+    if group is None:
+        raise ValueError(f"{event.type} before group_created")
+    up: dict[str, Any] = {"version": version, "updated_at": at}
+    if isinstance(event, GroupStatusChanged):
+        up.update(status=event.to_status, reason=event.reason)
+        if event.to_status is GroupStatus.FAILED:
+            up["failed_at"] = at
+    elif isinstance(event, GroupRecovery):
+        if event.kind == "restart_scheduled":
+            up["restart_due_at"] = event.due_at
+        elif event.kind == "group_restart":
+            up.update(
+                restarts=group.restarts + 1,
+                restart_due_at=None,
+                failed_at=None,
+                status=GroupStatus.PENDING,
+                reason=event.reason,
+            )
+        elif event.kind == "inference_rebuild":
+            up.update(
+                rebuilds=group.rebuilds + 1,
+                failed_at=None,
+                status=GroupStatus.PENDING,
+                reason=event.reason,
+            )
+        elif event.kind == "replica_replaced":
+            up["replacements"] = group.replacements + len(event.ranks)
+    elif isinstance(event, GroupConfigUpdated):
+        template = group.spec.template.model_copy(update=event.changes)
+        up["spec"] = group.spec.model_copy(update={"template": template})
+    elif isinstance(event, GroupDeleted):
+        up["deleted_at"] = at
+    else:
+        raise ValueError(f"not a group event: {event.type}")
+    return group.model_copy(update=up)
+
+
+# --- membership and aggregation ----------------------------------------------------------
+
+
+def current_members(tasks: Sequence[Task]) -> list[Task]:
+    """The newest task of each rank; older rows of a rank are historical remnants."""
+    newest: dict[int, Task] = {}
+    for t in tasks:
+        if t.rank is None:
+            continue
+        seen = newest.get(t.rank)
+        if seen is None or (t.created_at, t.id) > (seen.created_at, seen.id):
+            newest[t.rank] = t
+    return [newest[r] for r in sorted(newest)]
+
+
+def aggregate_status(members: Sequence[Task], *, replicas: bool = False) -> GroupStatus:
+    """Seed 000: a failed member → failed; all running → running; all sleeping → sleeping;
+    all terminal → completed (stopped when any was stopped or cancelled); else pending.
+
+    `replicas`: a stateless replica group stays running while any replica runs (a replaced
+    rank starting up does not take the service down).
+    """
+    statuses = [m.status for m in members]
+    if not statuses:
+        return GroupStatus.PENDING
+    if S.FAILED in statuses:
+        return GroupStatus.FAILED
+    if all(s is S.RUNNING for s in statuses):
+        return GroupStatus.RUNNING
+    if (
+        replicas
+        and S.RUNNING in statuses
+        and not any(s in (S.STOPPING, S.DRAINING) for s in statuses)
+    ):
+        return GroupStatus.RUNNING
+    if all(s is S.SLEEPING for s in statuses):
+        return GroupStatus.SLEEPING
+    if all(s in TERMINAL for s in statuses):
+        if all(s is S.COMPLETED for s in statuses):
+            return GroupStatus.COMPLETED
+        return GroupStatus.STOPPED
+    if any(s in (S.STOPPING, S.DRAINING) for s in statuses) and not any(
+        s in (S.PENDING, S.SCHEDULED, S.STARTING) for s in statuses
+    ):
+        return GroupStatus.STOPPING
+    if any(s is S.RUNNING for s in statuses) and all(
+        s in (S.RUNNING, S.COMPLETED, S.SLEEPING, S.WAKING) for s in statuses
+    ):
+        return GroupStatus.RUNNING
+    return GroupStatus.PENDING
+
+
+def is_live(task: Task) -> bool:
+    return task.status not in TERMINAL
+
+
+# --- injected environment ----------------------------------------------------------------
+
+BACKEND_BY_VENDOR = {"nvidia": "nccl", "amd": "nccl", "huawei": "hccl", "intel": "ccl"}
+
+
+def group_env(
+    spec: GroupSpec, rank: int, master_addr: str, nnodes: int, vendor: str
+) -> dict[str, str]:
+    """Distributed environment for one member (SPEC §5); the caller lets user values win."""
+    shape = spec.shape
+    per_node = shape.per_node_gpu if spec.is_training else 1
+    per_node = max(per_node, 1)
+    nodes = shape.task_count if spec.is_training else nnodes
+    env = {
+        "WORLD_SIZE": str(shape.task_count * per_node),
+        "NNODES": str(nodes),
+        "NODE_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(per_node),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(shape.master_port),
+        "DIST_BACKEND": BACKEND_BY_VENDOR.get(vendor.lower(), "gloo"),
+    }
+    if shape.parallelism is Parallelism.TENSOR_PARALLEL:
+        env["TENSOR_PARALLEL_SIZE"] = str(shape.tensor_parallel_size)
+    if shape.parallelism is Parallelism.PIPELINE_PARALLEL:
+        env["PIPELINE_PARALLEL_SIZE"] = str(shape.pipeline_parallel_size)
+    if per_node == 1:
+        # One process per container is provable only here; with several, each process's
+        # rank is the launcher's (torchrun, deepspeed) to derive.
+        env["RANK"] = str(rank)
+        env["LOCAL_RANK"] = "0"
+    return env

@@ -1,0 +1,246 @@
+"""`/api/v1/task-groups`: create, get (with members), list, stop, sleep, wake, delete, update.
+
+Membership is created only here: a group and its `task_count` member tasks (ranks
+0..n-1) are one transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from libs.domain import commands
+from libs.domain.errors import Code, DomainError, NotFound
+from libs.domain.events import Payload
+from libs.domain.group import (
+    Group,
+    GroupConfigUpdated,
+    GroupCreated,
+    GroupDeleted,
+    GroupSpec,
+    current_members,
+    is_live,
+    parse_group,
+)
+from libs.domain.states import TaskStatus
+from libs.domain.task import Task, TenantId
+from libs.store import queries
+from libs.store.eventstore import EventStore, NewTask
+from libs.store.projections import GROUPS
+
+from .deps import Body, Principal, Store, tenant_scope
+from .routes_tasks import _create_tenant, actor_of
+from .views import task_view
+
+router = APIRouter(prefix="/api/v1/task-groups", tags=["task-groups"])
+S = TaskStatus
+
+
+def group_view(group: Group, tasks: list[Task] | None = None) -> dict[str, Any]:
+    shape = group.spec.shape.model_dump(mode="json")
+    body: dict[str, Any] = {
+        "id": group.id,
+        "tenant_id": group.tenant_id,
+        "name": group.spec.template.name,
+        "status": group.status.value,
+        "reason": group.reason,
+        "task_type": group.spec.template.task_type.value,
+        "static_world": group.spec.static_world,
+        **shape,
+        "template": group.spec.template.model_dump(mode="json"),
+        "restarts": group.restarts,
+        "rebuilds": group.rebuilds,
+        "replacements": group.replacements,
+        "created_at": group.created_at.isoformat(),
+        "updated_at": group.updated_at.isoformat(),
+    }
+    if tasks is not None:
+        members = current_members(tasks)
+        body["tasks"] = [task_view(t) for t in members]
+        body["superseded_tasks"] = sorted(t.id for t in tasks if t not in members)
+    return body
+
+
+async def _load(store: EventStore, group_id: str, tenant: str | None) -> Group:
+    rows = await store.fetch(
+        "SELECT doc FROM groups WHERE id = %s AND deleted_at IS NULL", [group_id]
+    )
+    if not rows:
+        raise NotFound("task group")
+    group = Group.model_validate(rows[0]["doc"])
+    if tenant is not None and group.tenant_id != tenant:
+        raise NotFound("task group")
+    return group
+
+
+async def _tasks(store: EventStore, group_id: str) -> list[Task]:
+    rows = await store.fetch(
+        "SELECT doc FROM tasks WHERE group_id = %s AND deleted_at IS NULL", [group_id]
+    )
+    return [Task.model_validate(r["doc"]) for r in rows]
+
+
+@router.post("", status_code=201)
+async def create_group(
+    request: Request, principal: Principal, store: Store, body: Body
+) -> JSONResponse:
+    tenant_id = _create_tenant(principal, request)
+    if await queries.get_tenant(store, tenant_id) is None:
+        raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
+    spec: GroupSpec = parse_group(
+        body,
+        tenant=principal.is_tenant,
+        volume_allow_list=request.app.state.settings.volume_allow_list,
+    )
+    group_id = "grp-" + uuid.uuid4().hex[:16]
+
+    def decide(_: Group | None) -> tuple[list[Payload], list[NewTask]]:
+        tasks: list[NewTask] = [
+            (TenantId(tenant_id), spec.member_spec(r), group_id, r)
+            for r in range(spec.shape.task_count)
+        ]
+        return [GroupCreated(group_id=group_id, tenant_id=TenantId(tenant_id), spec=spec)], tasks
+
+    group, tasks = await store.execute_with_tasks(
+        GROUPS, group_id, decide, metadata={"principal": principal.subject}
+    )
+    assert group is not None
+    return JSONResponse(group_view(group, tasks), status_code=201)
+
+
+@router.get("")
+async def list_groups(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
+    params = dict(request.query_params)
+    unknown = sorted(set(params) - {"page", "per_page", "status"})
+    if unknown:
+        raise DomainError(
+            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
+        )
+    page = int(params["page"]) if params.get("page", "").isdigit() else 1
+    per_page = int(params["per_page"]) if params.get("per_page", "").isdigit() else 20
+    if page < 1 or not 1 <= per_page <= 500:
+        raise DomainError(
+            Code.INVALID_VALUE, "page >= 1 and per_page in 1..500", ["page", "per_page"]
+        )
+    where, args = ["deleted_at IS NULL"], []
+    if (tenant := tenant_scope(principal)) is not None:
+        where.append("tenant_id = %s")
+        args.append(tenant)
+    if params.get("status"):
+        where.append("status = %s")
+        args.append(params["status"])
+    clause = " AND ".join(where)
+    rows = await store.fetch(
+        f"SELECT doc, count(*) OVER () AS total FROM groups WHERE {clause}"
+        " ORDER BY created_at DESC, id LIMIT %s OFFSET %s",
+        [*args, per_page, (page - 1) * per_page],
+    )
+    return {
+        "groups": [group_view(Group.model_validate(r["doc"])) for r in rows],
+        "total": int(rows[0]["total"]) if rows else 0,
+        "page": page,
+        "per_page": per_page,
+    }
+
+
+@router.get("/{group_id}")
+async def get_group(group_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    group = await _load(store, group_id, tenant_scope(principal))
+    return group_view(group, await _tasks(store, group_id))
+
+
+async def _each_member(
+    store: EventStore, group: Group, decide: commands.Decide, actor: str
+) -> dict[str, Any]:
+    members = [m for m in current_members(await _tasks(store, group.id)) if is_live(m)]
+    done, refused = await store.execute_batch(
+        {m.id: decide for m in members}, metadata={"principal": actor}
+    )
+    return {
+        "id": group.id,
+        "changed": sorted(done),
+        "skipped": {k: v.message for k, v in refused.items()},
+    }
+
+
+@router.post("/{group_id}/stop")
+async def stop_group(group_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    group = await _load(store, group_id, tenant_scope(principal))
+    actor = actor_of(principal)
+    return await _each_member(
+        store, group, lambda t: commands.decide_stop(t, actor), principal.subject
+    )
+
+
+@router.post("/{group_id}/sleep")
+async def sleep_group(group_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    group = await _load(store, group_id, tenant_scope(principal))
+    actor = actor_of(principal)
+    return await _each_member(
+        store,
+        group,
+        lambda t: commands.decide_sleep(t, actor) if t.status is S.RUNNING else [],
+        principal.subject,
+    )
+
+
+@router.post("/{group_id}/wake")
+async def wake_group(group_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    group = await _load(store, group_id, tenant_scope(principal))
+    actor = actor_of(principal)
+    return await _each_member(
+        store,
+        group,
+        lambda t: (
+            commands.decide_transition(
+                t, S.WAKING, actor=actor, expected_status=S.SLEEPING, reason="group wake"
+            )
+            if t.status is S.SLEEPING
+            else []
+        ),
+        principal.subject,
+    )
+
+
+@router.delete("/{group_id}")
+async def delete_group(group_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    group = await _load(store, group_id, tenant_scope(principal))
+    actor = actor_of(principal)
+    tasks = await _tasks(store, group.id)
+    await store.execute_batch({t.id: (lambda t: commands.decide_delete(t, actor)) for t in tasks})
+    await store.execute_aggregate(GROUPS, group.id, lambda _g: [GroupDeleted(group_id=group.id)])
+    return {"message": "task group deleted", "id": group.id}
+
+
+@router.put("/{group_id}")
+async def update_group(
+    group_id: str, principal: Principal, store: Store, body: Body
+) -> dict[str, Any]:
+    group = await _load(store, group_id, tenant_scope(principal))
+    others = sorted(set(body) - {"idle_timeout_minutes"})
+    if others:
+        raise DomainError(
+            Code.NOT_PENDING,
+            "a task group accepts only idle_timeout_minutes as an update; "
+            f"refused: {', '.join(others)}",
+            others,
+        )
+    value = body.get("idle_timeout_minutes")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DomainError(
+            Code.INVALID_VALUE,
+            "idle_timeout_minutes must be an integer >= 0",
+            ["idle_timeout_minutes"],
+        )
+    changes = {"idle_timeout_minutes": value}
+    updated = await store.execute_aggregate(
+        GROUPS, group.id, lambda _g: [GroupConfigUpdated(group_id=group.id, changes=changes)]
+    )
+    await _each_member(
+        store, group, lambda t: commands.decide_config_update(t, changes), principal.subject
+    )
+    assert updated is not None
+    return group_view(updated, await _tasks(store, group.id))

@@ -1,0 +1,170 @@
+"""Group controller (leader-only): aggregate member status and run group fault tolerance.
+
+Every scan reads each live group with all its tasks, asks the pure `decide_group` what to do
+and applies it: group events and new member rows in one transaction, then member
+transitions with compare-and-set. A scan that finds nothing to do writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+
+from libs.domain import commands
+from libs.domain.events import Payload
+from libs.domain.group import GROUP_TERMINAL, Group
+from libs.domain.group_control import GroupActions, GroupPolicy, decide_group
+from libs.domain.states import Actor, TaskStatus
+from libs.domain.task import Task, TaskSpec
+from libs.store.eventstore import EventStore, NewTask
+from libs.store.projections import GROUPS
+from services.retry_engine.classifier import FailureClass, classify
+
+log = structlog.get_logger(__name__)
+
+
+def is_infra_failure(task: Task) -> bool:
+    """Infrastructure, not the user's program: transient kinds, lost nodes or containers."""
+    if task.error.startswith(("node ", "ContainerLost")):
+        return True
+    kind, _, detail = task.error.partition(": ")
+    failure = classify(
+        exit_code=task.exit_code,
+        error_kind=kind if detail else "",
+        error=task.error,
+        output=task.result,
+    )
+    return failure.cls is FailureClass.TRANSIENT
+
+
+def member_task(group: Group, rank: int, priority: int | None) -> NewTask:
+    spec: TaskSpec = group.spec.member_spec(rank)
+    if priority is not None:
+        spec = spec.model_copy(update={"priority": priority})
+    return (group.tenant_id, spec, group.id, rank)
+
+
+async def load_group_tasks(store: EventStore, group_id: str) -> list[Task]:
+    rows = await store.fetch("SELECT doc FROM tasks WHERE group_id = %s", [group_id])
+    return [Task.model_validate(r["doc"]) for r in rows]
+
+
+class GroupController:
+    def __init__(
+        self, store: EventStore, policy: GroupPolicy, clock: Callable[[], datetime]
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self.clock = clock
+
+    async def scan(self, *, allow_rebuild: bool = False) -> int:
+        rows = await self.store.fetch(
+            "SELECT doc FROM groups WHERE deleted_at IS NULL AND"
+            " (status <> ALL(%s) OR updated_at > now() - interval '31 minutes')",
+            [[s.value for s in GROUP_TERMINAL]],
+        )
+        acted = 0
+        for row in rows:
+            group = Group.model_validate(row["doc"])
+            try:
+                acted += await self.reconcile(group, allow_rebuild=allow_rebuild)
+            except Exception:
+                log.exception("group_reconcile_failed", group_id=group.id)
+        return acted
+
+    async def reconcile(self, group: Group, *, allow_rebuild: bool = True) -> int:
+        tasks = await load_group_tasks(self.store, group.id)
+        now = self.clock()
+        plan = decide_group(
+            group, tasks, now, self.policy, is_infra_failure, allow_rebuild=allow_rebuild
+        )
+        if plan.empty:
+            return 0
+        if plan.events or plan.new_ranks:
+            await self._record(group, plan, tasks)
+        await self._move_members(plan)
+        log.info(
+            "group_reconciled",
+            group_id=group.id,
+            events=[e.type for e in plan.events],
+            new_ranks=plan.new_ranks,
+            stopped=len(plan.stop),
+            failed=len(plan.fail),
+        )
+        return 1
+
+    async def _record(self, seen: Group, plan: GroupActions, tasks: Sequence[Task]) -> None:
+        def decide(current: Group | None) -> tuple[list[Payload], list[NewTask]]:
+            if current is None or current.version != seen.version:
+                return [], []  # changed since we looked: the next scan decides again
+            new = [member_task(current, r, plan.priority) for r in plan.new_ranks]
+            return list(plan.events), new
+
+        await self.store.execute_with_tasks(
+            GROUPS, seen.id, decide, metadata={"actor": "group_controller"}
+        )
+
+    async def _move_members(self, plan: GroupActions) -> None:
+        decisions: dict[str, commands.Decide] = {}
+        for task_id in plan.stop:
+            decisions[task_id] = _stop
+        for task_id in plan.fail:
+            decisions[task_id] = _fail
+        if decisions:
+            await self.store.execute_batch(decisions, metadata={"actor": "group_controller"})
+
+
+def _stop(t: Task) -> list[Any]:
+    return list(commands.decide_stop(t, Actor.CONTROLLER, reason="group failed"))
+
+
+def _fail(t: Task) -> list[Any]:
+    if t.status is not TaskStatus.PENDING:
+        return list(commands.decide_stop(t, Actor.CONTROLLER, reason="group failed"))
+    return list(
+        commands.decide_transition(
+            t,
+            TaskStatus.FAILED,
+            actor=Actor.CONTROLLER,
+            expected_status=TaskStatus.PENDING,
+            reason="group failed",
+            error="group failed before this member was placed",
+        )
+    )
+
+
+def policy_from(
+    backoffs_s: Sequence[float], window_s: float, give_up_s: float, max_rebuilds: int
+) -> GroupPolicy:
+    return GroupPolicy(
+        restart_window=timedelta(seconds=window_s),
+        restart_backoffs=tuple(timedelta(seconds=b) for b in backoffs_s),
+        restart_give_up_after=timedelta(seconds=give_up_s),
+        max_rebuilds=max_rebuilds,
+    )
+
+
+async def run_groups(
+    controller: GroupController,
+    stop: asyncio.Event,
+    interval_s: float = 2.0,
+    rebuild_every_s: float = 10.0,
+) -> None:
+    """Status and replica self-heal every `interval_s`; inference rebuilds every 10 s."""
+    last_rebuild = 0.0
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        rebuild = loop.time() - last_rebuild >= rebuild_every_s
+        try:
+            await controller.scan(allow_rebuild=rebuild)
+        except Exception:
+            log.exception("group_scan_failed")
+        if rebuild:
+            last_rebuild = loop.time()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
