@@ -209,7 +209,7 @@ class Agent:
             attempt=cmd.attempt,
             image=spec.image,
             command=spec.command,
-            env=dict(spec.env),
+            env=dict(cmd.run.get("group_env") or {}) | dict(spec.env),  # user values win
             volumes=tuple(v.model_dump() for v in spec.volumes),
             memory_mb=memory,
             cpu_cores=spec.cpu_cores,

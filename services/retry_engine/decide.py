@@ -1,6 +1,6 @@
 """The retry decision chain of SPEC §4, pure: a failed task and its evidence in, events out.
 
-Order: static-world group member (the group owns it) → retries exhausted → `no_retry` →
+Order: group member (static world or replica: the group owns it) → retries exhausted → `no_retry` →
 classify → permanent / CPU OOM / GPU OOM / transient / other-by-strategy. Every outcome is a
 `task_retry_decided` event with its reason; a retry adds the one `failed → pending` transition
 the retry engine alone may make, with the next attempt's memory and placement constraints.
@@ -91,6 +91,9 @@ def decide_retry(
                 "static-world group member: left failed for the group to handle",
             )
         ]
+    if task.group_id is not None:
+        # Replica groups replace the failed rank with a new task (seed 000, layer 4).
+        return [_decided(task, failure, "hold", "group member: the group replaces it")]
     if task.retry_count >= task.spec.max_retries:
         return [
             _decided(

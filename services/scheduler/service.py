@@ -92,6 +92,12 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         run_while_leader(
             Lease(kv, "node-monitor", me, LEASE_TTL_S), watch, stop, renew_every=LEASE_TTL_S / 3
         ),
+        run_while_leader(
+            Lease(kv, "group-controller", me, LEASE_TTL_S),
+            groups,
+            stop,
+            renew_every=LEASE_TTL_S / 3,
+        ),
         consume(
             ctx.js,
             stream=EVENTS_STREAM,

@@ -102,6 +102,7 @@ CASES = [
         {"same_node_id": "small"},
     ),
     ("static world", failed(group_id="g", spec={"task_type": "training"}), ev(), "hold", {}),
+    ("replica member", failed(group_id="g"), ev(exit_code=137), "hold", {}),
 ]
 
 
