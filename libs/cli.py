@@ -1,5 +1,6 @@
 """The `heteroflow` command: `up` (everything on one machine), `agent` (a node agent) and
-`service <name>` (one control-plane service, for deployments that scale them apart)."""
+`service <name>` (one control-plane service, for deployments that scale them apart), plus the
+user commands (`run`, `ps`, `logs`, ...; libs/cli_user, docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from libs.cli_user import register_user_commands
 from libs.logging import configure
 
-SERVICES = ("api-gateway", "scheduler", "retry-engine", "relay")
+SERVICES = ("api-gateway", "scheduler", "retry-engine", "event-timeline", "relay")
 
 
 def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
@@ -68,6 +70,7 @@ def _service(args: argparse.Namespace) -> int:
         run_relay,
         run_retry_engine,
         run_scheduler,
+        run_timeline,
     )
     from libs.store.eventstore import EventStore
 
@@ -83,6 +86,7 @@ def _service(args: argparse.Namespace) -> int:
         "api-gateway": run_gateway,
         "scheduler": run_scheduler,
         "retry-engine": run_retry_engine,
+        "event-timeline": run_timeline,
         "relay": run_relay,
     }[args.name]
 
@@ -113,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     service = sub.add_parser("service", help="run one control-plane service")
     service.add_argument("name", choices=SERVICES)
     service.set_defaults(func=_service)
+    register_user_commands(parser, sub)
     return parser
 
 

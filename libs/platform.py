@@ -34,6 +34,8 @@ from libs.store import queries
 from libs.store.eventstore import EventStore
 from libs.store.relay import OutboxRelay
 from services.api_gateway.app import create_app
+from services.event_timeline import service as timeline_service
+from services.event_timeline.service import TimelineSettings
 from services.retry_engine import service as retry_service
 from services.retry_engine.service import RetrySettings
 from services.scheduler import service as scheduler_service
@@ -199,6 +201,14 @@ async def run_retry_engine(platform: Platform, stop: asyncio.Event) -> None:
         await ctx.close()
 
 
+async def run_timeline(platform: Platform, stop: asyncio.Event) -> None:
+    ctx = await ServiceContext.open(platform.database_url, platform.nats_url, "event-timeline")
+    try:
+        await timeline_service.run(ctx, stop, TimelineSettings())
+    finally:
+        await ctx.close()
+
+
 async def run_local_agent(platform: Platform, stop: asyncio.Event) -> None:
     settings = AgentSettings()
     nc = await connect(platform.nats_url, f"agent-{settings.node_id}")
@@ -241,7 +251,13 @@ async def serve(
     try:
         platform.store = await EventStore.open(platform.database_url, max_size=settings.db_pool_max)
         creds = await platform.bootstrap()
-        runners: list[ServiceRunner] = [run_relay, run_scheduler, run_retry_engine, run_gateway]
+        runners: list[ServiceRunner] = [
+            run_relay,
+            run_scheduler,
+            run_retry_engine,
+            run_timeline,
+            run_gateway,
+        ]
         if settings.local_agent:
             runners.append(run_local_agent)
         tasks = [asyncio.create_task(r(platform, stop)) for r in runners]

@@ -45,9 +45,16 @@ async def consume(
     ack_wait: float = 30.0,
     max_deliver: int = 8,
     nak_delay: float = 1.0,
+    deliver_new: bool = False,
 ) -> None:
     await ensure_durable_consumer(
-        js, stream, durable, filter_subject, ack_wait=ack_wait, max_deliver=max_deliver
+        js,
+        stream,
+        durable,
+        filter_subject,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        deliver_new=deliver_new,
     )
     sub = await js.pull_subscribe(filter_subject, durable=durable, stream=stream)
     try:

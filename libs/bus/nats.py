@@ -152,8 +152,12 @@ async def ensure_durable_consumer(
     max_deliver: int = 5,
     *,
     max_ack_pending: int = 1000,
+    deliver_new: bool = False,
 ) -> ConsumerInfo:
     """A durable pull consumer with explicit acks and bounded redelivery.
+
+    `deliver_new`: a consumer created now starts at the stream's end (no history replay);
+    it is fixed at creation, as JetStream does not change a durable's start.
 
     Idempotent: the durable-create API creates or updates, so a changed `ack_wait` or
     `max_deliver` is applied to the existing consumer. A message delivered `max_deliver`
@@ -165,7 +169,7 @@ async def ensure_durable_consumer(
         durable_name=durable,
         filter_subject=filter_subject,
         ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL,
+        deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
         ack_wait=ack_wait,
         max_deliver=max_deliver,
         max_ack_pending=max_ack_pending,

@@ -1,4 +1,5 @@
-"""Rendering for the user commands: aligned tables, JSON, YAML, ages and resource cells.
+"""Rendering for the user commands: aligned tables, JSON, YAML, ages, resource cells and the
+task views (ps, describe, attempts, timeline).
 
 Pure functions over plain JSON values (what the API returns); nothing here does I/O, so
 every shape a command prints is testable without a server.
@@ -201,3 +202,139 @@ def mebibytes(value: Any) -> str:
     if value >= 1024:
         return f"{value / 1024:.1f}".removesuffix(".0") + "GiB"
     return f"{int(value)}MiB"
+
+
+# --- views of tasks, attempts and timeline events ----------------------------------------
+
+PS_HEADERS = ("ID", "NAME", "STATUS", "NODE", "GPUS", "PRIORITY", "AGE")
+TIME_KEYS = ("occurred_at", "at", "time", "timestamp", "created_at")
+KIND_KEYS = ("kind", "type", "event_type", "event")
+TEXT_KEYS = ("message", "reason", "detail", "description", "summary")
+SKIP_KEYS = {
+    *("id", "task_id", "group_id", "tenant_id", "subject_type", "subject_id", "details"),
+    *TIME_KEYS,
+    *KIND_KEYS,
+    *TEXT_KEYS,
+}
+
+
+def ps_table(tasks: list[dict[str, Any]]) -> str:
+    rows = [
+        (
+            t["id"],
+            t.get("name"),
+            t.get("status"),
+            t.get("node_id"),
+            task_gpus(t),
+            t.get("priority"),
+            age(t.get("created_at")),
+        )
+        for t in tasks
+    ]
+    return table(PS_HEADERS, rows)
+
+
+def _first(item: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    return next((item[k] for k in keys if item.get(k) not in (None, "")), None)
+
+
+def event_time(item: dict[str, Any]) -> Any:
+    return _first(item, TIME_KEYS)
+
+
+def _scalars(item: dict[str, Any], skip: set[str]) -> str:
+    return " ".join(
+        f"{k}={v}"
+        for k, v in item.items()
+        if k not in skip and v not in (None, "") and not isinstance(v, dict | list)
+    )
+
+
+def _detail(item: dict[str, Any]) -> str:
+    """The message, then the other scalar fields and `details` as k=v."""
+    details = item.get("details") if isinstance(item.get("details"), dict) else {}
+    parts = (_first(item, TEXT_KEYS), _scalars(item, SKIP_KEYS), _scalars(details or {}, set()))
+    return " ".join(str(x) for x in parts if x) or EMPTY
+
+
+def timeline_table(events: list[dict[str, Any]]) -> str:
+    rows = [(short_time(event_time(e)), _first(e, KIND_KEYS), _detail(e)) for e in events]
+    return table(("TIME", "KIND", "DETAIL"), rows)
+
+
+def describe_text(
+    task: dict[str, Any],
+    retries: list[dict[str, Any]] | None,
+    events: list[dict[str, Any]] | None,
+) -> str:
+    volumes = [
+        f"{v['host_path']}:{v['container_path']}" + (":ro" if v.get("read_only") else "")
+        for v in task.get("volumes") or []
+    ]
+    pairs: list[tuple[str, Any]] = [
+        ("Name", task.get("name")),
+        ("ID", task["id"]),
+        ("Status", task.get("status")),
+    ]
+    if task.get("status") == "pending":
+        pairs.append(("Pending reason", task.get("pending_reason") or "waiting for the scheduler"))
+    pairs += [
+        ("Image", task.get("image")),
+        ("Command", task.get("command")),
+        ("Type", task.get("task_type")),
+        ("Node", task.get("node_id")),
+        ("GPUs", task_gpus(task)),
+        ("GPU ids", task.get("gpu_ids")),
+        ("Memory", mebibytes(task.get("memory_mb"))),
+        ("CPU", task.get("cpu_cores")),
+        ("Priority", task.get("priority")),
+        ("Preemptible", task.get("preemptible")),
+        (
+            "Retries",
+            f"{task.get('retry_count', 0)} of {task.get('max_retries', '?')}"
+            f" ({task.get('retry_strategy', '-')})",
+        ),
+        ("Exit code", task.get("exit_code")),
+        ("Error", task.get("error")),
+        ("Labels", task.get("labels")),
+        ("Env", task.get("env")),
+        ("Volumes", volumes),
+        ("Created", _when(task.get("created_at"))),
+        ("Started", _when(task.get("started_at"))),
+        ("Finished", _when(task.get("finished_at"))),
+    ]
+    parts = [fields(pairs), "", "Attempts:"]
+    parts.append(_indent(retries_table(retries)) if retries else "  none")
+    parts += ["", "Events:"]
+    if events is None:
+        parts.append("  (this server has no timeline endpoint)")
+    else:
+        parts.append(_indent(timeline_table(events)) if events else "  none")
+    return "\n".join(parts)
+
+
+def _when(value: Any) -> str:
+    at = short_time(value)
+    return at if at == EMPTY else f"{at} ({age(value)} ago)"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def retries_table(attempts: list[dict[str, Any]]) -> str:
+    headers = ("ATTEMPT", "NODE", "STATUS", "EXIT", "MEMORY", "STARTED", "FINISHED", "ERROR")
+    rows = [
+        (
+            a.get("attempt"),
+            a.get("node_id"),
+            a.get("status"),
+            a.get("exit_code"),
+            mebibytes(a.get("memory_mb")),
+            short_time(a.get("started_at")),
+            short_time(a.get("finished_at")),
+            " | ".join(x for x in (a.get("error"), a.get("decision")) if x),
+        )
+        for a in attempts
+    ]
+    return table(headers, rows)

@@ -140,6 +140,26 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX tasks_group ON tasks (group_id) WHERE group_id IS NOT NULL;
         """,
     ),
+    (
+        4,
+        """
+        -- Fault-tolerance timeline: written by the event-timeline service from committed
+        -- events (not a projection: not rebuilt by replay, never back-filled).
+        CREATE TABLE timeline (
+            id            text PRIMARY KEY,
+            subject_type  text NOT NULL,
+            subject_id    text NOT NULL,
+            kind          text NOT NULL,
+            message       text NOT NULL,
+            details       jsonb NOT NULL,
+            occurred_at   timestamptz NOT NULL,
+            recorded_at   timestamptz NOT NULL DEFAULT now(),
+            source_event  uuid NOT NULL
+        );
+        CREATE INDEX timeline_subject ON timeline (subject_type, subject_id, occurred_at DESC);
+        CREATE INDEX timeline_occurred ON timeline (occurred_at);
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).

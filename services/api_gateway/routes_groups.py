@@ -31,6 +31,7 @@ from libs.store import queries
 from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import GROUPS
 
+from . import timeline
 from .deps import Body, Principal, Store, tenant_scope
 from .routes_tasks import _create_tenant, actor_of
 from .views import task_view
@@ -164,6 +165,16 @@ async def _each_member(
         "changed": sorted(done),
         "skipped": {k: v.message for k, v in refused.items()},
     }
+
+
+@router.get("/{group_id}/events")
+async def group_events(
+    request: Request, group_id: str, principal: Principal, store: Store
+) -> dict[str, Any]:
+    """The group's timeline (its own entries and its members'), newest first."""
+    page, per_page = timeline.page_params(request)
+    group = await _load(store, group_id, tenant_scope(principal))
+    return {"group_id": group.id} | await timeline.group_timeline(store, group.id, page, per_page)
 
 
 @router.post("/{group_id}/stop")

@@ -22,6 +22,7 @@ from libs.domain.states import TERMINAL, TaskStatus
 from libs.domain.task import Task
 from libs.store.eventstore import EventStore, payload_of
 
+from . import timeline
 from .deps import Principal, Store, require_operator, tenant_scope
 from .routes_tasks import actor_of
 from .views import task_view
@@ -183,6 +184,16 @@ async def task_retries(task_id: str, principal: Principal, store: Store) -> dict
         "total_retries": task.retry_count,
         "retries": [a.view() for a in attempts],
     }
+
+
+@router.get("/tasks/{task_id}/events")
+async def task_events(
+    request: Request, task_id: str, principal: Principal, store: Store
+) -> dict[str, Any]:
+    """The task's fault-tolerance timeline, newest first."""
+    page, per_page = timeline.page_params(request)
+    task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
+    return {"task_id": task.id} | await timeline.task_timeline(store, task.id, page, per_page)
 
 
 @router.get("/nodes")

@@ -1,0 +1,156 @@
+"""The event-timeline service: one timeline entry per real fault-tolerance transition.
+
+It reads committed events from the bus (so an entry is written only after its transition
+committed), maps them with the pure rules, and inserts entries keyed by the source event id
+(a redelivery adds nothing). It keeps at most 200 entries per task and per group and purges
+entries older than 30 days. A consumer created on an existing store starts at the stream's
+end: history is never back-filled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+from prometheus_client import Counter
+from psycopg.types.json import Jsonb
+from pydantic import Field
+
+from libs.bus.consume import consume
+from libs.bus.subjects import EVENTS_STREAM, EVENTS_SUBJECTS
+from libs.config import CommonSettings
+from libs.domain.states import GPU_HOLDING
+from libs.service import ServiceContext
+from libs.store.eventstore import EventStore
+
+from .rules import Entry, entries_for
+
+log = structlog.get_logger(__name__)
+
+WRITTEN = Counter("heteroflow_timeline_entries_total", "Timeline entries written", ["kind"])
+
+INSERT = """
+INSERT INTO timeline (id, subject_type, subject_id, kind, message, details, occurred_at,
+                      source_event)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING
+"""
+TRIM = """
+DELETE FROM timeline WHERE id IN (
+    SELECT id FROM timeline WHERE subject_type = %s AND subject_id = %s
+    ORDER BY occurred_at DESC, id DESC OFFSET %s)
+"""
+
+
+class TimelineSettings(CommonSettings):
+    timeline_retention_days: float = Field(default=30.0, gt=0)
+    timeline_max_per_subject: int = Field(default=200, gt=0)
+    timeline_purge_interval_s: float = 3600.0
+
+
+class Timeline:
+    def __init__(self, store: EventStore, retention: timedelta, cap: int) -> None:
+        self.store = store
+        self.retention = retention
+        self.cap = cap
+
+    async def handle(self, msg: Msg) -> None:
+        envelope = json.loads(msg.data)
+        entries = entries_for(envelope)
+        if envelope.get("type") in ("gpu_lost", "gpu_recovered"):
+            entries += await self._card_holders(envelope, entries)
+        if entries:
+            await self.write(entries)
+
+    async def _card_holders(self, env: dict[str, Any], base: Sequence[Entry]) -> list[Entry]:
+        """The same card event on the timeline of each task holding that card."""
+        card = env["payload"]["gpu_id"]
+        rows = await self.store.fetch(
+            "SELECT id FROM tasks WHERE node_id = %s AND status = ANY(%s) AND doc->'gpu_ids' ? %s",
+            [env["payload"]["node_id"], [s.value for s in GPU_HOLDING], card],
+        )
+        out = []
+        for r in rows:
+            e = base[0]
+            out.append(
+                Entry(
+                    id=f"{e.source_event}:task:{r['id']}",
+                    subject_type="task",
+                    subject_id=r["id"],
+                    kind=e.kind,
+                    message=e.message + " (task neither moved nor failed)",
+                    occurred_at=e.occurred_at,
+                    source_event=e.source_event,
+                    details=e.details,
+                )
+            )
+        return out
+
+    async def write(self, entries: Sequence[Entry]) -> None:
+        async with self.store.pool.connection() as conn, conn.transaction():
+            async with conn.cursor() as cur:
+                await cur.executemany(
+                    INSERT,
+                    [
+                        (
+                            e.id,
+                            e.subject_type,
+                            e.subject_id,
+                            e.kind,
+                            e.message,
+                            Jsonb(e.details),
+                            e.occurred_at,
+                            e.source_event,
+                        )
+                        for e in entries
+                    ],
+                )
+            for subject in {(e.subject_type, e.subject_id) for e in entries}:
+                if subject[0] in ("task", "group"):
+                    await conn.execute(TRIM, (*subject, self.cap))
+        for e in entries:
+            WRITTEN.labels(e.kind).inc()
+
+    async def purge(self) -> int:
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute(
+                "DELETE FROM timeline WHERE occurred_at < now() - %s", (self.retention,)
+            )
+            return cur.rowcount
+
+
+async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettings) -> None:
+    timeline = Timeline(
+        ctx.store,
+        timedelta(days=settings.timeline_retention_days),
+        settings.timeline_max_per_subject,
+    )
+
+    async def purge_loop() -> None:
+        while not stop.is_set():
+            try:
+                purged = await timeline.purge()
+                if purged:
+                    log.info("timeline_purged", entries=purged)
+            except Exception:
+                log.exception("timeline_purge_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), settings.timeline_purge_interval_s)
+
+    await asyncio.gather(
+        consume(
+            ctx.js,
+            stream=EVENTS_STREAM,
+            durable="event-timeline",
+            filter_subject=EVENTS_SUBJECTS[0],
+            handler=timeline.handle,
+            stop=stop,
+            deliver_new=True,
+        ),
+        purge_loop(),
+    )
