@@ -26,3 +26,7 @@ bench *SUITES:
 # regenerate the committed OpenAPI document
 openapi:
     .venv/bin/python -m services.api_gateway.openapi > docs/openapi.json
+
+# regenerate the committed AsyncAPI event catalogue
+asyncapi:
+    .venv/bin/python -m libs.bus.asyncapi > docs/asyncapi.json
