@@ -63,7 +63,7 @@ def document() -> dict[str, Any]:
             "parameters": {"stream_id": {"schema": {"type": "string"}}},
             "subscribe": {"message": {"$ref": f"#/components/messages/{name}"}},
         }
-    node_messages = {
+    node_messages: dict[str, type[BaseModel]] = {
         "node_command": NodeCommand,
         "agent_report": AgentReport,
         "registration": Registration,
