@@ -90,6 +90,11 @@ def _service(args: argparse.Namespace) -> int:
         "relay": run_relay,
     }[args.name]
 
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, addr="127.0.0.1")
+
     async def main(stop: asyncio.Event) -> None:
         platform = Platform(settings)
         platform.start_servers()  # resolves the configured URLs; starts nothing embedded

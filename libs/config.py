@@ -25,6 +25,7 @@ class CommonSettings(BaseSettings):
     )
     log_level: str = "info"
     log_format: str = Field(default="auto", description="json | console | auto (console on a TTY)")
+    metrics_port: int = Field(default=0, description="Prometheus port of a lone service; 0 = off")
 
 
 class GatewaySettings(CommonSettings):

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,6 +57,9 @@ def _entry(handler: Handler, *, operator: bool = False) -> Callable[[argparse.Na
             return exc.exit_code
         except KeyboardInterrupt:
             return 130
+        except BrokenPipeError:  # `heteroflow ps | head`: the reader had enough
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         finally:
             if client is not None:
                 client.close()

@@ -18,6 +18,7 @@ from .client import EXIT_FAILED, EXIT_OK, ApiError, CliError, Context, UsageErro
 from .events import fetch_timeline
 
 TERMINAL = ("completed", "failed", "cancelled", "stopped")
+UNSTARTED = ("pending", "scheduled")  # placed perhaps, but the node has no output yet
 STATUS_ORDER = (
     *("pending", "scheduled", "starting", "running", "sleeping", "waking", "stopping"),
     *("draining", "preempting", "paused", "completed", "failed", "cancelled", "stopped"),
@@ -144,17 +145,18 @@ class Progress:
         self.retry = 0
 
     def show(self, status: str, retry: int = 0, of: Any = None) -> None:
+        label = status
         if retry > self.retry:  # the failure itself may come and go between two polls
             self.retry = retry
-            status = f"retry {retry}/{of if of is not None else '?'}: {status}"
-        if status == self.last:
+            label = f"retry {retry}/{of if of is not None else '?'}: {status}"
+        elif status == self.last:
             return
         if self.last is None:
-            text = f"{self.task_id}: {status}"
+            text = f"{self.task_id}: {label}"
         elif self.open:
-            text = f" → {status}"
+            text = f" → {label}"
         else:
-            text = f"{self.task_id}: {self.last} → {status}"
+            text = f"{self.task_id}: {self.last} → {label}"
         self.err.write(text)
         self.err.flush()
         self.open, self.last = True, status
@@ -174,10 +176,12 @@ def wait_for(ctx: Context, task: dict[str, Any], *, follow: bool) -> dict[str, A
     while True:
         attempt = (task.get("node_id") or "", int(task.get("retry_count") or 0))
         progress.show(task["status"], attempt[1], task.get("max_retries"))
-        if follow and attempt[0] and task["status"] != "pending" and attempt not in streamed:
+        if follow and attempt[0] and task["status"] not in UNSTARTED and attempt not in streamed:
             progress.break_line()
-            if _stream_attempt(ctx, task["id"]):
+            if _stream_attempt(ctx, task):
                 streamed.add(attempt)
+            else:
+                time.sleep(POLL_S)
             task = ctx.client.get(task_path(task["id"]))
             continue
         if task["status"] in TERMINAL:
@@ -204,15 +208,24 @@ def _failure_is_final(ctx: Context, task: dict[str, Any], waited_s: float) -> bo
     return waited_s > DECISION_WAIT_S
 
 
-def _stream_attempt(ctx: Context, task_id: str) -> bool:
-    """Stream one attempt's logs; False when the task has no node yet (try again later)."""
+def _stream_attempt(ctx: Context, task: dict[str, Any]) -> bool:
+    """Stream one attempt's logs; False when they are not there yet (try again later)."""
     try:
-        follow_logs(ctx, task_id, ALL_LINES)
+        follow_logs(ctx, task["id"], ALL_LINES)
     except ApiError as exc:
-        if exc.code == NOT_PLACED:
+        if _logs_not_yet(exc, task):
             return False
         ctx.note(f"logs unavailable: {exc}")
+    except CliError as exc:  # the stream broke (node lost, ...): keep following the task
+        ctx.note(exc.message)
     return True
+
+
+def _logs_not_yet(exc: ApiError, task: dict[str, Any]) -> bool:
+    """No node yet, or a node that has not started the attempt (its logs 404 until then)."""
+    if exc.code == NOT_PLACED:
+        return True
+    return exc.status == 404 and not exc.route_missing and task["status"] not in TERMINAL
 
 
 # --- logs ---------------------------------------------------------------------------------
@@ -244,9 +257,9 @@ def cmd_logs(ctx: Context, args: argparse.Namespace) -> int:
         try:
             return follow_logs(ctx, args.task_id, lines)
         except ApiError as exc:
-            if exc.code != NOT_PLACED:
+            task = ctx.client.get(task_path(args.task_id))  # a deleted task ends it here
+            if not _logs_not_yet(exc, task):
                 raise
-        task = ctx.client.get(task_path(args.task_id))
         if task["status"] in TERMINAL and not task.get("node_id"):
             raise CliError(f"task {args.task_id} ended {task['status']} before it ran: no logs")
         if not noted:

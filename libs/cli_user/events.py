@@ -149,7 +149,10 @@ def groups_table(groups: list[dict[str, Any]]) -> str:
 def group_text(group: dict[str, Any]) -> str:
     """Every scalar field the server sends, in its order, then the member tasks."""
     pairs = [
-        (key.replace("_", " ").capitalize(), value)
+        (
+            "ID" if key == "id" else key.replace("_", " ").capitalize(),
+            out.when(value) if key.endswith("_at") else value,
+        )
         for key, value in group.items()
         if key != "tasks" and (not isinstance(value, dict | list) or key == "labels")
     ]

@@ -299,9 +299,9 @@ def describe_text(
         ("Labels", task.get("labels")),
         ("Env", task.get("env")),
         ("Volumes", volumes),
-        ("Created", _when(task.get("created_at"))),
-        ("Started", _when(task.get("started_at"))),
-        ("Finished", _when(task.get("finished_at"))),
+        ("Created", when(task.get("created_at"))),
+        ("Started", when(task.get("started_at"))),
+        ("Finished", when(task.get("finished_at"))),
     ]
     parts = [fields(pairs), "", "Attempts:"]
     parts.append(_indent(retries_table(retries)) if retries else "  none")
@@ -313,7 +313,7 @@ def describe_text(
     return "\n".join(parts)
 
 
-def _when(value: Any) -> str:
+def when(value: Any) -> str:
     at = short_time(value)
     return at if at == EMPTY else f"{at} ({age(value)} ago)"
 

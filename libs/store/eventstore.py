@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import structlog
+from prometheus_client import Counter
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -33,6 +34,8 @@ from .projections import TASKS, Aggregate, M
 from .types import StoredEvent
 
 log = structlog.get_logger(__name__)
+
+APPENDED = Counter("heteroflow_events_appended_total", "Events appended to the store", ["type"])
 
 Clock = Callable[[], datetime]
 Decide = Callable[[Task], Sequence[Payload]]
@@ -124,6 +127,9 @@ class EventStore:
                 )
         except psycopg.errors.UniqueViolation:
             raise Conflict(f"stream {stream_id} moved concurrently; nothing was changed") from None
+        for ev in events:
+            # Counted at insert: a rolled-back transaction over-counts (rare, documented).
+            APPENDED.labels(ev.type).inc()
         return stored
 
     async def create_tasks(
@@ -228,6 +234,7 @@ class EventStore:
                         )
                     )
                     task = evolve_task(task, ev, at, version)
+                    APPENDED.labels(ev.type).inc()
                 done[task_id] = task
             if rows:
                 async with conn.cursor() as c:

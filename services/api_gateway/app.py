@@ -13,7 +13,7 @@ from nats.aio.client import Client
 from libs.config import GatewaySettings
 from libs.store.eventstore import EventStore
 
-from . import errors, routes_groups, routes_ops, routes_tasks, routes_tenants
+from . import errors, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
 
 API_TITLE = "HeteroFlow API"
 API_VERSION = "1.0.0"
@@ -45,6 +45,8 @@ def create_app(
     app.include_router(routes_ops.router)
     app.include_router(routes_groups.router)
     app.include_router(routes_tenants.router)
+
+    metrics.install(app)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, Any]:

@@ -37,7 +37,9 @@ LATENCY = Histogram(
     "Duration of one scheduling round",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
-PENDING = Gauge("heteroflow_pending_tasks", "Pending tasks seen by the scheduler")
+PENDING = Gauge(
+    "heteroflow_pending_tasks", "Pending tasks in the scheduler's window, by tenant", ["tenant"]
+)
 
 
 @dataclass
@@ -60,7 +62,12 @@ class Placer:
     async def round(self) -> RoundResult:
         started = time.perf_counter()
         pending = await view.load_pending(self.store, self.batch)
-        PENDING.set(len(pending))
+        counts: dict[str, int] = {}
+        for t in pending:
+            counts[t.tenant_id] = counts.get(t.tenant_id, 0) + 1
+        PENDING.clear()
+        for tenant, n in counts.items():
+            PENDING.labels(tenant).set(n)
         if not pending:
             return RoundResult()
         nodes, holding, quotas = await asyncio.gather(

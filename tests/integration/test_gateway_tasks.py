@@ -377,3 +377,13 @@ async def test_unknown_route_and_method(api: Api) -> None:
     assert r.status_code == 404 and r.json()["code"] == 40401
     r = await api.client.patch("/api/v1/tasks", headers=api.tenant)
     assert r.status_code == 405 and "code" in r.json()
+
+
+async def test_metrics_endpoint(api: Api) -> None:
+    await create(api, BASE)
+    r = await api.client.get("/metrics")
+    assert r.status_code == 200
+    assert 'heteroflow_events_appended_total{type="task_created"}' in r.text
+    assert 'heteroflow_http_requests_total{method="POST",route="/api/v1/tasks",status="201"}' in (
+        r.text
+    )

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,7 +27,11 @@ def _free_port() -> int:
 
 
 def _start(home: Path, port: int) -> subprocess.Popen[bytes]:
-    env = os.environ | {"HETEROFLOW_HOME": str(home), "HETEROFLOW_PORT": str(port)}
+    env = os.environ | {
+        "HETEROFLOW_HOME": str(home),
+        "HETEROFLOW_PORT": str(port),
+        "HETEROFLOW_NATS_PORT": str(_free_port()),
+    }
     env.pop("HETEROFLOW_NATS_URL", None)
     env.pop("HETEROFLOW_DATABASE_URL", None)
     exe = Path(sys.executable).parent / "heteroflow"
@@ -53,8 +60,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> str:
     return out.decode()
 
 
-def test_up_creates_credentials_serves_tasks_and_survives_restart(tmp_path: Path) -> None:
-    home, port = tmp_path / "home", _free_port()
+@pytest.fixture
+def home() -> Iterator[Path]:
+    # Not tmp_path: pytest prunes old base dirs under a running server of another session.
+    root = Path(tempfile.mkdtemp(prefix="hf-up-"))
+    yield root / "home"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_up_creates_credentials_serves_tasks_and_survives_restart(home: Path) -> None:
+    port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _start(home, port)
     try:
@@ -73,7 +88,29 @@ def test_up_creates_credentials_serves_tasks_and_survives_restart(tmp_path: Path
         assert r.status_code == 201, r.text
         task_id = r.json()["id"]
         listed = httpx.get(f"{url}/api/v1/tasks", headers=headers).json()
-        assert [(t["id"], t["status"]) for t in listed["tasks"]] == [(task_id, "pending")]
+        assert [t["id"] for t in listed["tasks"]] == [task_id]
+        # The local agent runs it (docker when an engine answers, else a process).
+        deadline = time.monotonic() + 40
+        while (
+            httpx.get(f"{url}/api/v1/tasks/{task_id}", headers=headers).json()["status"]
+            != "completed"
+        ):
+            assert time.monotonic() < deadline, "the local agent did not run the task"
+            time.sleep(0.3)
+        logs = httpx.get(f"{url}/api/v1/tasks/{task_id}/logs", headers=headers).json()
+        assert logs["logs"] == ["hi"]
+        metrics = httpx.get(f"{url}/metrics").text
+        for name in (
+            "heteroflow_events_appended_total",
+            "heteroflow_relay_lag_events",
+            "heteroflow_schedule_attempts_total",
+            "heteroflow_scheduling_round_seconds",
+            "heteroflow_consumer_redeliveries_total",
+            "heteroflow_nodes",
+            "heteroflow_gpus",
+            "heteroflow_pending_tasks",
+        ):
+            assert name in metrics, name
     finally:
         out = _stop(proc)
     assert "credentials.json" in out and "curl" in out
