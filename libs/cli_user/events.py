@@ -114,7 +114,7 @@ def cmd_nodes(ctx: Context, args: argparse.Namespace) -> int:
 def list_groups(ctx: Context, status: str | None = None) -> list[dict[str, Any]]:
     params = {"status": status} if status else {}
     data = ctx.client.get(GROUPS, **params)
-    groups = event_items(data) if isinstance(data, list) else list(data.get("groups") or [])
+    groups = list(data) if isinstance(data, list) else list(data.get("groups") or [])
     page, total = 1, int(data.get("total") or 0) if isinstance(data, dict) else 0
     while isinstance(data, dict) and data.get("per_page") and len(groups) < total:
         page += 1
@@ -191,6 +191,6 @@ def cmd_groups_describe(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_groups_operate(ctx: Context, args: argparse.Namespace) -> int:
-    from .commands import operate
+    from .commands import operate  # commands imports this module: import at call time
 
     return operate(ctx, GROUPS, args.group_ids, args.op)
