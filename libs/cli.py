@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from libs.cli_ops import OPS, build_ops_parser
 from libs.cli_user import register_user_commands
 from libs.logging import configure
 
@@ -127,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "events" and argv[1] in OPS:
+        configure("warning", "json")  # logs to stderr; standard output carries the data
+        ops_args = build_ops_parser().parse_args(argv[1:])
+        return int(ops_args.func(ops_args))
     args = build_parser().parse_args(argv)
     code: int = args.func(args)
     return code

@@ -1,8 +1,11 @@
 """Rebuild every projection by replaying the store, and compare with the live tables.
 
-Replay is a fold: tasks are evolved in memory and written once at the end; other
-projections are applied event by event (they are few). It runs in one transaction with the
-projection tables locked, so readers see either the old rows or the rebuilt ones.
+The fold runs inside one transaction into temporary tables that shadow the projection tables
+(PostgreSQL searches `pg_temp` first), so the same projection code writes the rebuilt rows.
+Aggregates are evolved in memory from payloads parsed straight from JSON text and written
+once with COPY; tenants and keys are applied event by event (they are few). The comparison is
+SQL `EXCEPT` both ways; unless it is a dry run the live tables are then replaced, with the
+projection tables locked so readers see either the old rows or the rebuilt ones.
 """
 
 from __future__ import annotations
@@ -12,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
-from libs.domain.catalog import parse_payload
+from libs.domain.catalog import PAYLOAD_TYPES
 from libs.domain.events import Payload
 
 from . import projections
@@ -22,10 +24,7 @@ from .eventstore import EventStore
 from .migrations import PROJECTION_TABLES
 from .types import StoredEvent
 
-EVENT_COLUMNS = (
-    "position, event_id, stream_id, stream_type, version, type, schema_version,"
-    " payload, occurred_at, metadata"
-)
+BATCH = 20_000
 
 
 @dataclass(frozen=True)
@@ -39,72 +38,71 @@ class ReplayReport:
         return self.events / self.seconds if self.seconds > 0 else float("inf")
 
 
-async def snapshot(conn: AsyncConnection[Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Every projection row keyed by table and id."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for table in PROJECTION_TABLES:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(f"SELECT * FROM {table}")
-            out[table] = {str(r["id"]): dict(r) for r in await cur.fetchall()}
-    return out
+def _parse(event_type: str, text: str) -> Payload:
+    # Parsing JSON text in pydantic-core skips building an intermediate dict.
+    return PAYLOAD_TYPES[event_type].model_validate_json(text)
 
 
-def diff(
-    before: dict[str, dict[str, dict[str, Any]]], after: dict[str, dict[str, dict[str, Any]]]
-) -> dict[str, list[str]]:
-    """Row ids that differ per table (missing, extra or changed)."""
-    result: dict[str, list[str]] = {}
-    for table in PROJECTION_TABLES:
-        a, b = before.get(table, {}), after.get(table, {})
-        ids = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-        if ids:
-            result[table] = ids
-    return result
-
-
-async def _fold(conn: AsyncConnection[Any], batch: int = 5000) -> int:
+async def _fold(conn: AsyncConnection[Any]) -> int:
     folded: dict[str, dict[str, Any]] = {t: {} for t in projections.AGGREGATES}
     count = 0
-    last = 0
-    while True:
-        cur = await conn.execute(
-            f"SELECT {EVENT_COLUMNS} FROM events WHERE position > %s ORDER BY position LIMIT %s",
-            (last, batch),
+    async with conn.cursor(name="replay_events") as cur:
+        await cur.execute(
+            "SELECT position, event_id, stream_id, stream_type, version, type, schema_version,"
+            " payload::text, occurred_at FROM events ORDER BY position"
         )
-        rows = await cur.fetchall()
-        if not rows:
-            break
-        for r in rows:
-            st = StoredEvent(*r)
-            payload: Payload = parse_payload(st.type, st.payload)
-            agg = projections.AGGREGATES.get(st.stream_type)
-            if agg is not None:
-                states = folded[st.stream_type]
-                states[st.stream_id] = agg.evolve(
-                    states.get(st.stream_id), payload, st.occurred_at, st.version
-                )
-            else:
-                await projections.apply_other(conn, st, payload)
-        count += len(rows)
-        last = rows[-1][0]
+        while rows := await cur.fetchmany(BATCH):
+            for r in rows:
+                stream_type, payload = r[3], _parse(r[5], r[7])
+                agg = projections.AGGREGATES.get(stream_type)
+                if agg is not None:
+                    states = folded[stream_type]
+                    states[r[2]] = agg.evolve(states.get(r[2]), payload, r[8], r[4])
+                else:
+                    stored = StoredEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], {}, r[8])
+                    await projections.apply_other(conn, stored, payload)
+            count += len(rows)
     for stream_type, states in folded.items():
-        await projections.upsert(conn, projections.AGGREGATES[stream_type], states.values())
+        agg = projections.AGGREGATES[stream_type]
+        async with conn.cursor().copy(f"COPY {agg.table} FROM STDIN") as copy:
+            for state in states.values():
+                await copy.write_row(agg.row(state))
     return count
+
+
+async def _differences(conn: AsyncConnection[Any]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for table in PROJECTION_TABLES:
+        cur = await conn.execute(
+            f"SELECT id FROM ((TABLE public.{table} EXCEPT TABLE pg_temp.{table})"
+            f" UNION (TABLE pg_temp.{table} EXCEPT TABLE public.{table})) d ORDER BY id"
+        )
+        ids = sorted({str(r[0]) for r in await cur.fetchall()})
+        if ids:
+            out[table] = ids
+    return out
 
 
 async def rebuild(store: EventStore, *, dry_run: bool = False) -> ReplayReport:
     """Replay all events into the projections; report rows that differed from the live ones.
 
-    With `dry_run` the rebuilt rows are compared and then rolled back.
+    With `dry_run` the live tables are left as they are.
     """
     async with store.pool.connection() as conn, conn.transaction(force_rollback=dry_run):
-        tables = ", ".join(PROJECTION_TABLES)
+        tables = ", ".join(f"public.{t}" for t in PROJECTION_TABLES)
         await conn.execute(f"LOCK TABLE {tables} IN EXCLUSIVE MODE")
-        before = await snapshot(conn)
         for table in PROJECTION_TABLES:
-            await conn.execute(f"DELETE FROM {table}")
+            await conn.execute(
+                f"CREATE TEMP TABLE {table} (LIKE public.{table} INCLUDING DEFAULTS"
+                " INCLUDING INDEXES) ON COMMIT DROP"
+            )
         started = time.perf_counter()
         count = await _fold(conn)
-        seconds = time.perf_counter() - started
-        after = await snapshot(conn)
-    return ReplayReport(count, seconds, diff(before, after))
+        differences = await _differences(conn)
+        seconds = time.perf_counter() - started  # fold, write and compare
+        if not dry_run and differences:
+            for table in PROJECTION_TABLES:  # children first (foreign keys)
+                await conn.execute(f"DELETE FROM public.{table}")
+            for table in reversed(PROJECTION_TABLES):
+                await conn.execute(f"INSERT INTO public.{table} SELECT * FROM pg_temp.{table}")
+    return ReplayReport(count, seconds, differences)
