@@ -31,6 +31,7 @@ from libs.bus.subjects import (
     node_heartbeat_subject,
     node_logs_subject,
     node_report_subject,
+    node_telemetry_subject,
 )
 from libs.config import CommonSettings
 from libs.domain.node import GpuCard, NodeInventory
@@ -48,6 +49,7 @@ from libs.domain.task import TaskSpec
 from .boost import boost_memory
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
 from .runtimes.base import ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
+from .telemetry import TelemetryBatch, holders_of, sample
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -61,6 +63,7 @@ class AgentSettings(CommonSettings):
     node_labels: dict[str, str] = Field(default_factory=dict)
     address: str = "127.0.0.1"
     heartbeat_interval_s: float = 2.0
+    telemetry_interval_s: float = Field(default=10.0, description="NVML sampling period")
     state_dir: Path | None = None
 
     def resolved_state_dir(self) -> Path:
@@ -94,6 +97,7 @@ class Tracked:
     handle: Handle
     expected: TaskStatus
     timeout_s: float = 0.0
+    gpu_ids: tuple[str, ...] = ()
     waiter: asyncio.Task[None] | None = None
     timed_out: bool = False
 
@@ -122,6 +126,7 @@ class Agent:
         try:
             await asyncio.gather(
                 self._heartbeats(stop),
+                self._telemetry(stop),
                 consume(
                     self.js,
                     stream=NODE_STREAM,
@@ -182,6 +187,22 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.heartbeat_interval_s)
 
+    async def _telemetry(self, stop: asyncio.Event) -> None:
+        """NVML samples of the cards running tasks hold; nothing for declared cards."""
+        if not self.settings.detect_nvidia:
+            return
+        while not stop.is_set():
+            holders = holders_of((tid, t.gpu_ids) for tid, t in self.tracked.items())
+            samples = await asyncio.to_thread(sample, holders, _now())
+            if samples:
+                batch = TelemetryBatch(node_id=self.node_id, samples=tuple(samples))
+                with contextlib.suppress(Exception):
+                    await self.nc.publish(
+                        node_telemetry_subject(self.node_id), batch.model_dump_json().encode()
+                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.telemetry_interval_s)
+
     # --- commands ----------------------------------------------------------------------
 
     async def on_command(self, msg: Msg) -> None:
@@ -236,7 +257,9 @@ class Agent:
                 pseudo, Fact.START_FAILED, S.STARTING, error_kind=str(exc.kind), error=exc.message
             )
             return
-        self.tracked[cmd.task_id] = Tracked(handle, S.RUNNING, timeout_s=timeout)
+        self.tracked[cmd.task_id] = Tracked(
+            handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids
+        )
         await self.report(handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb)
         self._watch(cmd.task_id)
 

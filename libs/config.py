@@ -38,3 +38,6 @@ class GatewaySettings(CommonSettings):
         description="host_path prefixes a task volume may use",
     )
     db_pool_max: int = 10
+    carbon_intensity_g_per_kwh: float = Field(
+        default=475.0, ge=0, description="grid carbon factor for energy estimates"
+    )

@@ -126,6 +126,11 @@ def node_logs_subject(node_id: str) -> str:
     return f"{NODE_PREFIX}.{escape_token(node_id)}.logs"
 
 
+def node_telemetry_subject(node_id: str) -> str:
+    """GPU samples of one node agent (core NATS: a lost sample is a gap, not an error)."""
+    return f"{NODE_PREFIX}.{escape_token(node_id)}.telemetry"
+
+
 def node_heartbeat_subject(node_id: str) -> str:
     """Liveness beats of one node agent."""
     return f"{NODE_PREFIX}.{escape_token(node_id)}.heartbeat"

@@ -160,6 +160,25 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX timeline_occurred ON timeline (occurred_at);
         """,
     ),
+    (
+        5,
+        """
+        -- GPU telemetry samples per task and card (from agents through NVML); not events.
+        CREATE TABLE gpu_samples (
+            task_id          text NOT NULL,
+            gpu_id           text NOT NULL,
+            node_id          text NOT NULL,
+            at               timestamptz NOT NULL,
+            utilization_pct  real NOT NULL,
+            memory_used_mb   real NOT NULL,
+            memory_total_mb  real NOT NULL,
+            power_w          real,
+            shared_by        integer NOT NULL DEFAULT 1,
+            PRIMARY KEY (task_id, gpu_id, at)
+        );
+        CREATE INDEX gpu_samples_at ON gpu_samples (at);
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).

@@ -13,7 +13,7 @@ from nats.aio.client import Client
 from libs.config import GatewaySettings
 from libs.store.eventstore import EventStore
 
-from . import errors, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
+from . import errors, gpu, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
 
 API_TITLE = "HeteroFlow API"
 API_VERSION = "1.0.0"
@@ -43,6 +43,7 @@ def create_app(
     errors.install(app)
     app.include_router(routes_tasks.router)
     app.include_router(routes_ops.router)
+    app.include_router(gpu.router)
     app.include_router(routes_groups.router)
     app.include_router(routes_tenants.router)
 

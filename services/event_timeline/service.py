@@ -23,13 +23,14 @@ from psycopg.types.json import Jsonb
 from pydantic import Field
 
 from libs.bus.consume import consume
-from libs.bus.subjects import EVENTS_STREAM, EVENTS_SUBJECTS
+from libs.bus.subjects import EVENTS_STREAM, EVENTS_SUBJECTS, NODE_PREFIX
 from libs.config import CommonSettings
 from libs.domain.states import GPU_HOLDING
 from libs.service import ServiceContext
 from libs.store.eventstore import EventStore
 
 from .rules import Entry, entries_for
+from .telemetry import TelemetrySink
 
 log = structlog.get_logger(__name__)
 
@@ -131,9 +132,15 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettin
         settings.timeline_max_per_subject,
     )
 
+    sink = TelemetrySink(ctx.store)
+    telemetry_sub = await ctx.nc.subscribe(
+        f"{NODE_PREFIX}.*.telemetry", queue="telemetry", cb=sink.handle
+    )
+
     async def purge_loop() -> None:
         while not stop.is_set():
             try:
+                await sink.purge(settings.timeline_retention_days)
                 purged = await timeline.purge()
                 if purged:
                     log.info("timeline_purged", entries=purged)
@@ -142,6 +149,13 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettin
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.timeline_purge_interval_s)
 
+    try:
+        await _serve(ctx, stop, timeline, purge_loop())
+    finally:
+        await telemetry_sub.unsubscribe()
+
+
+async def _serve(ctx: ServiceContext, stop: asyncio.Event, timeline: Timeline, purge: Any) -> None:
     await asyncio.gather(
         consume(
             ctx.js,
@@ -152,5 +166,5 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettin
             stop=stop,
             deliver_new=True,
         ),
-        purge_loop(),
+        purge,
     )

@@ -1,0 +1,110 @@
+"""GET /tasks/{id}/gpu-metrics and /tasks/{id}/energy, from the agents' NVML samples."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from libs.domain.energy import PowerSample, task_energy
+from libs.domain.errors import Code, DomainError
+from libs.domain.task import Task
+
+from .deps import Principal, Store, tenant_scope
+
+router = APIRouter(prefix="/api/v1/tasks", tags=["telemetry"])
+NO_SAMPLES = (
+    "no GPU samples: the task holds no card NVML can read (declared cards and "
+    "CPU-only tasks report no numbers rather than made-up ones)"
+)
+
+
+def _time(raw: str | None, name: str) -> datetime | None:
+    if raw is None:
+        return None
+    try:
+        return datetime.fromisoformat(raw)
+    except ValueError:
+        raise DomainError(Code.INVALID_VALUE, f"{name} must be an ISO 8601 time", [name]) from None
+
+
+def _fraction(task: Task) -> float | None:
+    spec = task.spec
+    if spec.gpu_compute_ratio:
+        return spec.gpu_compute_ratio
+    return None
+
+
+@router.get("/{task_id}/gpu-metrics")
+async def gpu_metrics(
+    request: Request, task_id: str, principal: Principal, store: Store
+) -> dict[str, Any]:
+    q = dict(request.query_params)
+    unknown = sorted(set(q) - {"start", "end", "step"})
+    if unknown:
+        raise DomainError(
+            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
+        )
+    task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
+    step = q.get("step", "60")
+    if not step.isdigit() or not 1 <= int(step) <= 86400:
+        raise DomainError(Code.INVALID_VALUE, "step must be seconds in 1..86400", ["step"])
+    end = _time(q.get("end"), "end") or store.clock()
+    start = _time(q.get("start"), "start") or end - timedelta(hours=1)
+    rows = await store.fetch(
+        "SELECT gpu_id, date_bin(make_interval(secs => %s), at, %s) AS t,"
+        " avg(utilization_pct) AS utilization_pct, avg(memory_used_mb) AS memory_used_mb,"
+        " max(memory_total_mb) AS memory_total_mb, avg(power_w) AS power_w"
+        " FROM gpu_samples WHERE task_id = %s AND at >= %s AND at < %s"
+        " GROUP BY gpu_id, t ORDER BY gpu_id, t",
+        [int(step), start, task.id, start, end],
+    )
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        series.setdefault(r["gpu_id"], []).append(
+            {
+                "t": r["t"].isoformat(),
+                "utilization_pct": round(r["utilization_pct"], 2),
+                "memory_used_mb": round(r["memory_used_mb"], 1),
+                "memory_total_mb": round(r["memory_total_mb"], 1),
+                "power_w": None if r["power_w"] is None else round(r["power_w"], 1),
+            }
+        )
+    body: dict[str, Any] = {
+        "task_id": task.id,
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "step_s": int(step),
+        "measured": bool(series),
+        "series": [{"gpu_id": g, "points": p} for g, p in series.items()],
+    }
+    if not series:
+        body["note"] = NO_SAMPLES
+    return body
+
+
+@router.get("/{task_id}/energy")
+async def energy(
+    request: Request, task_id: str, principal: Principal, store: Store
+) -> dict[str, Any]:
+    task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
+    rows = await store.fetch(
+        "SELECT gpu_id, at, power_w, shared_by FROM gpu_samples WHERE task_id = %s ORDER BY at",
+        [task.id],
+    )
+    factor = request.app.state.settings.carbon_intensity_g_per_kwh
+    result = task_energy(
+        (PowerSample(r["gpu_id"], r["at"], r["power_w"], r["shared_by"]) for r in rows),
+        fraction=_fraction(task),
+        carbon_g_per_kwh=factor,
+    )
+    body: dict[str, Any] = {"task_id": task.id, **result}
+    if not result["measured"]:
+        body["note"] = NO_SAMPLES
+    if result["estimated"]:
+        body["estimate_note"] = (
+            "the card was shared: this task's energy is an apportioned "
+            "estimate, not a per-task measurement"
+        )
+    return body
