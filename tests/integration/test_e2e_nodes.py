@@ -86,3 +86,15 @@ def test_fraction_gets_derived_qos(cluster: Cluster, declared: str, qos: str) ->
     t = cluster.create(command="true", gpu_memory_mb=8192)
     done = cluster.wait_status(t["id"], "completed")
     assert done["qos"] == qos and len(done["gpu_ids"]) == 1
+
+
+def test_preemption_requeues_the_preemptible_task(cluster: Cluster) -> None:
+    cluster.start_agent("p1", "process", HETEROFLOW_DECLARED_GPUS="nvidia:L4:23034")
+    low = cluster.create(command="sleep 120", gpu_required=1, priority=10, preemptible=True)
+    cluster.wait_status(low["id"], "running")
+    high = cluster.create(command="sleep 120", gpu_required=1, priority=60)
+    cluster.wait_status(high["id"], "running", timeout=40)
+    history = cluster.statuses(low["id"])
+    assert history[-2:] == ["preempting", "pending"], history
+    assert cluster.task(low["id"])["status"] == "pending"
+    assert "preempted" not in cluster.task(high["id"])["pending_reason"]
