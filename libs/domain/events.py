@@ -29,6 +29,8 @@ class Payload(BaseModel):
 
 
 class TaskCreated(Payload):
+    """A task was submitted (or created as a group member) with its validated spec."""
+
     type: ClassVar[str] = "task_created"
     stream_type: ClassVar[str] = "task"
 
@@ -91,6 +93,8 @@ class TaskRetryDecided(Payload):
 
 
 class TaskConfigUpdated(Payload):
+    """Configuration fields changed (pending only, or idle_timeout_minutes)."""
+
     type: ClassVar[str] = "task_config_updated"
     stream_type: ClassVar[str] = "task"
 
@@ -109,6 +113,8 @@ class TaskPendingReason(Payload):
 
 
 class TaskDeleted(Payload):
+    """Logically deleted: gone from queries; the stream stays."""
+
     type: ClassVar[str] = "task_deleted"
     stream_type: ClassVar[str] = "task"
 
@@ -119,6 +125,8 @@ class TaskDeleted(Payload):
 
 
 class TenantCreated(Payload):
+    """A tenant, with its GPU quota (0 = unlimited)."""
+
     type: ClassVar[str] = "tenant_created"
     stream_type: ClassVar[str] = "tenant"
 
@@ -128,6 +136,8 @@ class TenantCreated(Payload):
 
 
 class ApiKeyIssued(Payload):
+    """A tenant API key; only its SHA-256 hash and prefix are recorded."""
+
     type: ClassVar[str] = "api_key_issued"
     stream_type: ClassVar[str] = "tenant"
 
@@ -139,6 +149,8 @@ class ApiKeyIssued(Payload):
 
 
 class ApiKeyRevoked(Payload):
+    """A tenant API key stops working."""
+
     type: ClassVar[str] = "api_key_revoked"
     stream_type: ClassVar[str] = "tenant"
 

@@ -138,6 +138,8 @@ def parse_group(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()
 
 
 class GroupCreated(Payload):
+    """A task group with its member template and shape (members are created with it)."""
+
     type: ClassVar[str] = "group_created"
     stream_type: ClassVar[str] = "group"
 
@@ -147,6 +149,8 @@ class GroupCreated(Payload):
 
 
 class GroupStatusChanged(Payload):
+    """The aggregated group status changed."""
+
     type: ClassVar[str] = "group_status_changed"
     stream_type: ClassVar[str] = "group"
 
@@ -171,6 +175,8 @@ class GroupRecovery(Payload):
 
 
 class GroupConfigUpdated(Payload):
+    """Group-level configuration changed (idle_timeout_minutes)."""
+
     type: ClassVar[str] = "group_config_updated"
     stream_type: ClassVar[str] = "group"
 
@@ -179,6 +185,8 @@ class GroupConfigUpdated(Payload):
 
 
 class GroupDeleted(Payload):
+    """The group and its members were deleted."""
+
     type: ClassVar[str] = "group_deleted"
     stream_type: ClassVar[str] = "group"
 

@@ -55,6 +55,8 @@ class NodeRegistered(Payload):
 
 
 class NodeOffline(Payload):
+    """Heartbeats stopped past the threshold (or, with gone, for good)."""
+
     type: ClassVar[str] = "node_offline"
     stream_type: ClassVar[str] = "node"
 
@@ -64,6 +66,8 @@ class NodeOffline(Payload):
 
 
 class GpuLost(Payload):
+    """A card was missing from 3 consecutive heartbeats: excluded from placement."""
+
     type: ClassVar[str] = "gpu_lost"
     stream_type: ClassVar[str] = "node"
 
@@ -73,6 +77,8 @@ class GpuLost(Payload):
 
 
 class GpuRecovered(Payload):
+    """A lost card was seen in 2 consecutive heartbeats: placeable again."""
+
     type: ClassVar[str] = "gpu_recovered"
     stream_type: ClassVar[str] = "node"
 
