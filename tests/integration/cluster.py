@@ -4,6 +4,7 @@ processes over a NATS server of their own and a fresh PostgreSQL database."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -177,6 +178,29 @@ class Cluster:
                 self.control.wait(30)
             except subprocess.TimeoutExpired:
                 self.control.kill()
+        self._reap()
+
+    def _reap(self) -> None:
+        """Work outlives its agent by design; a test's leftovers must not outlive the test."""
+        import psutil
+
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(str(self.root) in part for part in (proc.info["cmdline"] or [])):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        try:
+            import docker
+
+            client = docker.from_env(timeout=5)
+            import psycopg
+
+            with psycopg.connect(self.database_url) as conn:
+                ids = {r[0] for r in conn.execute("SELECT id FROM tasks").fetchall()}
+            for c in client.containers.list(all=True, filters={"label": "heteroflow.managed"}):
+                if c.labels.get("heteroflow.task_id") in ids:
+                    c.remove(force=True)
+        except Exception:  # noqa: BLE001 - no engine, nothing to clean
+            pass
 
 
 def run_async(coro: Any) -> Any:
