@@ -48,7 +48,7 @@ from libs.domain.task import TaskSpec
 
 from .boost import boost_memory
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
-from .runtimes.base import ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
+from .runtimes.base import LABEL_NODE, ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
 from .telemetry import TelemetryBatch, holders_of, sample
 
 log = structlog.get_logger(__name__)
@@ -160,11 +160,16 @@ class Agent:
     async def readopt(self) -> None:
         """Pick up containers started before a restart; report what happened meanwhile."""
         for handle in await self.runtime.list_managed():
-            state = await self.runtime.inspect(handle)
-            self.tracked[handle.task_id] = Tracked(handle, S.RUNNING)
-            log.info("container_readopted", task_id=handle.task_id, state=state.value)
-            await self.report(handle, Fact.RUNNING, S.RUNNING)
-            self._watch(handle.task_id)
+            try:
+                state = await self.runtime.inspect(handle)
+                if state.value == "missing":
+                    continue
+                self.tracked[handle.task_id] = Tracked(handle, S.RUNNING)
+                log.info("container_readopted", task_id=handle.task_id, state=state.value)
+                await self.report(handle, Fact.RUNNING, S.RUNNING)
+                self._watch(handle.task_id)
+            except Exception:  # one bad container must not keep the agent from starting
+                log.exception("readopt_failed", task_id=handle.task_id)
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         declared = [g for g in self.inventory.gpus if g.declared]
@@ -236,7 +241,10 @@ class Agent:
             cpu_cores=spec.cpu_cores,
             gpu_ids=gpu_ids,
             gpu_vendor=vendors.get(gpu_ids[0], "") if gpu_ids else "",
-            labels={"heteroflow.tenant": str(cmd.run.get("tenant_id") or "")},
+            labels={
+                "heteroflow.tenant": str(cmd.run.get("tenant_id") or ""),
+                LABEL_NODE: self.node_id,
+            },
         )
         timeout = float(spec.timeout) if spec.task_type.value != "inference" else 0.0
         return run, boost_line, timeout
@@ -392,7 +400,9 @@ async def run_agent(
     state_dir = settings.resolved_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
     kind = runtime.name if runtime else choose_runtime_kind(settings.runtime)
-    runtime = runtime or create_runtime(kind, state_dir=state_dir)
+    runtime = runtime or create_runtime(
+        kind, state_dir=state_dir, docker_options={"owner": settings.node_id}
+    )
     inventory = detect_inventory(
         settings.node_id,
         declared=settings.declared_gpus or None,

@@ -236,6 +236,21 @@ def banner(creds: dict[str, str], home: Path) -> str:
     )
 
 
+async def supervised(runner: ServiceRunner, platform: Platform, stop: asyncio.Event) -> None:
+    """Run a service until stop; if it fails, log it and start it again (like a process
+    supervisor would), so one service's bug does not take the platform down."""
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            await runner(platform, stop)
+            return
+        except Exception:
+            log.exception("service_failed_restarting", service=runner.__name__, in_s=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(delay * 2, 30.0)
+
+
 async def serve(
     settings: PlatformSettings,
     ready: Callable[[dict[str, str]], Any] | None = None,
@@ -260,7 +275,7 @@ async def serve(
         ]
         if settings.local_agent:
             runners.append(run_local_agent)
-        tasks = [asyncio.create_task(r(platform, stop)) for r in runners]
+        tasks = [asyncio.create_task(supervised(r, platform, stop)) for r in runners]
         print(banner(creds, platform.home), flush=True)
         if ready:
             ready(creds)

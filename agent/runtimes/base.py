@@ -22,6 +22,7 @@ OUTPUT_TAIL_LINES = 50
 #: Labels a runtime puts on what it starts, so a restarted agent can find its work again.
 LABEL_MANAGED = "heteroflow.managed"
 LABEL_TASK_ID = "heteroflow.task_id"
+LABEL_NODE = "heteroflow.node"
 LABEL_ATTEMPT = "heteroflow.attempt"
 
 # Task ids end up in container names and directory names: keep them to a safe alphabet

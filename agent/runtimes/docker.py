@@ -29,6 +29,7 @@ from docker.types import DeviceRequest, LogConfig, Mount
 from .base import (
     LABEL_ATTEMPT,
     LABEL_MANAGED,
+    LABEL_NODE,
     LABEL_TASK_ID,
     OUTPUT_TAIL_LINES,
     ErrorKind,
@@ -124,12 +125,16 @@ class DockerRuntime(Runtime):
         vendor_devices: Mapping[str, Sequence[str]] = DEFAULT_VENDOR_DEVICES,
         max_threads: int = 64,
         wait_poll_s: float = 5.0,
+        owner: str | None = None,
     ) -> None:
         """`pull`: fetch a missing image from its registry (off: a missing image is
         `ImageNotFound` at once). `init`: run docker-init as PID 1 so `stop`'s SIGTERM reaches
         the task and zombies are reaped. `wait_poll_s`: how long one blocking wait call lasts
-        before it is re-issued, which bounds how long a cancelled `wait` keeps a thread."""
+        before it is re-issued, which bounds how long a cancelled `wait` keeps a thread.
+        `owner`: only containers labelled `heteroflow.node=<owner>` are listed (re-adopted),
+        so agents sharing one engine never take each other's containers."""
         self._client = client
+        self.owner = owner
         self.pull = pull
         self.init = init
         self.pids_limit = pids_limit
@@ -486,7 +491,10 @@ class DockerRuntime(Runtime):
         return await self._run(self._inspect_sync, handle)
 
     def _list_sync(self) -> list[Handle]:
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+        labels = [f"{LABEL_MANAGED}=true"]
+        if self.owner:
+            labels.append(f"{LABEL_NODE}={self.owner}")
+        found = self.client.containers.list(all=True, filters={"label": labels})
         handles = []
         for c in found:
             try:

@@ -56,12 +56,18 @@ class CardUse:
     compute_ratio: float = 0.0
 
 
+_UNUSED = CardUse()
+
+
 @dataclass(frozen=True, slots=True)
 class NodeUsage:
     cards: Mapping[str, CardUse] = field(default_factory=dict)  # only cards with any use
     memory_mb: int = 0
     cpu_cores: float = 0.0
     affinity: frozenset[tuple[str, str]] = frozenset()  # (tenant, anti-affinity key)
+
+
+_WHOLE = CardUse(whole=True)
 
 
 def usage_of(allocations: Iterable[Allocation]) -> NodeUsage:
@@ -73,17 +79,20 @@ def usage_of(allocations: Iterable[Allocation]) -> NodeUsage:
             continue
         memory += a.memory_mb
         cpu += a.cpu_cores
-        keys.update((a.tenant_id, k) for k in a.anti_affinity)
+        if a.anti_affinity:
+            keys.update((a.tenant_id, k) for k in a.anti_affinity)
         if a.is_fractional:
             for s in a.fractions:
-                c = cards.get(s.gpu_id, CardUse())
+                c = cards.get(s.gpu_id, _UNUSED)
                 cards[s.gpu_id] = CardUse(
                     c.whole, c.vram_mb + s.vram_mb, c.compute_ratio + s.compute_ratio
                 )
         else:
             for gid in a.gpu_ids:
-                c = cards.get(gid, CardUse())
-                cards[gid] = CardUse(True, c.vram_mb, c.compute_ratio)
+                c = cards.get(gid, _UNUSED)
+                # Most cards are held by one whole-card task: share one value for them.
+                whole = _WHOLE if c is _UNUSED or c is _WHOLE else None
+                cards[gid] = whole or CardUse(True, c.vram_mb, c.compute_ratio)
     return NodeUsage(cards, memory, cpu, frozenset(keys))
 
 
@@ -356,6 +365,43 @@ STATIC_STAGES: tuple[Stage, ...] = (
     check_vram,
 )
 LATE_STAGES: tuple[Stage, ...] = (check_memory, check_cpu, check_anti_affinity)
+# The static stages never look at usage.
+_NO_USAGE = NodeUsage()
+
+
+def check_static(task: PendingTask, node: Node) -> Verdict:
+    """The stages that depend only on the node itself (pin, online, exclusion, type, VRAM)."""
+    for stage in STATIC_STAGES:
+        verdict = stage(task, node, _NO_USAGE)
+        if not verdict.ok:
+            return verdict
+    return PASS
+
+
+def check_capacity(
+    task: PendingTask,
+    node: Node,
+    usage: NodeUsage,
+    *,
+    quota: Quota | None,
+) -> tuple[Verdict, Fit | None]:
+    """The stages that depend on what the node runs (cards, memory, CPU, anti-affinity,
+    quota), for a node that passed `check_static`. On success return the Fit."""
+    verdict, grant = allocate_gpus(task, node, usage)
+    if grant is None:
+        return verdict, None
+    for stage in LATE_STAGES:
+        verdict = stage(task, node, usage)
+        if not verdict.ok:
+            return verdict, None
+    if grant.fractions:
+        gpus = {g.id: g for g in node.gpus}
+        cost = sum(share_cost(s, gpus) for s in grant.fractions)
+    else:
+        cost = float(len(grant.gpu_ids))
+    if quota is not None and cost and not quota.allows(cost):
+        return quota.rejection(cost), None
+    return PASS, Fit(node=node, usage=usage, grant=grant, cost=cost)
 
 
 def check_node(
@@ -366,22 +412,7 @@ def check_node(
     quota: Quota | None,
 ) -> tuple[Verdict, Fit | None]:
     """Run every stage in order; the first rejection wins. On success return the Fit."""
-    for stage in STATIC_STAGES:
-        verdict = stage(task, node, usage)
-        if not verdict.ok:
-            return verdict, None
-    verdict, grant = allocate_gpus(task, node, usage)
-    if grant is None:
+    verdict = check_static(task, node)
+    if not verdict.ok:
         return verdict, None
-    for stage in LATE_STAGES:
-        verdict = stage(task, node, usage)
-        if not verdict.ok:
-            return verdict, None
-    gpus = {g.id: g for g in node.gpus}
-    if grant.fractions:
-        cost = sum(share_cost(s, gpus) for s in grant.fractions)
-    else:
-        cost = float(len(grant.gpu_ids))
-    if quota is not None and cost and not quota.allows(cost):
-        return quota.rejection(cost), None
-    return PASS, Fit(node=node, usage=usage, grant=grant, cost=cost)
+    return check_capacity(task, node, usage, quota=quota)

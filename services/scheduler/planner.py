@@ -1,15 +1,18 @@
 """The planner: one evaluation turns a ClusterSnapshot and the pending tasks into a Plan.
 
 Tasks are taken highest priority first, oldest first within a priority. Each placement is
-reserved in a working copy (`Ledger`) before the next task is looked at, so one batch never
+reserved in the working ledger before the next task is looked at, so one batch never
 over-commits a card, a node or a quota. A task that fits nowhere may ask for preemption of
 preemptible, strictly lower-priority work on one node; it is not placed in the same round
 but waits for the capacity to free. A gang is placed whole in one round or not at all.
+
+Large fleets: a task is checked in detail only against the nodes the index cannot rule out,
+best-packed first, until `max_candidates` fit (search.py); its "why pending" answer still
+counts every node exactly.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -20,7 +23,6 @@ from libs.domain.states import TaskStatus
 from .feasibility import (
     NODE_STAGE_ORDER,
     Fit,
-    NodeUsage,
     Quota,
     allocation_cost,
     check_backoff,
@@ -28,6 +30,8 @@ from .feasibility import (
     check_quota_floor,
     usage_of,
 )
+from .index import ClusterIndex
+from .ledger import LEAVING, Ledger
 from .model import (
     Allocation,
     ClusterSnapshot,
@@ -37,17 +41,21 @@ from .model import (
     Placement,
     Plan,
     Preemption,
+    Requirement,
     Unplaced,
-    gpu_matches,
 )
 from .reasons import CAPACITY_REASONS, Reason, Verdict
 from .scoring import rank, seeded_shuffle
+from .search import Search, Tally, reason_at, search, tally
 
-# Holding statuses on their way out: their capacity frees without anybody's help.
-LEAVING: frozenset[TaskStatus] = frozenset(
-    {TaskStatus.STOPPING, TaskStatus.DRAINING, TaskStatus.PREEMPTING}
-)
 DEFAULT_MAX_BATCH = 256
+# Fits scored per task (Nomad's "limit"): enough to pack well, few enough to stay flat in
+# the fleet's size. None scores every fit.
+DEFAULT_MAX_CANDIDATES = 8
+
+# What makes two pending tasks indistinguishable to the search (quota and anti-affinity are
+# per tenant; priority matters only to preemption, which runs per task).
+ShapeKey = tuple[Requirement, str, frozenset[str], int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +63,23 @@ class Evaluation:
     """What stays fixed during one evaluation: the snapshot and indexes over it."""
 
     snapshot: ClusterSnapshot
-    nodes: tuple[Node, ...]  # sorted by id, so every pass is deterministic
+    index: ClusterIndex
     gpus: Mapping[str, Gpu]
+    max_candidates: int | None = DEFAULT_MAX_CANDIDATES
+    # Searches that found nothing, by task shape, with the ledger version they saw: the
+    # same shape against the same ledger finds nothing again.
+    misses: dict[ShapeKey, tuple[int, Search, Unplaced]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, snapshot: ClusterSnapshot) -> Evaluation:
-        nodes = tuple(sorted(snapshot.nodes, key=lambda n: n.id))
-        return cls(snapshot, nodes, MappingProxyType(snapshot.gpus_by_id()))
+    def of(
+        cls, snapshot: ClusterSnapshot, max_candidates: int | None = DEFAULT_MAX_CANDIDATES
+    ) -> Evaluation:
+        gpus = MappingProxyType(snapshot.gpus_by_id())
+        return cls(snapshot, ClusterIndex(snapshot.nodes), gpus, max_candidates)
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.index.nodes  # sorted by id, so every pass is deterministic
 
     def quota(self, ledger: Ledger, tenant_id: str) -> Quota | None:
         limit = self.snapshot.quota_of(tenant_id)
@@ -71,65 +89,10 @@ class Evaluation:
 
 
 @dataclass(frozen=True, slots=True)
-class Ledger:
-    """The working copy of what holds resources. Every change returns a new ledger.
-
-    Node usage is kept alongside the allocations and recomputed only for the node a change
-    touches, so checking a task against every node stays cheap.
-    """
-
-    by_node: Mapping[str, tuple[Allocation, ...]] = field(default_factory=dict)
-    usage: Mapping[str, NodeUsage] = field(default_factory=dict)
-    tenant_used: Mapping[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def from_snapshot(cls, snapshot: ClusterSnapshot, gpus: Mapping[str, Gpu]) -> Ledger:
-        by_node: dict[str, tuple[Allocation, ...]] = {}
-        used: dict[str, float] = {}
-        for a in snapshot.holding():
-            by_node[a.node_id] = (*by_node.get(a.node_id, ()), a)
-            used[a.tenant_id] = used.get(a.tenant_id, 0.0) + allocation_cost(a, gpus)
-        usage = {node_id: usage_of(allocs) for node_id, allocs in by_node.items()}
-        return cls(by_node, usage, used)
-
-    def on(self, node_id: str) -> tuple[Allocation, ...]:
-        return self.by_node.get(node_id, ())
-
-    def usage_on(self, node_id: str) -> NodeUsage:
-        return self.usage.get(node_id, _IDLE)
-
-    def _with(
-        self, node_id: str, allocs: tuple[Allocation, ...], used: Mapping[str, float]
-    ) -> Ledger:
-        by_node = {**self.by_node, node_id: allocs}
-        usage = {**self.usage, node_id: usage_of(allocs)}
-        return Ledger(by_node, usage, used)
-
-    def reserve(self, alloc: Allocation, cost: float) -> Ledger:
-        used = dict(self.tenant_used)
-        used[alloc.tenant_id] = used.get(alloc.tenant_id, 0.0) + cost
-        return self._with(alloc.node_id, (*self.on(alloc.node_id), alloc), used)
-
-    def mark_leaving(self, node_id: str, task_ids: frozenset[str]) -> Ledger:
-        """Victims turn `preempting`: they still hold (and count) until they are gone."""
-        moved = tuple(
-            replace(a, status=TaskStatus.PREEMPTING) if a.task_id in task_ids else a
-            for a in self.on(node_id)
-        )
-        return self._with(node_id, moved, self.tenant_used)
-
-
-_IDLE = NodeUsage()
-
-
-@dataclass(frozen=True, slots=True)
 class Outcome:
     placement: Placement | None = None
     unplaced: Unplaced | None = None
     preemption: Preemption | None = None
-
-
-Failure = tuple[Node, Verdict]
 
 
 def plan(
@@ -137,17 +100,21 @@ def plan(
     pending: Sequence[PendingTask],
     *,
     max_batch: int = DEFAULT_MAX_BATCH,
+    max_candidates: int | None = DEFAULT_MAX_CANDIDATES,
 ) -> Plan:
     """Place as many of `pending` as fit, in priority order; explain every other one.
 
     At most `max_batch` tasks are evaluated (a gang counts as its members and is never
     split); the rest are returned in `Plan.deferred`. Tasks still in retry backoff are
-    answered with BACKOFF without using the batch.
+    answered with BACKOFF without using the batch. Each task scores at most
+    `max_candidates` fitting nodes (None: all of them).
     """
     if max_batch < 1:
         raise ValueError("max_batch must be at least 1")
-    ev = Evaluation.of(snapshot)
-    ledger = Ledger.from_snapshot(snapshot, ev.gpus)
+    if max_candidates is not None and max_candidates < 1:
+        raise ValueError("max_candidates must be at least 1 (or None)")
+    ev = Evaluation.of(snapshot, max_candidates)
+    ledger = Ledger(ev.index, snapshot.allocations, ev.gpus)
     outcomes: list[Outcome] = []
     deferred: list[str] = []
     budget = max_batch
@@ -161,11 +128,9 @@ def plan(
             continue
         budget -= len(unit)
         if is_gang:
-            results, ledger = place_gang(ev, ledger, unit)
-            outcomes.extend(results)
+            outcomes.extend(place_gang(ev, ledger, unit))
         else:
-            outcome, ledger = schedule_task(ev, ledger, first, preempt=True)
-            outcomes.append(outcome)
+            outcomes.append(schedule_task(ev, ledger, first, preempt=True))
     return _collect(outcomes, deferred)
 
 
@@ -205,21 +170,18 @@ def _unplaced(task: PendingTask, verdict: Verdict) -> Outcome:
 # --- one task ------------------------------------------------------------------------
 
 
-def schedule_task(
-    ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt: bool
-) -> tuple[Outcome, Ledger]:
-    """Place one task on the best node, or explain why not (and maybe ask for preemption)."""
+def schedule_task(ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt: bool) -> Outcome:
+    """Place one task on the best node (reserving it in `ledger`), or explain why not and
+    maybe ask for preemption."""
     quota = ev.quota(ledger, task.tenant_id)
     for verdict in (check_backoff(task, ev.snapshot.now), check_quota_floor(task, quota)):
         if not verdict.ok:
-            return _unplaced(task, verdict), ledger
+            return _unplaced(task, verdict)
     if not ev.nodes:
-        return Outcome(
-            unplaced=Unplaced(task.task_id, Reason.NO_NODES, "the cluster has no nodes")
-        ), ledger
-    fits, failures = _evaluate(ev, ledger, task, quota)
-    if fits:
-        best = rank(fits, task)[0]
+        return Outcome(unplaced=Unplaced(task.task_id, Reason.NO_NODES, "the cluster has no nodes"))
+    found, unplaced = _search(ev, ledger, task, quota)
+    if found.fits:
+        best = rank(found.fits, task)[0]
         placement = Placement(
             task_id=task.task_id,
             node_id=best.node.id,
@@ -227,25 +189,35 @@ def schedule_task(
             qos=best.grant.qos,
             fractions=best.grant.fractions,
         )
-        return Outcome(placement=placement), ledger.reserve(_holding(task, best), best.cost)
-    unplaced = explain(ev, task, failures)
+        ledger.reserve(_holding(task, best), best.cost)
+        return Outcome(placement=placement)
+    assert unplaced is not None
     if preempt and unplaced.reason in CAPACITY_REASONS:
-        return _preempt(ev, ledger, task, unplaced, failures)
-    return Outcome(unplaced=unplaced), ledger
+        return _preempt(ev, ledger, task, unplaced, found)
+    return Outcome(unplaced=unplaced)
 
 
-def _evaluate(
+def _search(
     ev: Evaluation, ledger: Ledger, task: PendingTask, quota: Quota | None
-) -> tuple[list[Fit], list[Failure]]:
-    fits: list[Fit] = []
-    failures: list[Failure] = []
-    for node in ev.nodes:
-        verdict, fit = check_node(task, node, ledger.usage_on(node.id), quota=quota)
-        if fit is not None:
-            fits.append(fit)
-        else:
-            failures.append((node, verdict))
-    return fits, failures
+) -> tuple[Search, Unplaced | None]:
+    """The search for `task`, and its explanation when nothing fits."""
+    shape: ShapeKey = (
+        task.requirement,
+        task.tenant_id,
+        task.excluded_node_ids,
+        task.required_min_vram_mb,
+        task.same_node_id,
+    )
+    miss = ev.misses.get(shape)
+    if miss is not None and miss[0] == ledger.version:
+        _, found, why = miss
+        return found, replace(why, task_id=task.task_id)
+    found = search(ev.index, ledger, task, quota, ev.max_candidates)
+    if found.fits:
+        return found, None
+    why = explain(ev, ledger, task, found, quota)
+    ev.misses[shape] = (ledger.version, found, why)
+    return found, why
 
 
 def _holding(task: PendingTask, fit: Fit) -> Allocation:
@@ -270,46 +242,44 @@ def _holding(task: PendingTask, fit: Fit) -> Allocation:
 _STAGE_RANK: dict[Reason, int] = {r: i for i, r in enumerate(NODE_STAGE_ORDER)}
 
 
-def explain(ev: Evaluation, task: PendingTask, failures: Sequence[Failure]) -> Unplaced:
+def explain(
+    ev: Evaluation, ledger: Ledger, task: PendingTask, found: Search, quota: Quota | None
+) -> Unplaced:
     """Report the node that got furthest through the stage chain (the "closest" one).
 
-    Ties go to the first node by id. Cluster-wide phrasing replaces the node's message where
-    it is more useful, and a tally of every node's reason is appended.
+    Ties go to the first node by id. Its message comes from checking it again in full.
+    Cluster-wide phrasing replaces the node's message where it is more useful, and a tally
+    of every node's reason is appended.
     """
-    node, closest = max(failures, key=lambda f: _STAGE_RANK[_reason_of(f[1])])
-    reason = _reason_of(closest)
+    counts = tally(ev.index, ledger, found)
+    reason = max(counts.counts, key=lambda r: _STAGE_RANK[r])
+    node = ev.nodes[counts.first[reason]]
+    closest, _ = check_node(task, node, ledger.usage_on(node.id), quota=quota)
+    reason = closest.reason or reason
     message = closest.message
     wanted = task.requirement.gpu_type
-    if reason is Reason.GPU_TYPE_UNAVAILABLE and not any(
-        gpu_matches(g, wanted) for n in ev.nodes if n.online for g in n.gpus
-    ):
+    if reason is Reason.GPU_TYPE_UNAVAILABLE and not ev.index.any_online_of_type(wanted):
         message = f"no online node has GPU type {wanted!r}"
     elif reason is Reason.PINNED_ELSEWHERE:
         message = _pin_message(ev, task)
     elif reason is Reason.NODE_OFFLINE and not task.pins:
         message = "every node is offline"
-    if len(failures) > 1:
-        message += f" [{_tally(failures)}]"
+    if counts.total > 1:
+        message += f" [{_tally_text(counts)}]"
     return Unplaced(task.task_id, reason, message)
 
 
 def _pin_message(ev: Evaluation, task: PendingTask) -> str:
-    known = {n.id for n in ev.nodes}
-    missing = [p for p in task.pins if p not in known]
+    missing = [p for p in task.pins if p not in ev.index.position]
     if missing:
         return f"task is pinned to node {missing[0]!r}, which is not in the cluster"
     return f"task is pinned to nodes {' and '.join(map(repr, task.pins))}; no node is both"
 
 
-def _reason_of(verdict: Verdict) -> Reason:
-    assert verdict.reason is not None
-    return verdict.reason
-
-
-def _tally(failures: Sequence[Failure]) -> str:
-    counts = Counter(_reason_of(v).value for _, v in failures)
-    parts = ", ".join(f"{n} {r}" for r, n in sorted(counts.items(), key=lambda c: (-c[1], c[0])))
-    return f"{len(failures)} nodes checked: {parts}"
+def _tally_text(counts: Tally) -> str:
+    ordered = sorted(counts.counts.items(), key=lambda c: (-c[1], c[0].value))
+    parts = ", ".join(f"{n} {r.value}" for r, n in ordered)
+    return f"{counts.total} nodes checked: {parts}"
 
 
 # --- preemption ----------------------------------------------------------------------
@@ -323,36 +293,32 @@ class _Option:
 
 
 def _preempt(
-    ev: Evaluation,
-    ledger: Ledger,
-    task: PendingTask,
-    unplaced: Unplaced,
-    failures: Sequence[Failure],
-) -> tuple[Outcome, Ledger]:
+    ev: Evaluation, ledger: Ledger, task: PendingTask, unplaced: Unplaced, found: Search
+) -> Outcome:
+    # Only nodes holding preemptible or leaving work can offer anything: look at those.
     options = [
         opt
-        for node, verdict in failures
-        if verdict.reason in CAPACITY_REASONS
-        and (opt := _option_on(ev, ledger, task, node)) is not None
+        for pos in sorted(ledger.evictable)
+        if reason_at(ev.index, ledger, found, pos) in CAPACITY_REASONS
+        and (opt := _option_on(ev, ledger, task, ev.nodes[pos])) is not None
     ]
     waiting = [o for o in options if not o.victims]
     if waiting:
         note = f"; waiting for capacity being released on node {waiting[0].node.id!r}"
-        return Outcome(unplaced=replace(unplaced, message=unplaced.message + note)), ledger
+        return Outcome(unplaced=replace(unplaced, message=unplaced.message + note))
     if not options:
-        return Outcome(unplaced=unplaced), ledger
+        return Outcome(unplaced=unplaced)
     shuffled = seeded_shuffle(options, task.task_id, key=lambda o: o.node.id)
     best = min(shuffled, key=_victim_cost)
     victims = tuple(a.task_id for a in best.victims)
-    ledger = ledger.mark_leaving(best.node.id, frozenset(victims))
+    ledger.mark_leaving(best.node.id, frozenset(victims))
     # Hold the freed capacity for this task so nobody else in the round takes it.
-    ledger = ledger.reserve(_holding(task, best.fit), best.fit.cost)
+    ledger.reserve(_holding(task, best.fit), best.fit.cost)
     note = f"; preempting {len(victims)} lower-priority task(s) on node {best.node.id!r}"
-    outcome = Outcome(
+    return Outcome(
         unplaced=replace(unplaced, message=unplaced.message + note),
         preemption=Preemption(task.task_id, best.node.id, victims),
     )
-    return outcome, ledger
 
 
 def _victim_cost(option: _Option) -> tuple[int, int, int]:
@@ -411,20 +377,19 @@ def _fit_without(
 # --- gangs ---------------------------------------------------------------------------
 
 
-def place_gang(
-    ev: Evaluation, ledger: Ledger, members: Sequence[PendingTask]
-) -> tuple[list[Outcome], Ledger]:
+def place_gang(ev: Evaluation, ledger: Ledger, members: Sequence[PendingTask]) -> list[Outcome]:
     """All members placed in this round, or none (GANG_INCOMPLETE). Gangs never preempt."""
     gang = members[0].gang_id
     expected = max(m.gang_size for m in members)
     if expected > len(members):
         msg = f"gang {gang!r}: only {len(members)} of {expected} members are pending"
-        return [_gang_incomplete(m, msg) for m in members], ledger
-    trial = ledger
+        return [_gang_incomplete(m, msg) for m in members]
+    mark = ledger.checkpoint()
     placed: list[Outcome] = []
     for member in members:
-        outcome, trial = schedule_task(ev, trial, member, preempt=False)
+        outcome = schedule_task(ev, ledger, member, preempt=False)
         if outcome.placement is None:
+            ledger.rollback(mark)
             assert outcome.unplaced is not None
             why = outcome.unplaced
             msg = (
@@ -432,9 +397,9 @@ def place_gang(
                 f"cannot be placed ({why.reason.value}: {why.message})"
             )
             others = [_gang_incomplete(m, msg) for m in members if m is not member]
-            return [outcome, *others], ledger
+            return [outcome, *others]
         placed.append(outcome)
-    return placed, trial
+    return placed
 
 
 def _gang_incomplete(task: PendingTask, message: str) -> Outcome:

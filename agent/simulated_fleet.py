@@ -1,0 +1,217 @@
+"""A simulated fleet: many nodes in one process, each acting like an agent that runs nothing.
+
+For benchmarks and soak tests of the control plane at fleet scale, where a thousand `Agent`
+objects (a durable consumer, a heartbeat loop and a runtime each) would cost more CPU than the
+control plane under test. Instead:
+
+* registration: one `Registration` per node on `hf.node.<id>.report`, as an agent sends it;
+* heartbeats: every node's beat in one burst per interval (core NATS, as an agent's), listing
+  all its cards as visible, so no card is ever declared lost;
+* commands: ONE durable consumer on `hf.node.*.cmd` serves every node; `replies` turns each
+  command into the reports an agent would publish (START: STARTING then RUNNING; STOP: an exit;
+  PAUSE/RESUME: PAUSED/RESUMED). Nothing runs, so a task stays `running` until stopped.
+
+`silence(node_id)` makes one node fall silent (no beats, commands dropped), like a machine
+that lost power: what the node monitor must notice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from libs.bus.consume import consume
+from libs.bus.subjects import NODE_PREFIX, NODE_STREAM, node_heartbeat_subject, node_report_subject
+from libs.domain.node import GpuCard, NodeInventory
+from libs.domain.protocol import (
+    AgentReport,
+    CommandKind,
+    Fact,
+    Heartbeat,
+    NodeCommand,
+    Registration,
+)
+from libs.domain.states import TaskStatus
+
+log = structlog.get_logger(__name__)
+S = TaskStatus
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """One kind of machine: `count` cards of one model."""
+
+    vendor: str
+    model: str
+    vram_mb: int
+    count: int
+    mig_capable: bool = False
+
+
+# A mixed fleet, in equal numbers: three NVIDIA models, AMD and Huawei accelerators.
+DEFAULT_KINDS: tuple[NodeKind, ...] = (
+    NodeKind("nvidia", "A100-80GB", 81_920, 8, mig_capable=True),
+    NodeKind("nvidia", "H100-80GB", 81_920, 8, mig_capable=True),
+    NodeKind("nvidia", "L4", 23_034, 4),
+    NodeKind("amd", "MI300X", 196_608, 8),
+    NodeKind("huawei", "Ascend910B", 65_536, 8),
+)
+
+
+def fleet_inventories(
+    n: int,
+    kinds: Sequence[NodeKind] = DEFAULT_KINDS,
+    *,
+    prefix: str = "sim",
+    memory_mb: int = 1_048_576,
+    cpu_cores: float = 128.0,
+) -> list[tuple[str, NodeInventory]]:
+    """`n` nodes `<prefix>-00000`, ..., the kinds taken in turn; card ids are unique."""
+    out: list[tuple[str, NodeInventory]] = []
+    width = max(5, len(str(max(n - 1, 0))))
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        node_id = f"{prefix}-{i:0{width}d}"
+        gpus = tuple(
+            GpuCard(
+                id=f"{node_id}-gpu{j}",
+                index=j,
+                vendor=kind.vendor,
+                model=kind.model,
+                vram_mb=kind.vram_mb,
+                mig_capable=kind.mig_capable,
+            )
+            for j in range(kind.count)
+        )
+        inventory = NodeInventory(
+            hostname=node_id,
+            memory_mb=memory_mb,
+            cpu_cores=cpu_cores,
+            labels={"fleet": prefix},
+            gpus=gpus,
+            runtime="simulated",
+        )
+        out.append((node_id, inventory))
+    return out
+
+
+def replies(cmd: NodeCommand, at: datetime) -> list[AgentReport]:
+    """The reports an agent sends for `cmd` when nothing can go wrong."""
+
+    def report(fact: Fact, expected: TaskStatus, **extra: object) -> AgentReport:
+        return AgentReport.model_validate(
+            {
+                "node_id": cmd.node_id,
+                "task_id": cmd.task_id,
+                "attempt": cmd.attempt,
+                "fact": fact,
+                "expected_status": expected,
+                "at": at,
+                **extra,
+            }
+        )
+
+    if cmd.kind is CommandKind.START:
+        container = f"sim-{cmd.task_id}-{cmd.attempt}"
+        return [
+            report(Fact.STARTING, S.SCHEDULED),
+            report(Fact.RUNNING, S.STARTING, container_id=container),
+        ]
+    if cmd.kind is CommandKind.STOP:
+        return [report(Fact.EXITED, cmd.status, exit_code=0)]
+    if cmd.kind is CommandKind.PAUSE:
+        return [report(Fact.PAUSED, S.SLEEPING)]
+    return [report(Fact.RESUMED, S.WAKING)]
+
+
+@dataclass
+class SimulatedFleet:
+    nc: Client
+    js: JetStreamContext
+    nodes: Sequence[tuple[str, NodeInventory]]
+    heartbeat_interval_s: float = 1.0
+    durable: str = "sim-fleet"
+    silenced: set[str] = field(default_factory=set)
+    running: dict[str, set[str]] = field(default_factory=dict)  # node -> task ids
+    commands: int = 0
+    beats: int = 0
+
+    async def register(self) -> None:
+        """Every node's registration, pipelined, each acknowledged by JetStream."""
+        acks = []
+        for node_id, inventory in self.nodes:
+            reg = Registration(node_id=node_id, inventory=inventory, at=_now())
+            acks.append(
+                await self.js.publish_async(
+                    node_report_subject(node_id), reg.model_dump_json().encode()
+                )
+            )
+        await asyncio.gather(*acks)
+
+    def silence(self, node_id: str) -> None:
+        self.silenced.add(node_id)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(
+            self._heartbeats(stop),
+            consume(
+                self.js,
+                stream=NODE_STREAM,
+                durable=self.durable,
+                filter_subject=f"{NODE_PREFIX}.*.cmd",
+                handler=self.on_command,
+                stop=stop,
+                deliver_new=True,
+            ),
+        )
+
+    async def beat(self) -> None:
+        """One heartbeat from every node that is not silenced."""
+        self.beats += 1
+        at = _now()
+        for node_id, inventory in self.nodes:
+            if node_id in self.silenced:
+                continue
+            hb = Heartbeat(
+                node_id=node_id,
+                seq=self.beats,
+                visible_gpus=[g.id for g in inventory.gpus],
+                tasks=sorted(self.running.get(node_id, ())),
+                at=at,
+            )
+            await self.nc.publish(node_heartbeat_subject(node_id), hb.model_dump_json().encode())
+        await self.nc.flush()
+
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.beat()
+            except Exception:
+                log.exception("fleet_heartbeat_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.heartbeat_interval_s)
+
+    async def on_command(self, msg: Msg) -> None:
+        cmd = NodeCommand.model_validate_json(msg.data)
+        if cmd.node_id in self.silenced:
+            return  # a dead machine answers nothing
+        self.commands += 1
+        tasks = self.running.setdefault(cmd.node_id, set())
+        if cmd.kind is CommandKind.START:
+            tasks.add(cmd.task_id)
+        elif cmd.kind is CommandKind.STOP:
+            tasks.discard(cmd.task_id)
+        for rep in replies(cmd, _now()):
+            await self.js.publish(node_report_subject(cmd.node_id), rep.model_dump_json().encode())
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
