@@ -139,20 +139,24 @@ class EventStore:
         metadata: dict[str, Any] | None = None,
     ) -> list[Task]:
         """Create tasks in one transaction (batched append). Items: tenant, spec, group, rank."""
-        meta = metadata or {}
-        tasks: list[Task] = []
         async with self.pool.connection() as conn, conn.transaction():
-            for tenant_id, spec, group_id, rank in items:
-                ev = TaskCreated(
-                    task_id=new_task_id(),
-                    tenant_id=tenant_id,
-                    spec=spec,
-                    group_id=group_id,
-                    rank=rank,
-                )
-                (st,) = await self._insert(conn, ev.task_id, [ev], 1, meta)
-                tasks.append(evolve_task(None, ev, st.occurred_at, st.version))
-            await projections.upsert_tasks(conn, tasks)
+            return await self._create_in(conn, items, metadata or {})
+
+    async def _create_in(
+        self, conn: AsyncConnection[Any], items: Sequence[NewTask], meta: dict[str, Any]
+    ) -> list[Task]:
+        tasks: list[Task] = []
+        for tenant_id, spec, group_id, rank in items:
+            ev = TaskCreated(
+                task_id=new_task_id(),
+                tenant_id=tenant_id,
+                spec=spec,
+                group_id=group_id,
+                rank=rank,
+            )
+            (st,) = await self._insert(conn, ev.task_id, [ev], 1, meta)
+            tasks.append(evolve_task(None, ev, st.occurred_at, st.version))
+        await projections.upsert_tasks(conn, tasks)
         return tasks
 
     async def create_task(
@@ -253,27 +257,10 @@ class EventStore:
         """Append to an aggregate and create tasks in one transaction (group membership)."""
         meta = metadata or {}
         async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (agg_id,))
-            cur = await conn.execute(
-                f"SELECT doc FROM {agg.table} WHERE id = %s FOR UPDATE", (agg_id,)
-            )
-            row = await cur.fetchone()
-            current = agg.model.model_validate(row[0]) if row else None
+            current = await self._lock(conn, agg, agg_id)
             events, new_tasks = decide(current)
             result: M | None = await self._apply(conn, agg, agg_id, current, events, meta)
-            tasks: list[Task] = []
-            for tenant_id, spec, group_id, rank in new_tasks:
-                ev = TaskCreated(
-                    task_id=new_task_id(),
-                    tenant_id=tenant_id,
-                    spec=spec,
-                    group_id=group_id,
-                    rank=rank,
-                )
-                (st,) = await self._insert(conn, ev.task_id, [ev], 1, meta)
-                tasks.append(evolve_task(None, ev, st.occurred_at, st.version))
-            await projections.upsert_tasks(conn, tasks)
-            return result, tasks
+            return result, await self._create_in(conn, new_tasks, meta)
 
     async def execute_aggregate(
         self,
@@ -285,15 +272,17 @@ class EventStore:
     ) -> M | None:
         """Like `execute` for any aggregate; `decide` gets None when the stream is new."""
         async with self.pool.connection() as conn, conn.transaction():
-            # Serialise writers of a stream that may not have a row yet.
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (agg_id,))
-            cur = await conn.execute(
-                f"SELECT doc FROM {agg.table} WHERE id = %s FOR UPDATE", (agg_id,)
-            )
-            row = await cur.fetchone()
-            current = agg.model.model_validate(row[0]) if row else None
+            current = await self._lock(conn, agg, agg_id)
             new: M | None = await self._apply(conn, agg, agg_id, current, decide(current), metadata)
             return new
+
+    async def _lock(self, conn: AsyncConnection[Any], agg: Aggregate[M], agg_id: str) -> M | None:
+        """The aggregate's current state under a lock that also serialises writers of a stream
+        that has no row yet (a transaction-scoped advisory lock on its id)."""
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (agg_id,))
+        cur = await conn.execute(f"SELECT doc FROM {agg.table} WHERE id = %s FOR UPDATE", (agg_id,))
+        row = await cur.fetchone()
+        return agg.model.model_validate(row[0]) if row else None
 
     async def _apply(
         self,
