@@ -49,6 +49,9 @@ RETURNING position
 """
 
 
+INSERT_EVENT_NO_RETURN = INSERT_EVENT.replace("RETURNING position", "")
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -145,7 +148,10 @@ class EventStore:
     async def _create_in(
         self, conn: AsyncConnection[Any], items: Sequence[NewTask], meta: dict[str, Any]
     ) -> list[Task]:
+        """One pipelined batch of `task_created` events (version 1 of new streams) + rows."""
+        at = self.clock()
         tasks: list[Task] = []
+        rows: list[tuple[Any, ...]] = []
         for tenant_id, spec, group_id, rank in items:
             ev = TaskCreated(
                 task_id=new_task_id(),
@@ -154,9 +160,25 @@ class EventStore:
                 group_id=group_id,
                 rank=rank,
             )
-            (st,) = await self._insert(conn, ev.task_id, [ev], 1, meta)
-            tasks.append(evolve_task(None, ev, st.occurred_at, st.version))
-        await projections.upsert_tasks(conn, tasks)
+            rows.append(
+                (
+                    uuid.uuid4(),
+                    ev.task_id,
+                    ev.stream_type,
+                    1,
+                    ev.type,
+                    ev.schema_version,
+                    Jsonb(ev.model_dump(mode="json")),
+                    Jsonb(meta),
+                    at,
+                )
+            )
+            tasks.append(evolve_task(None, ev, at, 1))
+            APPENDED.labels(ev.type).inc()
+        if rows:
+            async with conn.cursor() as cur:
+                await cur.executemany(INSERT_EVENT_NO_RETURN, rows)
+            await projections.upsert_tasks(conn, tasks)
         return tasks
 
     async def create_task(
@@ -242,7 +264,7 @@ class EventStore:
                 done[task_id] = task
             if rows:
                 async with conn.cursor() as c:
-                    await c.executemany(INSERT_EVENT.replace("RETURNING position", ""), rows)
+                    await c.executemany(INSERT_EVENT_NO_RETURN, rows)
                 await projections.upsert_tasks(conn, done.values())
         return done, refused
 
