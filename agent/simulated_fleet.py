@@ -12,13 +12,15 @@ control plane under test. Instead:
   PAUSE/RESUME: PAUSED/RESUMED). Nothing runs, so a task stays `running` until stopped.
 
 `silence(node_id)` makes one node fall silent (no beats, commands dropped), like a machine
-that lost power: what the node monitor must notice.
+that lost power: what the node monitor must notice. `serve` runs a fleet on its own (in a
+child process, say, as nodes are other machines) steered by requests on a control subject.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +31,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from libs.bus.consume import consume
+from libs.bus.nats import connect
 from libs.bus.subjects import NODE_PREFIX, NODE_STREAM, node_heartbeat_subject, node_report_subject
 from libs.domain.node import GpuCard, NodeInventory
 from libs.domain.protocol import (
@@ -211,6 +214,41 @@ class SimulatedFleet:
             tasks.discard(cmd.task_id)
         for rep in replies(cmd, _now()):
             await self.js.publish(node_report_subject(cmd.node_id), rep.model_dump_json().encode())
+
+
+async def serve(
+    nats_url: str,
+    nodes: Sequence[tuple[str, NodeInventory]],
+    control_subject: str,
+    *,
+    heartbeat_interval_s: float = 1.0,
+    durable: str = "sim-fleet",
+) -> None:
+    """Run a fleet until told to stop. Requests on `control_subject` (JSON, answered with
+    `{"ok": true}` once done): `{"op": "register"}`, `{"op": "silence", "node_id": ...}`,
+    `{"op": "stop"}`."""
+    nc = await connect(nats_url, "simulated-fleet")
+    stop = asyncio.Event()
+    fleet = SimulatedFleet(
+        nc, nc.jetstream(), nodes, heartbeat_interval_s=heartbeat_interval_s, durable=durable
+    )
+
+    async def on_control(msg: Msg) -> None:
+        req = json.loads(msg.data)
+        if req["op"] == "register":
+            await fleet.register()
+        elif req["op"] == "silence":
+            fleet.silence(str(req["node_id"]))
+        elif req["op"] == "stop":
+            stop.set()
+        await msg.respond(json.dumps({"ok": True}).encode())
+
+    sub = await nc.subscribe(control_subject, cb=on_control)
+    try:
+        await fleet.run(stop)
+    finally:
+        await sub.unsubscribe()
+        await nc.drain()
 
 
 def _now() -> datetime:

@@ -3,7 +3,9 @@
 A node is checked by a chain of small stages, each returning a `Verdict`. The chain stops
 at the first rejection; the position of that stage in `NODE_STAGE_ORDER` tells how close
 the node came to fitting, which the planner uses to pick the most informative reason.
-Task-level checks (backoff, tenant quota) run once per task, before any node.
+Task-level checks (backoff, tenant quota) run once per task, before any node. The stages
+split in two: `check_static` (the node alone) and `check_capacity` (what it runs), so the
+planner can answer the static ones once per class of identical nodes (index.py).
 
 Usage is computed from allocations whose status is in GPU_HOLDING, the one definition of
 what counts against capacity and quota.

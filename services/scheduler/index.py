@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .feasibility import NodeUsage, check_gpu_type, check_vram
-from .model import Gpu, Node, PendingTask, gpu_matches
+from .model import Allocation, Gpu, Node, PendingTask, gpu_matches
 from .reasons import Reason
 
 CardKey = tuple[str, str, int, bool]
@@ -64,6 +64,11 @@ class ClusterIndex:
             for pos in cls.positions:
                 self.class_of[pos] = cls.id
         self.max_cards: int = max((len(n.gpus) for n in self.nodes), default=0)
+        # Cards not lost, per node: the free whole cards of an idle node.
+        self.healthy: list[int] = [sum(not g.excluded for g in n.gpus) for n in self.nodes]
+        # usage_of and the bucket key per node, by the allocations they were computed from
+        # (ledger.py): pure functions of those, kept while the nodes stay the same.
+        self.usage_memo: dict[str, tuple[tuple[Allocation, ...], NodeUsage, int]] = {}
         self._static: dict[tuple[int, StaticKey], Reason | None] = {}
         self._passing: dict[StaticKey, tuple[NodeClass, ...]] = {}
 

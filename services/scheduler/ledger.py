@@ -54,6 +54,20 @@ def _may_be_evicted(allocs: Iterable[Allocation]) -> bool:
     return any(a.preemptible or a.status in LEAVING for a in allocs)
 
 
+def _usage_and_key(
+    index: ClusterIndex, node_id: str, pos: int | None, held: tuple[Allocation, ...]
+) -> tuple[NodeUsage, int]:
+    """Usage and bucket of a node, from the index's memo while its allocations are the same
+    as last evaluation (most nodes, round after round)."""
+    hit = index.usage_memo.get(node_id)
+    if hit is not None and hit[0] == held:
+        return hit[1], hit[2]
+    usage = usage_of(held)
+    key = bucket_key(index.nodes[pos], usage) if pos is not None else FULL
+    index.usage_memo[node_id] = (held, usage, key)
+    return usage, key
+
+
 @dataclass(frozen=True, slots=True)
 class _Undo:
     node_id: str
@@ -80,17 +94,20 @@ class Ledger:
         self.by_node: dict[str, tuple[Allocation, ...]] = {
             n: tuple(allocs) for n, allocs in grouped.items()
         }
-        self.usage: dict[str, NodeUsage] = {n: usage_of(a) for n, a in self.by_node.items()}
-        self.key_of: list[int] = [bucket_key(n, self.usage_on(n.id)) for n in index.nodes]
-        self.buckets: list[dict[int, list[int]]] = [{} for _ in index.classes]
-        for pos, key in enumerate(self.key_of):  # ascending positions: lists stay sorted
-            self.buckets[index.class_of[pos]].setdefault(key, []).append(pos)
+        self.usage: dict[str, NodeUsage] = {}
+        self.key_of: list[int] = [h or FULL for h in index.healthy]  # idle nodes
         # Nodes holding work that preemption could remove or that is already leaving.
         self.evictable: set[int] = set()
         for node_id, held in self.by_node.items():
-            at = index.position.get(node_id)
-            if at is not None and _may_be_evicted(held):
-                self.evictable.add(at)
+            pos = index.position.get(node_id)
+            self.usage[node_id], key = _usage_and_key(index, node_id, pos, held)
+            if pos is not None:
+                self.key_of[pos] = key
+                if _may_be_evicted(held):
+                    self.evictable.add(pos)
+        self.buckets: list[dict[int, list[int]]] = [{} for _ in index.classes]
+        for pos, key in enumerate(self.key_of):  # ascending positions: lists stay sorted
+            self.buckets[index.class_of[pos]].setdefault(key, []).append(pos)
         self._versions = itertools.count(1)
         self.version = 0  # a new number for every state, rollbacks included
         self._journal: list[_Undo] = []

@@ -37,8 +37,6 @@ from libs.domain.task import Task
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 
-from . import view
-
 log = structlog.get_logger(__name__)
 S = TaskStatus
 
@@ -117,7 +115,18 @@ class NodeMonitor:
             await sub.unsubscribe()
 
     async def refresh(self) -> None:
-        self.nodes = {n.id: n for n in await view.load_nodes(self.store)}
+        """Bring `nodes` up to the projection, parsing only the rows whose version moved."""
+        listed = {
+            r["id"]: r["version"] for r in await self.store.fetch("SELECT id, version FROM nodes")
+        }
+        for gone in [i for i in self.nodes if i not in listed]:
+            del self.nodes[gone]
+        stale = [i for i, v in listed.items() if i not in self.nodes or self.nodes[i].version != v]
+        if stale:
+            rows = await self.store.fetch("SELECT doc FROM nodes WHERE id = ANY(%s)", [stale])
+            for r in rows:
+                node = Node.model_validate(r["doc"])
+                self.nodes[node.id] = node
         states = {s.value: 0 for s in NodeStatus}
         lost = total = 0
         for n in self.nodes.values():
@@ -149,9 +158,13 @@ class NodeMonitor:
         for card in node.inventory.gpus:
             key = (node.id, card.id)
             excluded = card.id in node.excluded_gpus
-            watch, crossing = watch_card(
-                self.cards.get(key, CardWatch()), card.id in visible, excluded
-            )
+            seen = card.id in visible
+            known = self.cards.get(key)
+            if seen and not excluded and (known is None or known.missed == 0):
+                # A healthy card seen again changes nothing: its sightings count only once
+                # it is excluded, and every miss resets them (watch_card).
+                continue
+            watch, crossing = watch_card(known or CardWatch(), seen, excluded)
             self.cards[key] = watch
             if crossing == "lost":
                 events.append(

@@ -19,13 +19,13 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from libs.domain import commands
-from libs.domain.states import Actor, TaskStatus
+from libs.domain.states import GPU_HOLDING, Actor, TaskStatus
 from libs.domain.task import Task
 from libs.store.eventstore import EventStore
 
 from . import view
 from .model import Plan
-from .planner import plan
+from .planner import DEFAULT_MAX_CANDIDATES, plan
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +59,8 @@ class Placer:
     clock: Callable[[], datetime]
     batch: int = 512
     fencing_token: int | None = None
+    max_candidates: int | None = DEFAULT_MAX_CANDIDATES
+    cluster: view.ClusterView = field(default_factory=view.ClusterView)
 
     async def round(self) -> RoundResult:
         started = time.perf_counter()
@@ -71,15 +73,19 @@ class Placer:
             PENDING.labels(tenant).set(n)
         if not pending:
             return RoundResult()
-        nodes, holding, quotas = await asyncio.gather(
-            view.load_nodes(self.store),
-            view.load_holding(self.store),
+        _, quotas, gangs = await asyncio.gather(
+            self.cluster.refresh(self.store),
             view.load_quotas(self.store),
+            view.load_gangs(self.store, pending),
         )
-        snap = view.snapshot(self.clock(), nodes, holding, quotas)
-        gangs = await view.load_gangs(self.store, pending)
+        snap = self.cluster.snapshot(self.clock(), quotas)
         planning = time.perf_counter()
-        result_plan = plan(snap, [view.pending_of(t, gangs) for t in pending], max_batch=self.batch)
+        result_plan = plan(
+            snap,
+            [view.pending_of(t, gangs) for t in pending],
+            max_batch=self.batch,
+            max_candidates=self.max_candidates,
+        )
         plan_seconds = time.perf_counter() - planning
         result = await self.commit(result_plan, {t.id: t for t in pending})
         result.seconds = time.perf_counter() - started
@@ -100,6 +106,7 @@ class Placer:
             if un.task_id in pending and pending[un.task_id].pending_reason != un.text:
                 decisions.setdefault(un.task_id, _why(un.text))
         done, refused = await self.store.execute_batch(decisions, metadata=meta)
+        self.cluster.learn(done.values())
         if victims:
             v_done, v_refused = await self.store.execute_batch(victims, metadata=meta)
             refused |= v_refused
@@ -162,6 +169,24 @@ def _why(text: str) -> commands.Decide:
         return list(commands.decide_pending_reason(t, text))
 
     return decide
+
+
+def wakes_placement(event_type: str, payload: dict[str, Any]) -> bool:
+    """Whether a task event can change what a round would do.
+
+    A move into a GPU-holding status (scheduled, starting, running, ...) neither adds pending
+    work nor frees capacity, and the reason a task is pending is our own write; everything
+    else (a task created, back to pending, ended, changed) wakes the placer. The idle poll
+    of `run_placement` covers the rest.
+    """
+    if event_type == "task_pending_reason":
+        return False
+    if event_type == "task_status_changed":
+        return payload.get("to_status") not in HOLDING_STATUSES
+    return True
+
+
+HOLDING_STATUSES = frozenset(s.value for s in GPU_HOLDING)
 
 
 async def run_placement(

@@ -51,7 +51,7 @@ from .search import Search, Tally, reason_at, search, tally
 DEFAULT_MAX_BATCH = 256
 # Fits scored per task (Nomad's "limit"): enough to pack well, few enough to stay flat in
 # the fleet's size. None scores every fit.
-DEFAULT_MAX_CANDIDATES = 8
+DEFAULT_MAX_CANDIDATES = 4
 
 # What makes two pending tasks indistinguishable to the search (quota and anti-affinity are
 # per tenant; priority matters only to preemption, which runs per task).
@@ -74,8 +74,8 @@ class Evaluation:
     def of(
         cls, snapshot: ClusterSnapshot, max_candidates: int | None = DEFAULT_MAX_CANDIDATES
     ) -> Evaluation:
-        gpus = MappingProxyType(snapshot.gpus_by_id())
-        return cls(snapshot, ClusterIndex(snapshot.nodes), gpus, max_candidates)
+        index, gpus = _indexed(snapshot)
+        return cls(snapshot, index, gpus, max_candidates)
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -86,6 +86,20 @@ class Evaluation:
         if limit <= 0:
             return None
         return Quota(tenant_id, limit, ledger.tenant_used.get(tenant_id, 0.0))
+
+
+# The index depends on the nodes alone. A caller that passes the very same nodes tuple again
+# (the scheduler does, while no node changed) gets the index built for it last time instead
+# of a new one: same input, same index, so plans stay a function of their input.
+_last_index: tuple[tuple[Node, ...], ClusterIndex, Mapping[str, Gpu]] | None = None
+
+
+def _indexed(snapshot: ClusterSnapshot) -> tuple[ClusterIndex, Mapping[str, Gpu]]:
+    global _last_index
+    if _last_index is None or _last_index[0] is not snapshot.nodes:
+        gpus = MappingProxyType(snapshot.gpus_by_id())
+        _last_index = (snapshot.nodes, ClusterIndex(snapshot.nodes), gpus)
+    return _last_index[1], _last_index[2]
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,11 +20,11 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .feasibility import Fit, Quota, check_capacity, check_node
+from .feasibility import EPS, Fit, Quota, check_capacity, check_node
 from .index import ClusterIndex, NodeClass
 from .ledger import FULL, Ledger
 from .model import PendingTask
-from .reasons import Reason, Verdict
+from .reasons import Reason, Verdict, reject
 
 
 def start_key(task: PendingTask) -> int:
@@ -42,8 +42,10 @@ def below_start_reason(task: PendingTask) -> Reason:
 
 @dataclass
 class Search:
-    """What one walk found: the fits, and the verdict of every node that failed a detailed
-    check. When `fits` is empty, every node the index did not rule out is in `failed`."""
+    """What one walk found: the fits, and the verdict of every node that failed a check.
+    When `fits` is empty, every node the index did not rule out is in `failed`. A verdict
+    here is exact in its reason; its message may be empty (explain() checks the one node it
+    reports again)."""
 
     task: PendingTask
     fits: list[Fit] = field(default_factory=list)
@@ -55,6 +57,7 @@ class Search:
 def search(
     index: ClusterIndex, ledger: Ledger, task: PendingTask, quota: Quota | None, limit: int | None
 ) -> Search:
+    """Walk the nodes that may fit `task`, fewest free whole cards first, until `limit` fit."""
     if task.pins:
         return _search_pinned(index, ledger, task, quota)
     excluded = frozenset(
@@ -67,13 +70,24 @@ def search(
     if not passing:
         return found
     rng = random.Random(task.task_id)
+    req = task.requirement
     for key in range(start_key(task), index.max_cards + 1):
         lists = [b for cls in passing if (b := ledger.buckets[cls.id].get(key))]
         for pos in seeded_walk(lists, rng):
             if pos in excluded:
                 continue
             node = index.nodes[pos]
-            verdict, fit = check_capacity(task, node, ledger.usage_on(node.id), quota=quota)
+            usage = ledger.usage_on(node.id)
+            if not req.needs_gpu:
+                # No card stage: memory then CPU come first, and comparing two numbers is
+                # all either takes (the message is rebuilt in full for the node reported).
+                if req.memory_mb > node.memory_mb - usage.memory_mb:
+                    found.failed[pos] = _NO_MEMORY
+                    continue
+                if req.cpu_cores > node.cpu_cores - usage.cpu_cores + EPS:
+                    found.failed[pos] = _NO_CPU
+                    continue
+            verdict, fit = check_capacity(task, node, usage, quota=quota)
             if fit is None:
                 found.failed[pos] = verdict
                 continue
@@ -83,6 +97,10 @@ def search(
             if limit is not None and len(found.fits) >= limit:
                 return found
     return found
+
+
+_NO_MEMORY = reject(Reason.INSUFFICIENT_MEMORY, "")
+_NO_CPU = reject(Reason.INSUFFICIENT_CPU, "")
 
 
 def _search_pinned(

@@ -4,9 +4,11 @@ agent reports (competing durable consumers)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import structlog
+from nats.aio.msg import Msg
 from pydantic import Field
 
 from libs.bus.consume import consume
@@ -18,7 +20,8 @@ from libs.service import ServiceContext
 from .dispatch import Dispatcher
 from .groups import GroupController, policy_from, run_groups
 from .monitor import NodeMonitor
-from .placement import Placer, run_placement
+from .placement import Placer, run_placement, wakes_placement
+from .planner import DEFAULT_MAX_CANDIDATES
 from .reports import ReportHandler
 
 log = structlog.get_logger(__name__)
@@ -30,6 +33,9 @@ class SchedulerSettings(CommonSettings):
     node_offline_after_s: float = Field(default=10.0, description="heartbeat silence → offline")
     node_gone_after_s: float = Field(default=600.0, description="offline this long → gone")
     schedule_batch: int = 512
+    schedule_max_candidates: int = Field(
+        default=DEFAULT_MAX_CANDIDATES, ge=0, description="fits scored per task; 0 = all"
+    )
     group_scan_interval_s: float = 2.0
     group_rebuild_scan_s: float = Field(default=10.0, description="inference rebuild scan")
     group_restart_backoffs_s: list[float] = Field(default_factory=lambda: [60.0, 180.0])
@@ -43,15 +49,29 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
     kv = await open_lease_bucket(ctx.js, LEASE_TTL_S)
     wake = asyncio.Event()
 
-    async def on_task_event(_msg: object) -> None:
+    async def on_task_event(msg: Msg) -> None:
+        try:
+            envelope = json.loads(msg.data)
+            if not wakes_placement(envelope.get("type", ""), envelope.get("payload") or {}):
+                return
+        except ValueError:
+            pass  # unreadable: wake anyway, a round costs little
         wake.set()
 
-    # Any task or node event may free or need capacity: wake the placer (core, no ack).
+    async def on_node_event(_msg: Msg) -> None:
+        wake.set()
+
+    # Task or node events that may free or need capacity wake the placer (core, no ack).
     subs = [
         await ctx.nc.subscribe(f"{EVENTS_PREFIX}.task.>", cb=on_task_event),
-        await ctx.nc.subscribe(f"{EVENTS_PREFIX}.node.>", cb=on_task_event),
+        await ctx.nc.subscribe(f"{EVENTS_PREFIX}.node.>", cb=on_node_event),
     ]
-    placer = Placer(ctx.store, ctx.store.clock, batch=settings.schedule_batch)
+    placer = Placer(
+        ctx.store,
+        ctx.store.clock,
+        batch=settings.schedule_batch,
+        max_candidates=settings.schedule_max_candidates or None,
+    )
     monitor = NodeMonitor(
         ctx.store,
         ctx.nc,

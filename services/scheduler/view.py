@@ -3,12 +3,16 @@
 Nodes and GPU-holding tasks become a `ClusterSnapshot`; pending tasks become `PendingTask`s.
 Reading the projections each round keeps the view exactly what the store says (the scheduler
 holds no state a crash could lose); the queries use the partial index on pending tasks.
+`ClusterView` reads the same rows but parses again only those whose version moved, so a round
+on a large fleet costs what changed, not what exists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from libs.domain.group import Group
 from libs.domain.node import Node as NodeDoc
@@ -106,3 +110,80 @@ def pending_of(task: Task, gangs: dict[str, int] | None = None) -> PendingTask:
         same_node_id=task.same_node_id,
         not_before=task.not_before,
     )
+
+
+class ClusterView:
+    """Nodes and GPU-holding tasks as of the last `refresh`, re-parsed by version.
+
+    Each refresh lists (id, version) of every node and holding task, and fetches documents
+    only for new or moved rows; a document is kept under its own version, so a row that moved
+    again between the two queries is simply fetched once more next time. While no node
+    changes, `nodes` stays the same tuple object, which lets the planner reuse its index.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[int, Node]] = {}
+        # Holding task id -> (version, its allocation, the task itself for a fraction only:
+        # a fraction's share is derived from its card, so it is derived again when nodes
+        # change; whole cards are not, and their documents need not be kept).
+        self._held: dict[str, tuple[int, Allocation | None, Task | None]] = {}
+        self.nodes: tuple[Node, ...] = ()
+        self.allocations: tuple[Allocation, ...] = ()
+        self._gpus: dict[str, Gpu] = {}
+
+    async def refresh(self, store: EventStore) -> None:
+        node_rows, task_rows = await asyncio.gather(
+            store.fetch("SELECT id, version FROM nodes"),
+            store.fetch("SELECT id, version FROM tasks WHERE status = ANY(%s)", [HOLDING]),
+        )
+        nodes_moved = await self._refresh_nodes(store, node_rows)
+        await self._refresh_tasks(store, task_rows, nodes_moved)
+
+    async def _refresh_nodes(self, store: EventStore, rows: list[dict[str, Any]]) -> bool:
+        listed = {r["id"]: r["version"] for r in rows}
+        stale = [i for i, v in listed.items() if self._nodes.get(i, (None,))[0] != v]
+        gone = [i for i in self._nodes if i not in listed]
+        if not stale and not gone:
+            return False
+        for i in gone:
+            del self._nodes[i]
+        if stale:
+            docs = await store.fetch("SELECT doc FROM nodes WHERE id = ANY(%s)", [stale])
+            for r in docs:
+                doc = NodeDoc.model_validate(r["doc"])
+                self._nodes[doc.id] = (doc.version, to_node(doc))
+        self.nodes = tuple(n for _, (_, n) in sorted(self._nodes.items()))
+        self._gpus = {g.id: g for n in self.nodes for g in n.gpus}
+        return True
+
+    async def _refresh_tasks(
+        self, store: EventStore, rows: list[dict[str, Any]], nodes_moved: bool
+    ) -> None:
+        listed = {r["id"]: r["version"] for r in rows}
+        for i in [i for i in self._held if i not in listed]:
+            del self._held[i]
+        stale = [i for i, v in listed.items() if self._held.get(i, (None,))[0] != v]
+        if stale:
+            docs = await store.fetch("SELECT doc FROM tasks WHERE id = ANY(%s)", [stale])
+            self.learn(Task.model_validate(r["doc"]) for r in docs)
+        if nodes_moved:
+            for i, (_, _, task) in list(self._held.items()):
+                if task is not None:
+                    self._held[i] = self._record(task)
+        self.allocations = tuple(a for _, a, _ in self._held.values() if a is not None)
+
+    def learn(self, tasks: Iterable[Task]) -> None:
+        """Tasks as a commit of ours left them (the store returned them): no need to read
+        them back. The next refresh still drops those no longer holding."""
+        for task in tasks:
+            if task.status in GPU_HOLDING:
+                self._held[task.id] = self._record(task)
+
+    def _record(self, task: Task) -> tuple[int, Allocation | None, Task | None]:
+        alloc = Allocation.from_task(task, self._gpus) if task.node_id else None
+        return task.version, alloc, task if task.spec.is_fractional else None
+
+    def snapshot(self, now: datetime, quotas: dict[str, float]) -> ClusterSnapshot:
+        return ClusterSnapshot(
+            now=now, nodes=self.nodes, allocations=self.allocations, tenant_quotas=quotas
+        )

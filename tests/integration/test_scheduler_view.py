@@ -1,0 +1,121 @@
+"""The scheduler's incremental view against reading every row afresh, on a real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from libs.domain.commands import decide_transition
+from libs.domain.node import GpuCard, GpuLost, NodeInventory, NodeRegistered
+from libs.domain.states import Actor, TaskStatus
+from libs.domain.task import TaskSpec, TenantId
+from libs.store.eventstore import EventStore
+from libs.store.projections import NODES
+from services.scheduler import view
+from services.scheduler.model import Allocation, Node
+
+pytestmark = pytest.mark.integration
+
+S = TaskStatus
+T = TenantId("acme")
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[EventStore]:
+    st = await EventStore.open(database_url, max_size=4)
+    yield st
+    await st.close()
+
+
+def inventory(node_id: str) -> NodeInventory:
+    gpus = tuple(
+        GpuCard(id=f"{node_id}-g{i}", index=i, vendor="nvidia", model="L4", vram_mb=24_576)
+        for i in range(2)
+    )
+    return NodeInventory(memory_mb=65_536, cpu_cores=16, gpus=gpus)
+
+
+async def register(store: EventStore, node_id: str) -> None:
+    ev = NodeRegistered(node_id=node_id, inventory=inventory(node_id))
+    await store.execute_aggregate(NODES, node_id, lambda _n: [ev])
+
+
+async def place(store: EventStore, task_id: str, node_id: str, gpu: str) -> None:
+    await store.execute(
+        task_id,
+        lambda t: decide_transition(
+            t, S.SCHEDULED, actor=Actor.SCHEDULER, node_id=node_id, gpu_ids=(gpu,)
+        ),
+    )
+
+
+async def afresh(store: EventStore) -> tuple[list[Node], list[Allocation]]:
+    """What the round read before the view existed: every node and holding task parsed."""
+    nodes = await view.load_nodes(store)
+    holding = await view.load_holding(store)
+    snap = view.snapshot(NOW, nodes, holding, {})
+    return list(snap.nodes), sorted(snap.allocations, key=lambda a: a.task_id)
+
+
+async def incremental(
+    cluster: view.ClusterView, store: EventStore
+) -> tuple[list[Node], list[Allocation]]:
+    await cluster.refresh(store)
+    snap = cluster.snapshot(NOW, {})
+    return list(snap.nodes), sorted(snap.allocations, key=lambda a: a.task_id)
+
+
+async def test_view_matches_a_full_read_as_the_cluster_changes(store: EventStore) -> None:
+    cluster = view.ClusterView()
+    for node_id in ("n2", "n1"):
+        await register(store, node_id)
+    whole, fraction, pending = await store.create_tasks(
+        [
+            (T, TaskSpec(name="w", image="i", gpu_required=1), None, None),
+            (T, TaskSpec(name="f", image="i", gpu_memory_mb=8_192), None, None),
+            (T, TaskSpec(name="p", image="i", gpu_required=1), None, None),
+        ]
+    )
+    await place(store, whole.id, "n1", "n1-g0")
+    await place(store, fraction.id, "n2", "n2-g1")
+    assert await incremental(cluster, store) == await afresh(store)
+    nodes_before = cluster.nodes
+
+    # A task moves on, another ends, a node loses a card, a new node comes.
+    await store.execute(
+        whole.id, lambda t: decide_transition(t, S.STARTING, actor=Actor.AGENT, report=True)
+    )
+    await store.execute(fraction.id, lambda t: decide_transition(t, S.STOPPING, actor=Actor.TENANT))
+    assert await incremental(cluster, store) == await afresh(store)
+    assert cluster.nodes is nodes_before  # no node changed: the planner may reuse its index
+
+    await store.execute_aggregate(
+        NODES, "n2", lambda _n: [GpuLost(node_id="n2", gpu_id="n2-g0", missed_heartbeats=3)]
+    )
+    await register(store, "n3")
+    await place(store, pending.id, "n3", "n3-g1")
+    got = await incremental(cluster, store)
+    assert got == await afresh(store)
+    assert [n.id for n in got[0]] == ["n1", "n2", "n3"]
+    assert cluster.nodes is not nodes_before
+
+
+async def test_learned_tasks_are_not_read_back(store: EventStore) -> None:
+    cluster = view.ClusterView()
+    await register(store, "n1")
+    (task,) = await store.create_tasks(
+        [(T, TaskSpec(name="w", image="i", gpu_required=1), None, None)]
+    )
+    await cluster.refresh(store)
+    done, _ = await store.execute_batch(
+        {
+            task.id: lambda t: decide_transition(
+                t, S.SCHEDULED, actor=Actor.SCHEDULER, node_id="n1", gpu_ids=("n1-g0",)
+            )
+        }
+    )
+    cluster.learn(done.values())
+    assert await incremental(cluster, store) == await afresh(store)
