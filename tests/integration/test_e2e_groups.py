@@ -35,24 +35,21 @@ def get_group(cluster: Cluster, group_id: str) -> dict[str, Any]:
     return dict(r.json())
 
 
-def group_statuses(cluster: Cluster, group_id: str) -> list[str]:
+def group_payloads(cluster: Cluster, group_id: str, event_type: str) -> list[dict[str, Any]]:
     with psycopg.connect(cluster.database_url) as conn:
         rows = conn.execute(
-            "SELECT payload FROM events WHERE stream_id = %s AND type = 'group_status_changed'"
-            " ORDER BY version",
-            (group_id,),
+            "SELECT payload FROM events WHERE stream_id = %s AND type = %s ORDER BY version",
+            (group_id, event_type),
         ).fetchall()
-    return [r[0]["to_status"] for r in rows]
+    return [r[0] for r in rows]
+
+
+def group_statuses(cluster: Cluster, group_id: str) -> list[str]:
+    return [p["to_status"] for p in group_payloads(cluster, group_id, "group_status_changed")]
 
 
 def recoveries(cluster: Cluster, group_id: str) -> list[str]:
-    with psycopg.connect(cluster.database_url) as conn:
-        rows = conn.execute(
-            "SELECT payload FROM events WHERE stream_id = %s AND type = 'group_recovery'"
-            " ORDER BY version",
-            (group_id,),
-        ).fetchall()
-    return [r[0]["kind"] for r in rows]
+    return [p["kind"] for p in group_payloads(cluster, group_id, "group_recovery")]
 
 
 def logs(cluster: Cluster, task_id: str) -> list[str]:
