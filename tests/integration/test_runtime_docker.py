@@ -112,7 +112,9 @@ async def test_a_killed_child_does_not_make_a_successful_task_an_oom(rt: DockerR
     h = await rt.start(spec("tail -c 200000000 /dev/zero >/dev/null; echo survived", memory_mb=32))
     report = await rt.wait(h)
     assert report.exit_code == 0 and not report.oom_killed
-    assert report.output_tail[-1] == "survived"
+    # The shell's "Killed" notice (stderr) and "survived" (stdout) are copied by the engine
+    # separately, so their order in the log is not fixed.
+    assert "survived" in report.output_tail
 
 
 async def test_missing_image_is_image_not_found_without_a_pull(rt: DockerRuntime) -> None:
