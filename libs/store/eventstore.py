@@ -327,15 +327,7 @@ class EventStore:
     async def _load_for_update(
         self, conn: AsyncConnection[Any], task_id: str, tenant_id: str | None, deleted: bool
     ) -> Task:
-        cur = await conn.execute(
-            "SELECT tenant_id, deleted_at, doc FROM tasks WHERE id = %s FOR UPDATE", (task_id,)
-        )
-        row = await cur.fetchone()
-        if row is None or (tenant_id is not None and row[0] != tenant_id):
-            raise NotFound("task")
-        if row[1] is not None and not deleted:
-            raise NotFound("task")
-        return Task.model_validate(row[2])
+        return await _visible_task(conn, task_id, tenant_id, deleted, for_update=True)
 
     async def append_stream(
         self,
@@ -374,15 +366,7 @@ class EventStore:
         self, task_id: str, *, tenant_id: str | None = None, include_deleted: bool = False
     ) -> Task:
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT tenant_id, deleted_at, doc FROM tasks WHERE id = %s", (task_id,)
-            )
-            row = await cur.fetchone()
-        if row is None or (tenant_id is not None and row[0] != tenant_id):
-            raise NotFound("task")
-        if row[1] is not None and not include_deleted:
-            raise NotFound("task")
-        return Task.model_validate(row[2])
+            return await _visible_task(conn, task_id, tenant_id, include_deleted)
 
     async def read_stream(self, stream_id: str) -> list[StoredEvent]:
         return await self._read("WHERE stream_id = %s ORDER BY version", (stream_id,))
@@ -407,6 +391,27 @@ class EventStore:
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql, params)
             return list(await cur.fetchall())
+
+
+async def _visible_task(
+    conn: AsyncConnection[Any],
+    task_id: str,
+    tenant_id: str | None,
+    include_deleted: bool,
+    *,
+    for_update: bool = False,
+) -> Task:
+    """The task as its caller may see it: another tenant's or a deleted task is NotFound."""
+    lock = " FOR UPDATE" if for_update else ""
+    cur = await conn.execute(
+        f"SELECT tenant_id, deleted_at, doc FROM tasks WHERE id = %s{lock}", (task_id,)
+    )
+    row = await cur.fetchone()
+    if row is None or (tenant_id is not None and row[0] != tenant_id):
+        raise NotFound("task")
+    if row[1] is not None and not include_deleted:
+        raise NotFound("task")
+    return Task.model_validate(row[2])
 
 
 def payload_of(stored: StoredEvent) -> Payload:
