@@ -33,7 +33,7 @@ from libs.store.projections import GROUPS
 
 from . import timeline
 from .deps import Body, Principal, Store, tenant_scope
-from .routes_tasks import _create_tenant, actor_of
+from .routes_tasks import actor_of, tenant_for_create
 from .views import task_view
 
 router = APIRouter(prefix="/api/v1/task-groups", tags=["task-groups"])
@@ -88,7 +88,7 @@ async def _tasks(store: EventStore, group_id: str) -> list[Task]:
 async def create_group(
     request: Request, principal: Principal, store: Store, body: Body
 ) -> JSONResponse:
-    tenant_id = _create_tenant(principal, request)
+    tenant_id = tenant_for_create(principal, request)
     if await queries.get_tenant(store, tenant_id) is None:
         raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
     spec: GroupSpec = parse_group(

@@ -48,7 +48,7 @@ def actor_of(principal: PrincipalT) -> Actor:
     )
 
 
-def _create_tenant(principal: PrincipalT, request: Request) -> str:
+def tenant_for_create(principal: PrincipalT, request: Request) -> str:
     if principal.is_tenant:
         assert principal.tenant_id is not None
         return principal.tenant_id
@@ -69,7 +69,7 @@ async def create_task(
     request: Request, principal: Principal, store: Store, body: Body
 ) -> JSONResponse:
     settings = request.app.state.settings
-    tenant_id = _create_tenant(principal, request)
+    tenant_id = tenant_for_create(principal, request)
     if await queries.get_tenant(store, tenant_id) is None:
         raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
     spec = parse_create(
