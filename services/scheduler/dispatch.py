@@ -88,7 +88,8 @@ class Dispatcher:
         group = Group.model_validate(rows[0]["doc"])
         members = current_members(await load_group_tasks(self.store, group.id))
         placed = {m.rank: m.node_id for m in members if m.node_id}
-        nodes = {n.id: n for n in await view.load_nodes(self.store) if n.id in placed.values()}
+        wanted = {*placed.values(), task.node_id or ""}
+        nodes = {n.id: n for n in await view.load_nodes(self.store, sorted(wanted))}
         master = nodes.get(placed.get(0) or "")
         vendor = ""
         node = nodes.get(task.node_id or "")

@@ -50,8 +50,14 @@ def to_node(doc: NodeDoc) -> Node:
     )
 
 
-async def load_nodes(store: EventStore) -> list[NodeDoc]:
-    rows = await store.fetch("SELECT doc FROM nodes ORDER BY id")
+async def load_nodes(store: EventStore, ids: Sequence[str] | None = None) -> list[NodeDoc]:
+    """Every node, or only those named by `ids`."""
+    if ids is None:
+        rows = await store.fetch("SELECT doc FROM nodes ORDER BY id")
+    else:
+        rows = await store.fetch(
+            "SELECT doc FROM nodes WHERE id = ANY(%s) ORDER BY id", [list(ids)]
+        )
     return [NodeDoc.model_validate(r["doc"]) for r in rows]
 
 
