@@ -34,17 +34,19 @@ def task_energy(
             by_card[s.gpu_id].append(s)
     cards = []
     total_wh = 0.0
-    estimated = fraction is not None and fraction < 1.0
+    # Apportioned whenever the task had less than a whole card to itself.
+    estimated = (fraction is not None and fraction < 1.0) or any(
+        p.shared_by > 1 for points in by_card.values() for p in points
+    )
     for gpu_id, points in sorted(by_card.items()):
         points.sort(key=lambda s: s.at)
         wh = 0.0
         for a, b in zip(points, points[1:], strict=False):
             dt = (b.at - a.at).total_seconds()
             if 0 < dt <= max_gap_s:
-                share = _share(a, fraction) + _share(b, fraction)
-                wh += (a.power_w or 0.0) * _share(a, fraction) * dt / 3600 / 2
-                wh += (b.power_w or 0.0) * _share(b, fraction) * dt / 3600 / 2
-                estimated = estimated or share < 2.0
+                pa = (a.power_w or 0.0) * _share(a, fraction)
+                pb = (b.power_w or 0.0) * _share(b, fraction)
+                wh += (pa + pb) / 2 * dt / 3600
         total_wh += wh
         cards.append(
             {
