@@ -131,7 +131,8 @@ class EventStore:
         except psycopg.errors.UniqueViolation:
             raise Conflict(f"stream {stream_id} moved concurrently; nothing was changed") from None
         for ev in events:
-            # Counted at insert: a rolled-back transaction over-counts (rare, documented).
+            # Counted at insert: a transaction that rolls back afterwards over-counts (see
+            # docs/operations.md, metrics).
             APPENDED.labels(ev.type).inc()
         return stored
 
