@@ -18,14 +18,17 @@ from libs.logging import configure
 SERVICES = ("api-gateway", "scheduler", "retry-engine", "event-timeline", "relay")
 
 
-def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+def _run_until_signal(name: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     async def runner() -> None:
+        from libs.looplag import watch_loop
+
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
-        await main(stop)
+        async with watch_loop(name):
+            await main(stop)
 
     asyncio.run(runner())
 
@@ -59,7 +62,7 @@ def _agent(_: argparse.Namespace) -> int:
         finally:
             await nc.drain()
 
-    _run_until_signal(main)
+    _run_until_signal(f"agent-{settings.node_id}", main)
     return 0
 
 
@@ -105,7 +108,7 @@ def _service(args: argparse.Namespace) -> int:
         finally:
             await platform.store.close()
 
-    _run_until_signal(main)
+    _run_until_signal(args.name, main)
     return 0
 
 

@@ -29,6 +29,7 @@ from libs import auth
 from libs.bus.nats import connect, ensure_streams
 from libs.config import GatewaySettings
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
+from libs.looplag import LoopLagMonitor
 from libs.service import ServiceContext
 from libs.store import queries
 from libs.store.eventstore import EventStore
@@ -257,6 +258,7 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     platform = Platform(settings)
+    lag = LoopLagMonitor(name="platform").start()
     await asyncio.to_thread(platform.start_servers)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -291,4 +293,5 @@ async def serve(
         if platform.store:
             await platform.store.close()
         await asyncio.to_thread(platform.stop_servers)
-        log.info("platform_stopped")
+        lag.stop()
+        log.info("platform_stopped", max_event_loop_lag_s=round(lag.max_lag_s, 3))
