@@ -175,8 +175,13 @@ class Agent:
         declared = [g for g in self.inventory.gpus if g.declared]
         while not stop.is_set():
             self.seq += 1
-            visible = visible_gpu_ids(
-                declared, self.settings.resolved_state_dir(), detect=self.settings.detect_nvidia
+            # NVML calls block (nvmlInit alone can take a second on a card without
+            # persistence mode): keep them off the event loop.
+            visible = await asyncio.to_thread(
+                visible_gpu_ids,
+                declared,
+                self.settings.resolved_state_dir(),
+                detect=self.settings.detect_nvidia,
             )
             hb = Heartbeat(
                 node_id=self.node_id,
@@ -399,11 +404,16 @@ async def run_agent(
 
     state_dir = settings.resolved_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
-    kind = runtime.name if runtime else choose_runtime_kind(settings.runtime)
+    # The docker ping and NVML discovery are blocking calls; in `heteroflow up` the agent
+    # shares its event loop with the API, so they run in a thread.
+    kind = (
+        runtime.name if runtime else await asyncio.to_thread(choose_runtime_kind, settings.runtime)
+    )
     runtime = runtime or create_runtime(
         kind, state_dir=state_dir, docker_options={"owner": settings.node_id}
     )
-    inventory = detect_inventory(
+    inventory = await asyncio.to_thread(
+        detect_inventory,
         settings.node_id,
         declared=settings.declared_gpus or None,
         labels=settings.node_labels,

@@ -10,6 +10,7 @@ both surface as `Conflict` and leave nothing written.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -56,6 +57,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _migrate(url: str) -> list[int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return migrate(conn)
+
+
 def new_task_id() -> TaskId:
     return TaskId("task-" + uuid.uuid4().hex[:20])
 
@@ -69,9 +75,11 @@ class EventStore:
 
     @classmethod
     async def open(cls, url: str, *, min_size: int = 1, max_size: int = 10) -> EventStore:
-        """Run migrations, then open a connection pool."""
-        with psycopg.connect(url, autocommit=True) as conn:
-            applied = migrate(conn)
+        """Run migrations, then open a connection pool.
+
+        Migrations use a synchronous connection and wait on an advisory lock, so they run in
+        a thread: in `heteroflow up` every service shares the API's event loop."""
+        applied = await asyncio.to_thread(_migrate, url)
         if applied:
             log.info("schema_migrated", versions=applied)
         pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False)
