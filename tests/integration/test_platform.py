@@ -26,7 +26,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Every HTTP call says how long it may wait. A platform that answers a read in more than
+# READ_TIMEOUT_S is broken, not slow; starting embedded servers is allowed longer.
+READ_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
+READY_TIMEOUT_S = 60.0
+RUN_TIMEOUT_S = 40.0
+STOP_TIMEOUT_S = 60.0
+
+
 def _start(home: Path, port: int) -> subprocess.Popen[bytes]:
+    """`heteroflow up` with its output in a file: a pipe nobody reads fills up (64 KiB) and
+    then blocks the platform on its next log line, which looks exactly like a stalled API."""
     env = os.environ | {
         "HETEROFLOW_HOME": str(home),
         "HETEROFLOW_PORT": str(port),
@@ -35,29 +45,41 @@ def _start(home: Path, port: int) -> subprocess.Popen[bytes]:
     env.pop("HETEROFLOW_NATS_URL", None)
     env.pop("HETEROFLOW_DATABASE_URL", None)
     exe = Path(sys.executable).parent / "heteroflow"
-    return subprocess.Popen(
-        [str(exe), "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    home.mkdir(parents=True, exist_ok=True)
+    out = (home.parent / "up.log").open("ab")
+    return subprocess.Popen([str(exe), "up"], env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+def _output(home: Path) -> str:
+    path = home.parent / "up.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], home: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        assert proc.poll() is None, _output(home)[-3000:]
         try:
             if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise AssertionError("platform did not become ready")
+    raise AssertionError("platform did not become ready:\n" + _output(home)[-3000:])
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> str:
+def _stop(proc: subprocess.Popen[bytes], home: Path) -> str:
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out.decode()[-3000:]
-    return out.decode()
+    proc.wait(timeout=STOP_TIMEOUT_S)
+    out = _output(home)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def _client(url: str, key: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=READ_TIMEOUT
+    )
 
 
 @pytest.fixture
@@ -73,33 +95,28 @@ def test_up_creates_credentials_serves_tasks_and_survives_restart(home: Path) ->
     url = f"http://127.0.0.1:{port}"
     proc = _start(home, port)
     try:
-        _wait_ready(url, proc)
+        _wait_ready(url, proc, home)
         creds_file = home / "credentials.json"
         assert creds_file.stat().st_mode & 0o777 == 0o600
         creds = json.loads(creds_file.read_text())
         assert {"operator_token", "agent_token", "tenant_api_key", "url"} <= creds.keys()
         assert creds["url"] == url
-        headers = {"Authorization": f"Bearer {creds['tenant_api_key']}"}
-        r = httpx.post(
-            f"{url}/api/v1/tasks",
-            headers=headers,
-            json={"name": "hello", "image": "busybox:latest", "command": "echo hi"},
-        )
-        assert r.status_code == 201, r.text
-        task_id = r.json()["id"]
-        listed = httpx.get(f"{url}/api/v1/tasks", headers=headers).json()
-        assert [t["id"] for t in listed["tasks"]] == [task_id]
-        # The local agent runs it (docker when an engine answers, else a process).
-        deadline = time.monotonic() + 40
-        while (
-            httpx.get(f"{url}/api/v1/tasks/{task_id}", headers=headers).json()["status"]
-            != "completed"
-        ):
-            assert time.monotonic() < deadline, "the local agent did not run the task"
-            time.sleep(0.3)
-        logs = httpx.get(f"{url}/api/v1/tasks/{task_id}/logs", headers=headers).json()
-        assert logs["logs"] == ["hi"]
-        metrics = httpx.get(f"{url}/metrics").text
+        with _client(url, creds["tenant_api_key"]) as api:
+            r = api.post(
+                "/api/v1/tasks",
+                json={"name": "hello", "image": "busybox:latest", "command": "echo hi"},
+            )
+            assert r.status_code == 201, r.text
+            task_id = r.json()["id"]
+            listed = api.get("/api/v1/tasks").json()
+            assert [t["id"] for t in listed["tasks"]] == [task_id]
+            # The local agent runs it (docker when an engine answers, else a process).
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            while api.get(f"/api/v1/tasks/{task_id}").json()["status"] != "completed":
+                assert time.monotonic() < deadline, "the local agent did not run the task"
+                time.sleep(0.3)
+            assert api.get(f"/api/v1/tasks/{task_id}/logs").json()["logs"] == ["hi"]
+            metrics = api.get("/metrics").text
         for name in (
             "heteroflow_events_appended_total",
             "heteroflow_relay_lag_events",
@@ -109,21 +126,73 @@ def test_up_creates_credentials_serves_tasks_and_survives_restart(home: Path) ->
             "heteroflow_nodes",
             "heteroflow_gpus",
             "heteroflow_pending_tasks",
+            "heteroflow_event_loop_lag_seconds",
         ):
             assert name in metrics, name
     finally:
-        out = _stop(proc)
+        out = _stop(proc, home)
     assert "credentials.json" in out and "curl" in out
 
     proc = _start(home, port)
     try:
-        _wait_ready(url, proc)
+        _wait_ready(url, proc, home)
         again = json.loads((home / "credentials.json").read_text())
         assert again["tenant_api_key"] == creds["tenant_api_key"]
-        headers = {"Authorization": f"Bearer {again['tenant_api_key']}"}
-        got = httpx.get(f"{url}/api/v1/tasks/{task_id}", headers=headers)
-        assert got.status_code == 200 and got.json()["name"] == "hello"
-        op = {"Authorization": f"Bearer {again['operator_token']}"}
-        assert httpx.get(f"{url}/api/v1/tenants", headers=op).status_code == 200
+        with _client(url, again["tenant_api_key"]) as api:
+            got = api.get(f"/api/v1/tasks/{task_id}")
+            assert got.status_code == 200 and got.json()["name"] == "hello"
+        with _client(url, again["operator_token"]) as op:
+            assert op.get("/api/v1/tenants").status_code == 200
     finally:
-        _stop(proc)
+        _stop(proc, home)
+
+
+POLL_INTERVAL_S = 0.1
+POLL_LIMIT_S = 1.0
+BURST = 50
+BURST_TIMEOUT_S = 180.0
+
+
+def test_api_answers_within_a_second_while_the_local_agent_runs_fifty_tasks(home: Path) -> None:
+    """The API shares `heteroflow up`'s event loop with the scheduler, the relay and the local
+    agent: a blocking call in any of them stalls every request. Poll a task every 100 ms
+    while 50 tasks run through the local agent; no poll may take a second."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(home, port)
+    try:
+        _wait_ready(url, proc, home)
+        creds = json.loads((home / "credentials.json").read_text())
+        with _client(url, creds["tenant_api_key"]) as api:
+            ids = []
+            for i in range(BURST):
+                r = api.post(
+                    "/api/v1/tasks",
+                    json={"name": f"burst-{i}", "image": "busybox:latest", "command": "echo hi"},
+                )
+                assert r.status_code == 201, r.text
+                ids.append(r.json()["id"])
+            polls: list[tuple[float, str]] = []
+            status: dict[str, str] = {}
+            deadline = time.monotonic() + BURST_TIMEOUT_S
+            while len([s for s in status.values() if s == "completed"]) < BURST:
+                assert time.monotonic() < deadline, f"not all tasks completed: {status}"
+                for task_id in ids:  # one poll per tick, round robin over unfinished tasks
+                    if status.get(task_id) == "completed":
+                        continue
+                    started = time.monotonic()
+                    r = api.get(f"/api/v1/tasks/{task_id}")
+                    polls.append((time.monotonic() - started, task_id))
+                    assert r.status_code == 200, r.text
+                    status[task_id] = r.json()["status"]
+                    assert status[task_id] not in ("failed", "cancelled"), r.json()
+                    time.sleep(POLL_INTERVAL_S)
+                    break
+    finally:
+        out = _stop(proc, home)
+    slowest = max(polls)
+    stalls = [line for line in out.splitlines() if "event_loop_stalled" in line]
+    assert slowest[0] < POLL_LIMIT_S, (
+        f"a poll took {slowest[0]:.2f} s ({slowest[1]}); stalls logged:\n" + "\n".join(stalls)
+    )
+    assert len(polls) > 20
