@@ -62,12 +62,12 @@ class Inventory(BaseModel):
 # -- NVIDIA ---------------------------------------------------------------------------------
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @contextmanager
-def _nvml_session(nvml: Any | None) -> Iterator[Any | None]:
+def nvml_session(nvml: Any | None) -> Iterator[Any | None]:
     """Yield an initialised NVML module, or None when the library or driver is absent."""
     lib: Any = nvml
     if lib is None:
@@ -105,7 +105,7 @@ def detect_nvidia(nvml: Any | None = None) -> list[GpuInfo]:
     """NVIDIA cards through NVML; [] when NVML is absent. A card that fails to answer is
     left out (so it reads as unseen), never an exception. `nvml`: a stand-in for tests."""
     gpus: list[GpuInfo] = []
-    with _nvml_session(nvml) as lib:
+    with nvml_session(nvml) as lib:
         if lib is None:
             return []
         try:
@@ -120,9 +120,9 @@ def detect_nvidia(nvml: Any | None = None) -> list[GpuInfo]:
                 gpus.append(
                     GpuInfo(
                         index=index,
-                        uuid=_text(lib.nvmlDeviceGetUUID(handle)),
+                        uuid=nvml_text(lib.nvmlDeviceGetUUID(handle)),
                         vendor="nvidia",
-                        model=_text(lib.nvmlDeviceGetName(handle)),
+                        model=nvml_text(lib.nvmlDeviceGetName(handle)),
                         vram_mb=int(lib.nvmlDeviceGetMemoryInfo(handle).total) // _MIB,
                         mig_capable=mig_capable,
                         mig_enabled=mig_enabled,
@@ -135,7 +135,7 @@ def detect_nvidia(nvml: Any | None = None) -> list[GpuInfo]:
 
 def _nvidia_uuids(nvml: Any | None) -> list[str]:
     uuids: list[str] = []
-    with _nvml_session(nvml) as lib:
+    with nvml_session(nvml) as lib:
         if lib is None:
             return []
         try:
@@ -144,7 +144,9 @@ def _nvidia_uuids(nvml: Any | None) -> list[str]:
             return []
         for index in range(count):
             try:
-                uuids.append(_text(lib.nvmlDeviceGetUUID(lib.nvmlDeviceGetHandleByIndex(index))))
+                uuids.append(
+                    nvml_text(lib.nvmlDeviceGetUUID(lib.nvmlDeviceGetHandleByIndex(index)))
+                )
             except Exception:  # noqa: BLE001 - an unreadable card is an unseen card
                 continue
     return uuids

@@ -1,4 +1,4 @@
-"""GPU telemetry through NVML: utilisation, memory and power per card, for running tasks.
+"""GPU telemetry sampling through NVML: utilisation, memory and power per card, for running tasks.
 
 Only cards NVML can see report numbers. Declared cards (other vendors, tests) report
 nothing: a missing sample is honest, a made-up one is not.
@@ -11,33 +11,13 @@ from datetime import datetime
 from typing import Any
 
 import structlog
-from pydantic import BaseModel, ConfigDict
 
-from .inventory import _nvml_session, _text
+from libs.domain.telemetry import GpuSample
+
+from .inventory import nvml_session, nvml_text
 
 log = structlog.get_logger(__name__)
 _MIB = 1024 * 1024
-
-
-class GpuSample(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    gpu_id: str
-    task_ids: tuple[str, ...]
-    utilization_pct: float
-    memory_used_mb: float
-    memory_total_mb: float
-    power_w: float | None  # some boards do not report power
-    at: datetime
-
-
-class TelemetryBatch(BaseModel):
-    """What an agent publishes on `hf.node.<id>.telemetry` (core NATS)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    node_id: str
-    samples: tuple[GpuSample, ...]
 
 
 def sample(holders: dict[str, list[str]], at: datetime, nvml: Any | None = None) -> list[GpuSample]:
@@ -45,13 +25,13 @@ def sample(holders: dict[str, list[str]], at: datetime, nvml: Any | None = None)
     if not holders:
         return []
     out: list[GpuSample] = []
-    with _nvml_session(nvml) as lib:
+    with nvml_session(nvml) as lib:
         if lib is None:
             return []
         for index in range(int(lib.nvmlDeviceGetCount())):
             try:
                 handle = lib.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(lib.nvmlDeviceGetUUID(handle))
+                uuid = nvml_text(lib.nvmlDeviceGetUUID(handle))
                 if uuid not in holders:
                     continue
                 util = lib.nvmlDeviceGetUtilizationRates(handle)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import structlog
 from nats.aio.msg import Msg
 
-from agent.telemetry import TelemetryBatch
+from libs.domain.telemetry import TelemetryBatch
 from libs.store.eventstore import EventStore
 
 log = structlog.get_logger(__name__)

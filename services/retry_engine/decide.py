@@ -15,10 +15,9 @@ from typing import Any
 
 from libs.domain.commands import decide_transition
 from libs.domain.events import Payload, TaskRetryDecided
+from libs.domain.failure import Failure, FailureClass, classify
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import RetryStrategy, Task, TaskType
-
-from .classifier import Failure, FailureClass, classify
 
 
 @dataclass(frozen=True)

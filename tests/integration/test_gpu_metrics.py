@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent.telemetry import GpuSample, TelemetryBatch
+from libs.domain.telemetry import GpuSample, TelemetryBatch
 from services.event_timeline.telemetry import TelemetrySink
 
 from .helpers import Api

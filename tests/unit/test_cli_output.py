@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from libs.cli import build_parser
-from libs.cli_user import commands, events
-from libs.cli_user import output as out
-from libs.cli_user.client import (
+from heteroflow.cli import build_parser
+from heteroflow.cli_user import commands, events
+from heteroflow.cli_user import output as out
+from heteroflow.cli_user.client import (
     EXIT_NOT_FOUND,
     EXIT_UNREACHABLE,
     Client,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.retry_engine.classifier import FailureClass, classify
+from libs.domain.failure import FailureClass, classify
 
 C = FailureClass
 

@@ -11,8 +11,8 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
-from libs.cli_ops import OPS, build_ops_parser
-from libs.cli_user import register_user_commands
+from heteroflow.cli_ops import OPS, build_ops_parser
+from heteroflow.cli_user import register_user_commands
 from libs.logging import configure
 
 SERVICES = ("api-gateway", "scheduler", "retry-engine", "event-timeline", "relay")
@@ -34,7 +34,7 @@ def _run_until_signal(name: str, main: Callable[[asyncio.Event], Awaitable[None]
 
 
 def _up(_: argparse.Namespace) -> int:
-    from libs.platform import PlatformSettings, serve
+    from heteroflow.platform import PlatformSettings, serve
 
     settings = PlatformSettings()
     configure(settings.log_level, settings.log_format)
@@ -67,7 +67,7 @@ def _agent(_: argparse.Namespace) -> int:
 
 
 def _service(args: argparse.Namespace) -> int:
-    from libs.platform import (
+    from heteroflow.platform import (
         Platform,
         PlatformSettings,
         run_gateway,
