@@ -45,11 +45,13 @@ from libs.domain.protocol import (
 )
 from libs.domain.states import TaskStatus
 from libs.domain.task import TaskSpec
+from libs.domain.telemetry import TelemetryBatch
+from libs.periodic import periodic
 
 from .boost import boost_memory
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
 from .runtimes.base import LABEL_NODE, ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
-from .telemetry import TelemetryBatch, holders_of, sample
+from .telemetry import holders_of, sample
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -173,7 +175,8 @@ class Agent:
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         declared = [g for g in self.inventory.gpus if g.declared]
-        while not stop.is_set():
+
+        async def beat() -> None:
             self.seq += 1
             # NVML calls block (nvmlInit alone can take a second on a card without
             # persistence mode): keep them off the event loop.
@@ -190,28 +193,27 @@ class Agent:
                 tasks=sorted(self.tracked),
                 at=_now(),
             )
-            with contextlib.suppress(Exception):
-                await self.nc.publish(
-                    node_heartbeat_subject(self.node_id), hb.model_dump_json().encode()
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.heartbeat_interval_s)
+            await self.nc.publish(
+                node_heartbeat_subject(self.node_id), hb.model_dump_json().encode()
+            )
+
+        await periodic("heartbeat", beat, stop, self.settings.heartbeat_interval_s)
 
     async def _telemetry(self, stop: asyncio.Event) -> None:
         """NVML samples of the cards running tasks hold; nothing for declared cards."""
         if not self.settings.detect_nvidia:
             return
-        while not stop.is_set():
+
+        async def sample_once() -> None:
             holders = holders_of((tid, t.gpu_ids) for tid, t in self.tracked.items())
             samples = await asyncio.to_thread(sample, holders, _now())
             if samples:
                 batch = TelemetryBatch(node_id=self.node_id, samples=tuple(samples))
-                with contextlib.suppress(Exception):
-                    await self.nc.publish(
-                        node_telemetry_subject(self.node_id), batch.model_dump_json().encode()
-                    )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.telemetry_interval_s)
+                await self.nc.publish(
+                    node_telemetry_subject(self.node_id), batch.model_dump_json().encode()
+                )
+
+        await periodic("telemetry", sample_once, stop, self.settings.telemetry_interval_s)
 
     # --- commands ----------------------------------------------------------------------
 

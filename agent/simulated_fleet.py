@@ -19,7 +19,6 @@ child process, say, as nodes are other machines) steered by requests on a contro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from libs.domain.protocol import (
     Registration,
 )
 from libs.domain.states import TaskStatus
+from libs.periodic import periodic
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -194,13 +194,7 @@ class SimulatedFleet:
         await self.nc.flush()
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.beat()
-            except Exception:
-                log.exception("fleet_heartbeat_failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.heartbeat_interval_s)
+        await periodic("fleet_heartbeat", self.beat, stop, self.heartbeat_interval_s)
 
     async def on_command(self, msg: Msg) -> None:
         cmd = NodeCommand.model_validate_json(msg.data)

@@ -10,7 +10,6 @@ end: history is never back-filled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Sequence
 from datetime import timedelta
@@ -26,6 +25,7 @@ from libs.bus.consume import consume
 from libs.bus.subjects import EVENTS_STREAM, EVENTS_SUBJECTS, NODE_PREFIX
 from libs.config import CommonSettings
 from libs.domain.states import GPU_HOLDING
+from libs.periodic import periodic
 from libs.service import ServiceContext
 from libs.store.eventstore import EventStore
 
@@ -137,20 +137,19 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettin
         f"{NODE_PREFIX}.*.telemetry", queue="telemetry", cb=sink.handle
     )
 
-    async def purge_loop() -> None:
-        while not stop.is_set():
-            try:
-                await sink.purge(settings.timeline_retention_days)
-                purged = await timeline.purge()
-                if purged:
-                    log.info("timeline_purged", entries=purged)
-            except Exception:
-                log.exception("timeline_purge_failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), settings.timeline_purge_interval_s)
+    async def purge() -> None:
+        await sink.purge(settings.timeline_retention_days)
+        purged = await timeline.purge()
+        if purged:
+            log.info("timeline_purged", entries=purged)
 
     try:
-        await _serve(ctx, stop, timeline, purge_loop())
+        await _serve(
+            ctx,
+            stop,
+            timeline,
+            periodic("timeline_purge", purge, stop, settings.timeline_purge_interval_s),
+        )
     finally:
         await telemetry_sub.unsubscribe()
 

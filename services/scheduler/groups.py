@@ -8,7 +8,6 @@ transitions with compare-and-set. A scan that finds nothing to do writes nothing
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,13 +16,14 @@ import structlog
 
 from libs.domain import commands
 from libs.domain.events import Payload
+from libs.domain.failure import FailureClass, classify
 from libs.domain.group import GROUP_TERMINAL, Group
 from libs.domain.group_control import GroupActions, GroupPolicy, decide_group
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskSpec
+from libs.periodic import periodic
 from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import GROUPS
-from services.retry_engine.classifier import FailureClass, classify
 
 log = structlog.get_logger(__name__)
 
@@ -158,13 +158,12 @@ async def run_groups(
     """Status and replica self-heal every `interval_s`; inference rebuilds every 10 s."""
     last_rebuild = 0.0
     loop = asyncio.get_running_loop()
-    while not stop.is_set():
+
+    async def scan() -> None:
+        nonlocal last_rebuild
         rebuild = loop.time() - last_rebuild >= rebuild_every_s
-        try:
-            await controller.scan(allow_rebuild=rebuild)
-        except Exception:
-            log.exception("group_scan_failed")
         if rebuild:
             last_rebuild = loop.time()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval_s)
+        await controller.scan(allow_rebuild=rebuild)
+
+    await periodic("group_scan", scan, stop, interval_s)

@@ -8,7 +8,6 @@ the moment it took over, so a failover never declares the whole fleet dead at on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +33,7 @@ from libs.domain.node import (
 from libs.domain.protocol import Heartbeat
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task
+from libs.periodic import periodic
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 
@@ -104,13 +104,7 @@ class NodeMonitor:
         await self.refresh()
         sub = await self.nc.subscribe(f"{NODE_PREFIX}.*.heartbeat", cb=self._on_msg)
         try:
-            while not stop.is_set():
-                try:
-                    await self.tick()
-                except Exception:
-                    log.exception("node_monitor_tick_failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), tick_s)
+            await periodic("node_monitor_tick", self.tick, stop, tick_s)
         finally:
             await sub.unsubscribe()
 

@@ -21,6 +21,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from libs.domain import commands
 from libs.domain.states import GPU_HOLDING, Actor, TaskStatus
 from libs.domain.task import Task
+from libs.periodic import periodic
 from libs.store.eventstore import EventStore
 
 from . import view
@@ -193,17 +194,9 @@ async def run_placement(
     placer: Placer, stop: asyncio.Event, wake: asyncio.Event, idle_s: float = 0.5
 ) -> None:
     """Rounds back to back while there is work; otherwise wait for a wake-up or `idle_s`."""
-    while not stop.is_set():
-        try:
-            result = await placer.round()
-        except Exception:
-            log.exception("scheduling_round_failed")
-            result = RoundResult()
-            await asyncio.sleep(1.0)
-        if result.placed or result.preempted:
-            continue
-        wake.clear()
-        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
-        await asyncio.wait(waiters, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED)
-        for w in waiters:
-            w.cancel()
+
+    async def round_() -> bool:
+        result = await placer.round()
+        return bool(result.placed or result.preempted)
+
+    await periodic("scheduling_round", round_, stop, idle_s, wake=wake, error_backoff_s=1.0)
