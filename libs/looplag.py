@@ -32,7 +32,8 @@ LOOP_LAG = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 
-_STACK_FRAMES = 12
+_STACK_FRAMES = 40
+_LIBRARIES = ("site-packages", "/lib/python3")
 
 
 def _stack_of(thread_id: int) -> list[str]:
@@ -42,6 +43,14 @@ def _stack_of(thread_id: int) -> list[str]:
         return []
     summary = traceback.extract_stack(frame)[-_STACK_FRAMES:]
     return [f"{f.filename}:{f.lineno} in {f.name}" for f in summary]
+
+
+def _own_frame(stack: list[str]) -> str:
+    """The innermost frame of our own code: the call to fix, below it only libraries."""
+    for line in reversed(stack):
+        if not any(part in line for part in _LIBRARIES):
+            return line
+    return stack[-1] if stack else ""
 
 
 class LoopLagMonitor:
@@ -92,7 +101,8 @@ class LoopLagMonitor:
                     "event_loop_stalled",
                     process=self.name,
                     lag_s=round(lag, 3),
-                    blocking_call=stack[-1] if stack else "",
+                    blocking_call=_own_frame(stack),
+                    innermost=stack[-1] if stack else "",
                     stack=stack,
                 )
 

@@ -41,7 +41,12 @@ def settle(cluster: Cluster, task_id: str, timeout: float = 60) -> dict[str, Any
         task = cluster.task(task_id)
         if task["status"] == "completed":
             return True
-        return task["status"] == "failed" and len(decisions(cluster, task_id)) > task["retry_count"]
+        # Read after the task: a decision to give up on this very attempt means nothing moves
+        # it any more (a retry decision commits with the move to pending, in one transaction).
+        return task["status"] == "failed" and any(
+            d["attempt"] == task["retry_count"] and d["action"] == "give_up"
+            for d in decisions(cluster, task_id)
+        )
 
     cluster.wait(done, f"{task_id} settled", timeout)
     return cluster.task(task_id)
