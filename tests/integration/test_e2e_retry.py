@@ -41,7 +41,9 @@ def settle(cluster: Cluster, task_id: str, timeout: float = 60) -> dict[str, Any
         task = cluster.task(task_id)
         if task["status"] == "completed":
             return True
-        return task["status"] == "failed" and len(decisions(cluster, task_id)) > task["retry_count"]
+        return bool(
+            task["status"] == "failed" and len(decisions(cluster, task_id)) > task["retry_count"]
+        )
 
     cluster.wait(done, f"{task_id} settled", timeout)
     return cluster.task(task_id)
