@@ -46,6 +46,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        # As uvicorn binds: a dead child's connections in TIME_WAIT do not make it busy.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 @dataclass
 class Child:
     """One supervised process: what to run and what it is doing now."""
@@ -79,9 +90,20 @@ def children(
 
 
 class Supervisor:
-    def __init__(self, kids: list[Child], state_file: Path) -> None:
+    def __init__(
+        self,
+        kids: list[Child],
+        state_file: Path,
+        *,
+        first_backoff_s: float = FIRST_BACKOFF_S,
+        max_backoff_s: float = MAX_BACKOFF_S,
+        stop_grace_s: float = STOP_GRACE_S,
+    ) -> None:
         self.children = kids
         self.state_file = state_file
+        self.first_backoff_s = first_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.stop_grace_s = stop_grace_s
 
     async def run(self, stop: asyncio.Event) -> None:
         """Keep every child running until `stop`; then stop them all."""
@@ -105,8 +127,11 @@ class Supervisor:
         return False
 
     async def _keep(self, child: Child, stop: asyncio.Event) -> None:
-        delay = FIRST_BACKOFF_S
+        delay = self.first_backoff_s
         while not stop.is_set():
+            if child.restarts and not _port_free(child.probe_port):
+                child.probe_port = free_port()  # someone took it while the child was down
+                child.env = child.env | {"HETEROFLOW_METRICS_PORT": str(child.probe_port)}
             started = time.monotonic()
             child.proc = await asyncio.create_subprocess_exec(*child.argv, env=child.env)
             self._write_state()
@@ -117,11 +142,11 @@ class Supervisor:
             stopping.cancel()
             if not exited.done():
                 exited.cancel()
-                await terminate(child.proc, STOP_GRACE_S)
+                await terminate(child.proc, self.stop_grace_s)
                 log.info("service_process_stopped", service=child.name, rc=child.proc.returncode)
                 return
             if time.monotonic() - started > HEALTHY_AFTER_S:
-                delay = FIRST_BACKOFF_S
+                delay = self.first_backoff_s
             log.warning(
                 "service_process_exited",
                 service=child.name,
@@ -131,7 +156,7 @@ class Supervisor:
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
-            delay = min(delay * 2, MAX_BACKOFF_S)
+            delay = min(delay * 2, self.max_backoff_s)
             child.restarts += 1
 
     def _write_state(self) -> None:
