@@ -18,25 +18,46 @@ from libs.logging import configure
 SERVICES = ("api-gateway", "scheduler", "retry-engine", "event-timeline", "relay")
 
 
-def _run_until_signal(name: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+def _run_until_signal(
+    name: str,
+    main: Callable[[asyncio.Event], Awaitable[None]],
+    probe: tuple[int, Callable[[], Awaitable[list[str]]]] | None = None,
+) -> None:
+    """Run `main` until SIGINT/SIGTERM (or, in a child of `up --processes`, until the parent
+    is gone), serving the probe port (/readyz, /metrics) meanwhile when one is given."""
+
     async def runner() -> None:
+        import structlog
+
+        from heteroflow.probe import serve_probe
+        from heteroflow.processes import watch_parent
         from libs.looplag import watch_loop
 
+        structlog.contextvars.bind_contextvars(process=name)  # names the sender of each line
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
-        async with watch_loop(name):
+        orphan_guard = asyncio.create_task(watch_parent(stop))
+        port, unmet = probe or (0, _nothing_missing)
+        async with watch_loop(name), serve_probe(port, unmet):
             await main(stop)
+        orphan_guard.cancel()
 
     asyncio.run(runner())
 
 
-def _up(_: argparse.Namespace) -> int:
+async def _nothing_missing() -> list[str]:
+    return []
+
+
+def _up(args: argparse.Namespace) -> int:
     from heteroflow.platform import PlatformSettings, serve
 
     settings = PlatformSettings()
+    if args.processes:
+        settings.processes = True
     configure(settings.log_level, settings.log_format)
     asyncio.run(serve(settings))
     return 0
@@ -44,7 +65,9 @@ def _up(_: argparse.Namespace) -> int:
 
 def _agent(_: argparse.Namespace) -> int:
     from agent.service import AgentSettings, run_agent
+    from heteroflow.probe import agent_consumers, readiness
     from libs.bus.nats import connect, ensure_streams
+    from libs.health import READINESS
 
     settings = AgentSettings()
     configure(settings.log_level, settings.log_format)
@@ -55,6 +78,7 @@ def _agent(_: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> None:
         nc = await connect(url, f"agent-{settings.node_id}")
+        READINESS.require("agent: nats connected", lambda: nc.is_connected)
         js = nc.jetstream()
         await ensure_streams(js)
         try:
@@ -62,7 +86,8 @@ def _agent(_: argparse.Namespace) -> int:
         finally:
             await nc.drain()
 
-    _run_until_signal(f"agent-{settings.node_id}", main)
+    unmet = readiness(agent_consumers(settings.node_id))
+    _run_until_signal(f"agent-{settings.node_id}", main, (settings.metrics_port, unmet))
     return 0
 
 
@@ -76,6 +101,7 @@ def _service(args: argparse.Namespace) -> int:
         run_scheduler,
         run_timeline,
     )
+    from heteroflow.probe import CONSUMERS, readiness
     from libs.store.eventstore import EventStore
 
     settings = PlatformSettings()
@@ -94,21 +120,18 @@ def _service(args: argparse.Namespace) -> int:
         "relay": run_relay,
     }[args.name]
 
-    if settings.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(settings.metrics_port, addr="127.0.0.1")
+    platform = Platform(settings)
+    platform.start_servers()  # resolves the configured URLs; starts nothing embedded
 
     async def main(stop: asyncio.Event) -> None:
-        platform = Platform(settings)
-        platform.start_servers()  # resolves the configured URLs; starts nothing embedded
         platform.store = await EventStore.open(platform.database_url)
         try:
             await runner(platform, stop)
         finally:
             await platform.store.close()
 
-    _run_until_signal(args.name, main)
+    unmet = readiness(CONSUMERS[args.name], lambda: platform.store)
+    _run_until_signal(args.name, main, (settings.metrics_port, unmet))
     return 0
 
 
@@ -120,10 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser(
         "up", help="start the platform (embedded NATS + PostgreSQL unless URLs are configured)"
     )
+    up.add_argument(
+        "--processes",
+        action="store_true",
+        help="run each service and the local agent as its own child process "
+        "(also HETEROFLOW_PROCESSES=true)",
+    )
     up.set_defaults(func=_up)
     agent = sub.add_parser("agent", help="run a node agent (HETEROFLOW_NODE_ID, _NATS_URL, ...)")
     agent.set_defaults(func=_agent)
-    service = sub.add_parser("service", help="run one control-plane service")
+    service = sub.add_parser(
+        "service",
+        help="run one control-plane service (/readyz and /metrics on HETEROFLOW_METRICS_PORT)",
+    )
     service.add_argument("name", choices=SERVICES)
     service.set_defaults(func=_service)
     register_user_commands(parser, sub)

@@ -1,9 +1,11 @@
 """`heteroflow up`: the whole platform on one machine.
 
 With no URLs configured it starts an embedded NATS server and an embedded PostgreSQL under
-the state directory, then every service in this process. On first start it creates an
-operator token, an agent key and a `default` tenant with an API key, and writes them to
-`credentials.json` (mode 0600). Data survive a restart; SIGINT/SIGTERM stop everything.
+the state directory, then every service in this process, or, with `--processes`
+(HETEROFLOW_PROCESSES=true), each service and the local agent as a supervised child process
+(heteroflow/processes.py). On first start it creates an operator token, an agent key and a
+`default` tenant with an API key, and writes them to `credentials.json` (mode 0600). Data
+survive a restart; SIGINT/SIGTERM stop everything.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import uvicorn
 from pydantic import Field, SecretStr
 
 from agent.service import AgentSettings, run_agent
+from heteroflow.processes import Supervisor, children
 from libs import auth
 from libs.bus.nats import connect, ensure_streams
 from libs.config import GatewaySettings
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
+from libs.health import READINESS
 from libs.looplag import LoopLagMonitor
 from libs.service import ServiceContext
 from libs.store import queries
@@ -52,6 +56,9 @@ class PlatformSettings(GatewaySettings):
 
     nats_port: int = Field(default=0, description="embedded NATS port; 0 = 4222 if free")
     local_agent: bool = Field(default=True, description="start one agent for this machine")
+    processes: bool = Field(
+        default=False, description="run each service and the local agent as a child process"
+    )
 
 
 @dataclass
@@ -170,6 +177,8 @@ async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
     server = _Server(
         uvicorn.Config(app, host=s.host, port=s.port, log_config=None, access_log=False)
     )
+    READINESS.require("api-gateway: nats connected", lambda: nc.is_connected)
+    READINESS.require("api-gateway: http listening", lambda: server.started)
     task = asyncio.create_task(server.serve())
     await stop.wait()
     server.should_exit = True
@@ -179,6 +188,7 @@ async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
 
 async def run_relay(platform: Platform, stop: asyncio.Event) -> None:
     nc = await connect(platform.nats_url, "outbox-relay")
+    READINESS.require("relay: nats connected", lambda: nc.is_connected)
     js = nc.jetstream()
     await ensure_streams(js)
     async with OutboxRelay(platform.database_url, js) as relay:
@@ -186,8 +196,14 @@ async def run_relay(platform: Platform, stop: asyncio.Event) -> None:
     await nc.drain()
 
 
+async def _open_context(platform: Platform, name: str) -> ServiceContext:
+    ctx = await ServiceContext.open(platform.database_url, platform.nats_url, name)
+    READINESS.require(f"{name}: nats connected", lambda: ctx.nc.is_connected)
+    return ctx
+
+
 async def run_scheduler(platform: Platform, stop: asyncio.Event) -> None:
-    ctx = await ServiceContext.open(platform.database_url, platform.nats_url, "scheduler")
+    ctx = await _open_context(platform, "scheduler")
     try:
         await scheduler_service.run(ctx, stop, SchedulerSettings())
     finally:
@@ -195,7 +211,7 @@ async def run_scheduler(platform: Platform, stop: asyncio.Event) -> None:
 
 
 async def run_retry_engine(platform: Platform, stop: asyncio.Event) -> None:
-    ctx = await ServiceContext.open(platform.database_url, platform.nats_url, "retry-engine")
+    ctx = await _open_context(platform, "retry-engine")
     try:
         await retry_service.run(ctx, stop, RetrySettings())
     finally:
@@ -203,7 +219,7 @@ async def run_retry_engine(platform: Platform, stop: asyncio.Event) -> None:
 
 
 async def run_timeline(platform: Platform, stop: asyncio.Event) -> None:
-    ctx = await ServiceContext.open(platform.database_url, platform.nats_url, "event-timeline")
+    ctx = await _open_context(platform, "event-timeline")
     try:
         await timeline_service.run(ctx, stop, TimelineSettings())
     finally:
@@ -213,6 +229,7 @@ async def run_timeline(platform: Platform, stop: asyncio.Event) -> None:
 async def run_local_agent(platform: Platform, stop: asyncio.Event) -> None:
     settings = AgentSettings()
     nc = await connect(platform.nats_url, f"agent-{settings.node_id}")
+    READINESS.require("agent: nats connected", lambda: nc.is_connected)
     js = nc.jetstream()
     await ensure_streams(js)
     try:
@@ -268,6 +285,9 @@ async def serve(
     try:
         platform.store = await EventStore.open(platform.database_url, max_size=settings.db_pool_max)
         creds = await platform.bootstrap()
+        if settings.processes:
+            await _serve_processes(platform, creds, stop, ready)
+            return
         runners: list[ServiceRunner] = [
             run_relay,
             run_scheduler,
@@ -295,3 +315,27 @@ async def serve(
         await asyncio.to_thread(platform.stop_servers)
         lag.stop()
         log.info("platform_stopped", max_event_loop_lag_s=round(lag.max_lag_s, 3))
+
+
+async def _serve_processes(
+    platform: Platform,
+    creds: dict[str, str],
+    stop: asyncio.Event,
+    ready: Callable[[dict[str, str]], Any] | None,
+) -> None:
+    """The services and the local agent as supervised child processes (heteroflow/processes)."""
+    platform.jwt_secret()  # created once here, read from the state directory by the gateway
+    env = os.environ | {
+        "HETEROFLOW_HOME": str(platform.home),
+        "HETEROFLOW_NATS_URL": platform.nats_url,
+        "HETEROFLOW_DATABASE_URL": platform.database_url,
+    }
+    supervisor = Supervisor(
+        children(env, agent=platform.settings.local_agent), platform.home / "processes.json"
+    )
+    running = asyncio.create_task(supervisor.run(stop))
+    if await supervisor.wait_ready(stop):
+        print(banner(creds, platform.home), flush=True)
+        if ready:
+            ready(creds)
+    await running

@@ -46,7 +46,7 @@ def database_url(pg_server: str) -> Iterator[str]:
         conn.execute(f'CREATE DATABASE "{name}"')
     params = conninfo_to_dict(pg_server)
     params["dbname"] = name
-    yield make_conninfo(**params)
+    yield make_conninfo("", **params)
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

@@ -17,6 +17,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import Counter
 
+from libs.health import READINESS
+
 from .nats import ensure_durable_consumer
 
 log = structlog.get_logger(__name__)
@@ -57,6 +59,7 @@ async def consume(
         deliver_new=deliver_new,
     )
     sub = await js.pull_subscribe(filter_subject, durable=durable, stream=stream)
+    READINESS.consumer_started(durable)  # the process's /readyz waits for this
     try:
         while not stop.is_set():
             try:
@@ -70,6 +73,7 @@ async def consume(
             for msg in msgs:
                 await _handle(msg, handler, durable, nak_delay)
     finally:
+        READINESS.consumer_stopped(durable)
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
 

@@ -107,7 +107,7 @@ def test_killing_one_replica_heals_only_that_rank(cluster: Cluster) -> None:
 
     def replaced() -> bool:
         now = {t["rank"]: t for t in get_group(cluster, g["id"])["tasks"]}
-        return now[0]["id"] != victim["id"] and now[0]["status"] == "running"
+        return bool(now[0]["id"] != victim["id"] and now[0]["status"] == "running")
 
     cluster.wait(replaced, "a new running task for rank 0", timeout=40)
     after = get_group(cluster, g["id"])
@@ -171,7 +171,7 @@ def test_inference_group_rebuilt_at_priority_100_at_most_five_times(cluster: Clu
 
     def settled() -> bool:
         group = get_group(cluster, g["id"])
-        return group["rebuilds"] == 5 and group["status"] == "failed"
+        return bool(group["rebuilds"] == 5 and group["status"] == "failed")
 
     cluster.wait(settled, "five rebuilds then failed", timeout=90)
     group = get_group(cluster, g["id"])

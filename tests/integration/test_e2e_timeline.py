@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from functools import partial
 
 import httpx
 import nats
@@ -59,6 +60,10 @@ async def republish(cluster: Cluster, stream_ids: list[str]) -> int:
     return len(rows)
 
 
+def has_migration_entry(cluster: Cluster, task_id: str) -> bool:
+    return any(e["kind"] == "node_lost_migration" for e in timeline(cluster, task_id))
+
+
 def test_agent_kill_gives_one_migration_entry_per_task(cluster: Cluster) -> None:
     cluster.start_agent("a", "process")
     tasks = [cluster.create(command="sleep 120", max_retries=0) for _ in range(2)]
@@ -68,7 +73,7 @@ def test_agent_kill_gives_one_migration_entry_per_task(cluster: Cluster) -> None
     cluster.kill_agent("a")
     for t in tasks:
         cluster.wait(
-            lambda t=t: any(e["kind"] == "node_lost_migration" for e in timeline(cluster, t["id"])),
+            partial(has_migration_entry, cluster, t["id"]),
             "a migration entry",
             timeout=30,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 
 import psycopg
 import pytest
@@ -39,9 +40,7 @@ def spec(**kw: object) -> TaskSpec:
 
 async def walk(store: EventStore, task_id: str, *path: TaskStatus) -> None:
     for to in path:
-        await store.execute(
-            task_id, lambda t, to=to: decide_transition(t, to, actor=Actor.SCHEDULER)
-        )
+        await store.execute(task_id, partial(decide_transition, to=to, actor=Actor.SCHEDULER))
 
 
 def test_migrations_are_idempotent(database_url: str) -> None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -32,10 +33,7 @@ async def seed(url: str) -> list[str]:
     )
     for to in (TaskStatus.SCHEDULED, TaskStatus.RUNNING):
         await store.execute_batch(
-            {
-                t.id: (lambda t, to=to: decide_transition(t, to, actor=Actor.SCHEDULER))
-                for t in tasks
-            }
+            {t.id: partial(decide_transition, to=to, actor=Actor.SCHEDULER) for t in tasks}
         )
     await store.close()
     return [t.id for t in tasks]

@@ -76,24 +76,23 @@ def random_allocations(rng: random.Random, node: Node) -> list[Allocation]:
     for k, gpu in enumerate(node.gpus):
         roll = rng.random()
         tenant = rng.choice(("acme", "beta"))
-        common = {
-            "memory_mb": rng.choice((0, 8 * GB, 30 * GB)),
-            "cpu_cores": rng.choice((0.0, 4.0, 8.0)),
-            "status": rng.choice(STATUSES),
-            "anti_affinity": ("web",) if rng.random() < 0.2 else (),
-            "priority": rng.randrange(3),
-            "preemptible": rng.random() < 0.5,
-        }
-        task_id = f"{node.id}-a{k}"
+        alloc = Allocation(
+            f"{node.id}-a{k}",
+            tenant,
+            node.id,
+            memory_mb=rng.choice((0, 8 * GB, 30 * GB)),
+            cpu_cores=rng.choice((0.0, 4.0, 8.0)),
+            status=rng.choice(STATUSES),
+            anti_affinity=("web",) if rng.random() < 0.2 else (),
+            priority=rng.randrange(3),
+            preemptible=rng.random() < 0.5,
+            gpu_ids=(gpu.id,),
+        )
         if roll < 0.35:
-            out.append(Allocation(task_id, tenant, node.id, gpu_ids=(gpu.id,), **common))
+            out.append(alloc)
         elif roll < 0.55:
             share = GpuShare(gpu.id, rng.choice((8 * GB, 20 * GB)), rng.choice((0.25, 0.5)))
-            out.append(
-                Allocation(
-                    task_id, tenant, node.id, gpu_ids=(gpu.id,), fractions=(share,), **common
-                )
-            )
+            out.append(replace(alloc, fractions=(share,)))
     return out
 
 
