@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from libs.domain import commands
-from libs.domain.catalog import parse_payload
+from libs.domain.catalog import PAYLOAD_TYPES, parse_payload
 from libs.domain.events import (
     Payload,
     ReasonedPayload,
@@ -229,6 +230,9 @@ def test_stored_version_1_payloads_still_load(
 ) -> None:
     payload = parse_payload(event_type, stored | {"schema_version": 1})
     assert isinstance(payload, ReasonedPayload) and payload.reason_code is code
+    # The replay's fast path parses the stored JSON text directly: same upcast.
+    text = json.dumps(stored | {"schema_version": 1})
+    assert PAYLOAD_TYPES[event_type].model_validate_json(text) == payload
     assert payload.schema_version == REASON_SCHEMA_VERSION
     again = parse_payload(event_type, payload.model_dump(mode="json"))
     assert again == payload, "a version-2 payload round-trips unchanged"
