@@ -29,6 +29,7 @@ import httpx
 
 from libs import auth
 from libs.domain.commands import decide_transition
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import TaskId, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
@@ -143,6 +144,7 @@ async def cas_appends(store: EventStore, ids: Sequence[TaskId], *, concurrency: 
         to=TaskStatus.SCHEDULED,
         actor=Actor.SCHEDULER,
         expected_status=TaskStatus.PENDING,
+        reason_code=ReasonCode.PLACED,
         node_id="node-bench",
     )
 

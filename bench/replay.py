@@ -15,6 +15,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from libs.domain.events import Payload, TaskCreated, TaskStatusChanged
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus as S
 from libs.domain.task import TaskId, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
@@ -60,7 +61,12 @@ def seed(url: str, tasks: int) -> int:
             for to in PATH:
                 events.append(
                     TaskStatusChanged(
-                        task_id=tid, from_status=src, to_status=to, actor="scheduler", node_id="n1"
+                        task_id=tid,
+                        from_status=src,
+                        to_status=to,
+                        actor="scheduler",
+                        reason_code=ReasonCode.REPORTED,
+                        node_id="n1",
                     )
                 )
                 src = to

@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import Code, Conflict, DomainError
 from .events import Payload, TaskConfigUpdated, TaskDeleted, TaskPendingReason, TaskStatusChanged
+from .reasons import ReasonCode
 from .states import TERMINAL, Actor, IllegalTransition, TaskStatus, check_transition
 from .task import Task
 
@@ -26,10 +27,13 @@ def decide_transition(
     actor: Actor,
     expected_status: TaskStatus | None = None,
     report: bool = False,
+    reason_code: ReasonCode,
     reason: str = "",
     **fields: Any,
 ) -> list[TaskStatusChanged]:
     """One status change, compare-and-set on `expected_status` when given.
+
+    `reason_code` says why for programs (required: no consumer reads `reason`, the text).
 
     A miss on the expected status is a Conflict (409): somebody moved the task first, and
     nothing is written. An edge outside the whitelist is an illegal transition (40040).
@@ -56,7 +60,8 @@ def decide_transition(
             from_status=task.status,
             to_status=to,
             actor=actor.value,
-            reason=reason,
+            reason_code=reason_code,
+            reason=reason or reason_code.text,
             **fields,
         )
     ]
@@ -71,11 +76,13 @@ def decide_config_update(task: Task, changes: dict[str, Any]) -> list[TaskConfig
     return [TaskConfigUpdated(task_id=task.id, changes=changes)]
 
 
-def decide_pending_reason(task: Task, reason: str) -> list[TaskPendingReason]:
+def decide_pending_reason(task: Task, code: ReasonCode, reason: str) -> list[TaskPendingReason]:
     """Record why a pending task waits; nothing when it is unchanged (keeps streams short)."""
-    if task.status is not TaskStatus.PENDING or task.pending_reason == reason:
+    if task.status is not TaskStatus.PENDING or (
+        task.pending_reason_code is code and task.pending_reason == reason
+    ):
         return []
-    return [TaskPendingReason(task_id=task.id, reason=reason)]
+    return [TaskPendingReason(task_id=task.id, reason_code=code, reason=reason)]
 
 
 # Statuses where a stop request becomes `stopping` (the agent then ends the work).
@@ -93,19 +100,21 @@ _ENDING = frozenset({TaskStatus.STOPPING, TaskStatus.DRAINING, TaskStatus.PREEMP
 
 
 def decide_stop(
-    task: Task, actor: Actor, reason: str = "stop requested"
+    task: Task, actor: Actor, code: ReasonCode = ReasonCode.USER_STOP, reason: str = ""
 ) -> list[TaskStatusChanged]:
     """Pending work is cancelled; placed work goes `stopping` (the agent reports `stopped`)."""
-    if task.status is TaskStatus.PENDING:
-        return decide_transition(task, TaskStatus.CANCELLED, actor=actor, reason=reason)
-    if task.status in _STOPPABLE:
-        return decide_transition(task, TaskStatus.STOPPING, actor=actor, reason=reason)
     if task.status in _ENDING:
         return []
-    raise DomainError(
-        Code.INVALID_STATUS_FOR_OPERATION,
-        f"task cannot be stopped, current status: {task.status.value}",
-    )
+    if task.status is TaskStatus.PENDING:
+        to = TaskStatus.CANCELLED
+    elif task.status in _STOPPABLE:
+        to = TaskStatus.STOPPING
+    else:
+        raise DomainError(
+            Code.INVALID_STATUS_FOR_OPERATION,
+            f"task cannot be stopped, current status: {task.status.value}",
+        )
+    return decide_transition(task, to, actor=actor, reason_code=code, reason=reason)
 
 
 def decide_sleep(task: Task, actor: Actor) -> list[TaskStatusChanged]:
@@ -114,7 +123,9 @@ def decide_sleep(task: Task, actor: Actor) -> list[TaskStatusChanged]:
             Code.INVALID_STATUS_FOR_OPERATION,
             f"task is not running, current status: {task.status.value}",
         )
-    return decide_transition(task, TaskStatus.SLEEPING, actor=actor, reason="sleep requested")
+    return decide_transition(
+        task, TaskStatus.SLEEPING, actor=actor, reason_code=ReasonCode.USER_SLEEP
+    )
 
 
 def decide_delete(task: Task, actor: Actor) -> list[TaskStatusChanged | TaskDeleted]:
@@ -124,6 +135,6 @@ def decide_delete(task: Task, actor: Actor) -> list[TaskStatusChanged | TaskDele
     """
     events: list[TaskStatusChanged | TaskDeleted] = []
     if task.status not in TERMINAL:
-        events.extend(decide_stop(task, actor, reason="deleted"))
+        events.extend(decide_stop(task, actor, ReasonCode.USER_DELETE))
     events.append(TaskDeleted(task_id=task.id))
     return events

@@ -11,8 +11,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from .reasons import REASON_SCHEMA_VERSION, ReasonCode, upcast_reason
 from .states import TaskStatus
 from .task import Task, TaskId, TaskSpec, TenantId
 
@@ -23,6 +24,23 @@ class Payload(BaseModel):
     type: ClassVar[str]
     stream_type: ClassVar[str]
     schema_version: int = 1
+
+
+class ReasonedPayload(Payload):
+    """A payload that says why: a code for programs, free text for people.
+
+    Version 2 added `reason_code`. A stored version-1 payload (text only) is upcast when it
+    is loaded: the code is derived from its text once, by `reasons.legacy_reason_code`.
+    """
+
+    schema_version: int = REASON_SCHEMA_VERSION
+    reason_code: ReasonCode
+    reason: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upcast(cls, data: Any) -> Any:
+        return upcast_reason(cls.type, data)
 
 
 # --- tasks -----------------------------------------------------------------------------
@@ -41,7 +59,7 @@ class TaskCreated(Payload):
     rank: int | None = None
 
 
-class TaskStatusChanged(Payload):
+class TaskStatusChanged(ReasonedPayload):
     """One accepted transition with whatever the transition carries (placement, result, ...).
 
     `None` means "unchanged"; the fold applies only the fields that are set.
@@ -54,7 +72,6 @@ class TaskStatusChanged(Payload):
     from_status: TaskStatus
     to_status: TaskStatus
     actor: str
-    reason: str = ""
     node_id: str | None = None
     gpu_ids: tuple[str, ...] | None = None
     qos: str | None = None
@@ -102,14 +119,13 @@ class TaskConfigUpdated(Payload):
     changes: dict[str, Any]
 
 
-class TaskPendingReason(Payload):
+class TaskPendingReason(ReasonedPayload):
     """Why the scheduler left a pending task where it is (shown by GET /tasks/{id})."""
 
     type: ClassVar[str] = "task_pending_reason"
     stream_type: ClassVar[str] = "task"
 
     task_id: TaskId
-    reason: str
 
 
 class TaskDeleted(Payload):
@@ -212,6 +228,7 @@ def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -
             spec=event.spec,
             group_id=event.group_id,
             rank=event.rank,
+            status_reason_code=ReasonCode.SUBMITTED,
             version=version,
             created_at=at,
             updated_at=at,
@@ -224,7 +241,7 @@ def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -
     elif isinstance(event, TaskConfigUpdated):
         changes["spec"] = task.spec.model_copy(update=_spec_update(event.changes))
     elif isinstance(event, TaskPendingReason):
-        changes["pending_reason"] = event.reason
+        changes.update(pending_reason=event.reason, pending_reason_code=event.reason_code)
     elif isinstance(event, TaskDeleted):
         changes["deleted_at"] = at
     elif isinstance(event, TaskRetryDecided):
@@ -243,7 +260,14 @@ def _spec_update(changes: dict[str, Any]) -> dict[str, Any]:
 
 
 def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str, Any]:
-    out: dict[str, Any] = {"status": ev.to_status}
+    # Any status change ends the previous wait: the scheduler says again why, if need be.
+    out: dict[str, Any] = {
+        "status": ev.to_status,
+        "status_reason_code": ev.reason_code,
+        "status_reason": ev.reason,
+        "pending_reason": "",
+        "pending_reason_code": None,
+    }
     if ev.clear_placement:
         out.update(node_id=None, gpu_ids=(), qos="", container_id="")
     for name in ("node_id", "gpu_ids", "qos", "container_id", "exit_code", "result", "error"):
@@ -258,7 +282,7 @@ def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str
         out["started_at"] = at
     if ev.to_status is TaskStatus.PENDING:
         # A fresh attempt: clear the previous attempt's outcome, keep history in the events.
-        out.update(started_at=None, finished_at=None, exit_code=None, result="", pending_reason="")
+        out.update(started_at=None, finished_at=None, exit_code=None, result="")
         out.update(
             not_before=ev.not_before,
             same_node_id=ev.same_node_id or "",
@@ -274,6 +298,4 @@ def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str
         TaskStatus.STOPPED,
     ):
         out["finished_at"] = at
-    if ev.to_status is not TaskStatus.PENDING:
-        out["pending_reason"] = ""
     return out

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import Code, DomainError
-from .events import Payload, register
+from .events import Payload, ReasonedPayload, register
+from .reasons import ReasonCode
 from .states import TERMINAL, TaskStatus
 from .task import Task, TaskSpec, TaskType, TenantId, parse_create
 
@@ -148,7 +149,7 @@ class GroupCreated(Payload):
     spec: GroupSpec
 
 
-class GroupStatusChanged(Payload):
+class GroupStatusChanged(ReasonedPayload):
     """The aggregated group status changed."""
 
     type: ClassVar[str] = "group_status_changed"
@@ -157,10 +158,9 @@ class GroupStatusChanged(Payload):
     group_id: str
     from_status: GroupStatus
     to_status: GroupStatus
-    reason: str
 
 
-class GroupRecovery(Payload):
+class GroupRecovery(ReasonedPayload):
     """A fault-tolerance action on the group: restart, rebuild or replica replacement."""
 
     type: ClassVar[str] = "group_recovery"
@@ -168,7 +168,6 @@ class GroupRecovery(Payload):
 
     group_id: str
     kind: str  # group_restart | inference_rebuild | replica_replaced | restart_scheduled
-    reason: str
     ranks: tuple[int, ...] = ()
     task_ids: tuple[str, ...] = ()
     due_at: datetime | None = None
@@ -204,6 +203,7 @@ class Group(BaseModel):
     spec: GroupSpec
     status: GroupStatus = GroupStatus.PENDING
     reason: str = ""
+    reason_code: ReasonCode = ReasonCode.UNSPECIFIED
     restarts: int = 0
     rebuilds: int = 0
     replacements: int = 0
@@ -221,6 +221,7 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
             id=event.group_id,
             tenant_id=event.tenant_id,
             spec=event.spec,
+            reason_code=ReasonCode.SUBMITTED,
             version=version,
             created_at=at,
             updated_at=at,
@@ -229,7 +230,7 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
         raise ValueError(f"{event.type} before group_created")
     up: dict[str, Any] = {"version": version, "updated_at": at}
     if isinstance(event, GroupStatusChanged):
-        up.update(status=event.to_status, reason=event.reason)
+        up.update(status=event.to_status, reason=event.reason, reason_code=event.reason_code)
         if event.to_status is GroupStatus.FAILED:
             up["failed_at"] = at
     elif isinstance(event, GroupRecovery):
@@ -242,6 +243,7 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
                 failed_at=None,
                 status=GroupStatus.PENDING,
                 reason=event.reason,
+                reason_code=event.reason_code,
             )
         elif event.kind == "inference_rebuild":
             up.update(
@@ -249,6 +251,7 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
                 failed_at=None,
                 status=GroupStatus.PENDING,
                 reason=event.reason,
+                reason_code=event.reason_code,
             )
         elif event.kind == "replica_replaced":
             up["replacements"] = group.replacements + len(event.ranks)

@@ -23,6 +23,7 @@ from .group import (
     current_members,
     is_live,
 )
+from .reasons import ReasonCode
 from .states import GPU_HOLDING, TaskStatus
 from .task import Task
 
@@ -75,6 +76,7 @@ def decide_group(
             GroupRecovery(
                 group_id=group.id,
                 kind="replica_replaced",
+                reason_code=ReasonCode.MEMBER_FAILED,
                 reason=f"replica rank(s) {list(ranks)} failed; {len(live)} live replica(s) kept",
                 ranks=ranks,
                 task_ids=tuple(m.id for m in failed),
@@ -89,12 +91,14 @@ def decide_group(
         group.status in GROUP_TERMINAL
         and status in (GroupStatus.FAILED, GroupStatus.STOPPED, GroupStatus.COMPLETED)
     ):
+        code, text = _why(status, failed)
         out.events.append(
             GroupStatusChanged(
                 group_id=group.id,
                 from_status=group.status,
                 to_status=status,
-                reason=_why(status, failed),
+                reason_code=code,
+                reason=text,
             )
         )
     if status is GroupStatus.FAILED:
@@ -106,10 +110,12 @@ def decide_group(
     return out
 
 
-def _why(status: GroupStatus, failed: Sequence[Task]) -> str:
+def _why(status: GroupStatus, failed: Sequence[Task]) -> tuple[ReasonCode, str]:
     if status is GroupStatus.FAILED and failed:
-        return f"member rank {failed[0].rank} failed: {failed[0].error or 'no error text'}"
-    return f"members are {status.value}"
+        m = failed[0]
+        text = f"member rank {m.rank} failed: {m.error or 'no error text'}"
+        return ReasonCode.MEMBER_FAILED, text
+    return ReasonCode.MEMBERS_CHANGED, f"members are {status.value}"
 
 
 def _rebuild(
@@ -122,6 +128,7 @@ def _rebuild(
                     group_id=group.id,
                     from_status=group.status,
                     to_status=GroupStatus.FAILED,
+                    reason_code=ReasonCode.REBUILDS_EXHAUSTED,
                     reason=f"no live replica and {policy.max_rebuilds} rebuilds used",
                 )
             )
@@ -132,6 +139,7 @@ def _rebuild(
             group_id=group.id,
             kind="inference_rebuild",
             ranks=ranks,
+            reason_code=ReasonCode.GROUP_REBUILD,
             reason=f"no live replica: rebuild {group.rebuilds + 1}/{policy.max_rebuilds} "
             f"at priority {policy.rebuild_priority}",
             task_ids=tuple(m.id for m in members),
@@ -169,6 +177,7 @@ def _restart(
             GroupRecovery(
                 group_id=group.id,
                 kind="restart_scheduled",
+                reason_code=ReasonCode.GROUP_RESTART,
                 reason="start-up infrastructure failure",
                 due_at=due,
             )
@@ -181,6 +190,7 @@ def _restart(
                 group_id=group.id,
                 kind="group_restart",
                 ranks=ranks,
+                reason_code=ReasonCode.GROUP_RESTART,
                 reason=f"whole-group restart {group.restarts + 1}/{len(policy.restart_backoffs)}"
                 " after a start-up infrastructure failure",
                 task_ids=tuple(m.id for m in members),

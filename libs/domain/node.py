@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .events import Payload, register
+from .events import Payload, ReasonedPayload, register
 
 
 class NodeStatus(StrEnum):
@@ -54,8 +54,11 @@ class NodeRegistered(Payload):
     inventory: NodeInventory
 
 
-class NodeOffline(Payload):
-    """Heartbeats stopped past the threshold (or, with gone, for good)."""
+class NodeOffline(ReasonedPayload):
+    """Heartbeats stopped past the threshold (or, with gone, for good).
+
+    `reason_code` is `node_lost` (offline) or `node_gone` (gone for good).
+    """
 
     type: ClassVar[str] = "node_offline"
     stream_type: ClassVar[str] = "node"

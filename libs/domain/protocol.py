@@ -18,6 +18,7 @@ from .commands import decide_transition
 from .errors import Conflict
 from .events import TaskStatusChanged
 from .node import NodeInventory
+from .reasons import report_reason
 from .states import TERMINAL, Actor, TaskStatus
 from .task import Task
 
@@ -191,6 +192,7 @@ def _transition(task: Task, target: TaskStatus, report: AgentReport) -> list[Tas
         actor=Actor.AGENT,
         expected_status=task.status,
         report=True,
+        reason_code=report_reason(report.fact, task.status, target, report.error_kind),
         reason=f"agent: {report.fact.value}",
         **fields,
     )

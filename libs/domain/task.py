@@ -15,6 +15,7 @@ from typing import Any, NewType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import Code, DomainError
+from .reasons import ReasonCode
 from .states import TaskStatus
 
 TaskId = NewType("TaskId", str)
@@ -130,6 +131,10 @@ class Task(BaseModel):
     result: str = ""
     error: str = ""
     pending_reason: str = ""
+    pending_reason_code: ReasonCode | None = None
+    # Why the last status change was made (the code of its event, and its text).
+    status_reason_code: ReasonCode = ReasonCode.UNSPECIFIED
+    status_reason: str = ""
     # Placement constraints set by the retry engine for the next attempt.
     not_before: datetime | None = None
     same_node_id: str = ""
@@ -165,6 +170,9 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "container_id",
         "error",
         "pending_reason",
+        "pending_reason_code",
+        "status_reason_code",
+        "status_reason",
         "version",
         "created_at",
         "updated_at",

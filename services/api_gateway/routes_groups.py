@@ -25,6 +25,7 @@ from libs.domain.group import (
     is_live,
     parse_group,
 )
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TenantId
 from libs.store import queries
@@ -48,6 +49,7 @@ def group_view(group: Group, tasks: list[Task] | None = None) -> dict[str, Any]:
         "name": group.spec.template.name,
         "status": group.status.value,
         "reason": group.reason,
+        "reason_code": group.reason_code.value,
         "task_type": group.spec.template.task_type.value,
         "static_world": group.spec.static_world,
         **shape,
@@ -207,7 +209,12 @@ async def wake_group(group_id: str, principal: Principal, store: Store) -> dict[
         group,
         lambda t: (
             commands.decide_transition(
-                t, S.WAKING, actor=actor, expected_status=S.SLEEPING, reason="group wake"
+                t,
+                S.WAKING,
+                actor=actor,
+                expected_status=S.SLEEPING,
+                reason_code=ReasonCode.USER_WAKE,
+                reason="group wake",
             )
             if t.status is S.SLEEPING
             else []

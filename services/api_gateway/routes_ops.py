@@ -18,6 +18,7 @@ from libs.domain import commands
 from libs.domain.errors import Code, DomainError
 from libs.domain.history import retry_history
 from libs.domain.node import Node, NodeStatus
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import TERMINAL, TaskStatus
 from libs.domain.task import Task
 from libs.store.eventstore import EventStore, payload_of
@@ -59,6 +60,7 @@ async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONRes
                 S.PENDING,
                 actor=actor,
                 expected_status=S.SLEEPING,
+                reason_code=ReasonCode.HOST_OFFLINE_ON_WAKE,
                 reason="wake: host offline",
                 clear_placement=True,
             ),
@@ -68,7 +70,12 @@ async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONRes
     await store.execute(
         task_id,
         lambda t: commands.decide_transition(
-            t, S.WAKING, actor=actor, expected_status=S.SLEEPING, reason="wake requested"
+            t,
+            S.WAKING,
+            actor=actor,
+            expected_status=S.SLEEPING,
+            reason_code=ReasonCode.USER_WAKE,
+            reason="wake requested",
         ),
         tenant_id=scope,
     )

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from libs.auth import Principal as PrincipalT
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import (
     REPORT_FIELDS,
@@ -221,6 +222,7 @@ async def _report(store: Store, task_id: str, principal: PrincipalT, body: dict[
             actor=actor,
             expected_status=expected,
             report=True,
+            reason_code=ReasonCode.REPORTED,
             reason=str(body.get("reason") or "reported"),
             **fields,
         ),

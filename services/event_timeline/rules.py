@@ -1,8 +1,9 @@
 """Which committed events are real fault-tolerance transitions, and how they read (pure).
 
-One rule per kind. An event that is not such a transition yields nothing: the timeline never
-invents entries. Entry ids derive from the source event id, so a redelivered event maps to
-the same ids and adds nothing.
+One rule per kind, keyed on event types, statuses and reason codes, never on reason text.
+An event that is not such a transition yields nothing: the timeline never invents entries.
+Every entry's details carry the reason code, for clients to branch on. Entry ids derive
+from the source event id, so a redelivered event maps to the same ids and adds nothing.
 """
 
 from __future__ import annotations
@@ -10,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from libs.domain.reasons import ReasonCode, reason_code_of
+
+R = ReasonCode
 
 
 @dataclass(frozen=True)
@@ -60,12 +65,17 @@ def _entry(
     )
 
 
+RETRY_KINDS = {
+    "retry": ("retry_escalation", R.RETRY),
+    "give_up": ("retry_given_up", R.RETRY_GIVEN_UP),
+}
+
+
 def task_entries(env: dict[str, Any]) -> list[Entry]:
     p = env["payload"]
-    tid, src, to = p.get("task_id", ""), p.get("from_status"), p.get("to_status")
-    reason, error = p.get("reason") or "", p.get("error") or ""
+    tid = p.get("task_id", "")
     if env["type"] == "task_retry_decided":
-        kind = {"retry": "retry_escalation", "give_up": "retry_given_up"}.get(p["action"])
+        kind, code = RETRY_KINDS.get(p["action"], (None, R.UNSPECIFIED))
         if kind is None:
             return []
         return [
@@ -75,6 +85,7 @@ def task_entries(env: dict[str, Any]) -> list[Entry]:
                 tid,
                 kind,
                 p["reason"],
+                reason_code=code.value,
                 attempt=p["attempt"],
                 failure_class=p["failure_class"],
                 node_id=p.get("node_id"),
@@ -84,48 +95,42 @@ def task_entries(env: dict[str, Any]) -> list[Entry]:
         ]
     if env["type"] != "task_status_changed":
         return []
-    if reason.startswith("node_lost"):
-        if to == "pending":
-            return [
-                _entry(
-                    env,
-                    "task",
-                    tid,
-                    "node_lost_migration",
-                    f"{reason}: {src} → pending, to be placed on another node",
-                    from_status=src,
-                )
-            ]
-        return [
-            _entry(
-                env,
-                "task",
-                tid,
-                "node_lost_ended",
-                f"{reason}: {src} → {to} in place",
-                from_status=src,
-                to_status=to,
-            )
-        ]
-    if to == "preempting":
-        return [_entry(env, "task", tid, "preemption", reason, from_status=src)]
-    if src == "preempting" and to == "pending":
-        return [_entry(env, "task", tid, "preempted_requeue", "preempted: back to pending")]
-    if to == "pending" and reason == "wake: host offline":
-        return [
-            _entry(
-                env,
-                "task",
-                tid,
-                "wake_rescheduled",
-                "woken while its host was offline: rescheduled elsewhere",
-            )
-        ]
-    if to == "failed" and error.startswith("ContainerLost"):
-        return [_entry(env, "task", tid, "container_lost", error)]
-    if to == "failed" and p.get("error_kind") == "Timeout":
-        return [_entry(env, "task", tid, "task_timeout", error)]
-    return []
+    code = reason_code_of(env["type"], p)
+    src, to = p.get("from_status"), p.get("to_status")
+    kind = _status_kind(code, to)
+    if kind is None:
+        return []
+    text = p.get("reason") or code.text  # shown, never matched
+    message = (
+        {
+            "node_lost_migration": f"{text}: {src} → pending, to be placed on another node",
+            "node_lost_ended": f"{text}: {src} → {to} in place",
+            "preemption": text,
+            "preempted_requeue": "preempted: back to pending",
+            "wake_rescheduled": R.HOST_OFFLINE_ON_WAKE.text,
+        }.get(kind)
+        or p.get("error")
+        or text
+    )
+    details: dict[str, Any] = {"reason_code": code.value}
+    if kind in ("node_lost_migration", "node_lost_ended", "preemption"):
+        details["from_status"] = src
+    if kind == "node_lost_ended":
+        details["to_status"] = to
+    return [_entry(env, "task", tid, kind, message, **details)]
+
+
+def _status_kind(code: ReasonCode, to: str | None) -> str | None:
+    """The timeline kind of a status change, keyed on its reason code (None: not one)."""
+    if code is R.NODE_LOST:
+        return "node_lost_migration" if to == "pending" else "node_lost_ended"
+    if code is R.PREEMPTED:
+        return {"preempting": "preemption", "pending": "preempted_requeue"}.get(to or "")
+    if code is R.HOST_OFFLINE_ON_WAKE and to == "pending":
+        return "wake_rescheduled"
+    if to == "failed":
+        return {R.CONTAINER_LOST: "container_lost", R.TIMEOUT: "task_timeout"}.get(code)
+    return None
 
 
 def node_entries(env: dict[str, Any]) -> list[Entry]:
@@ -140,10 +145,12 @@ def node_entries(env: dict[str, Any]) -> list[Entry]:
                 node,
                 "node_offline",
                 f"node {node} {state} after {p['silent_seconds']:.0f}s of silence",
+                reason_code=reason_code_of(env["type"], p).value,
             )
         ]
     if env["type"] in ("gpu_lost", "gpu_recovered"):
-        verb = "lost" if env["type"] == "gpu_lost" else "recovered"
+        lost = env["type"] == "gpu_lost"
+        verb = "lost" if lost else "recovered"
         return [
             _entry(
                 env,
@@ -152,6 +159,7 @@ def node_entries(env: dict[str, Any]) -> list[Entry]:
                 env["type"],
                 f"GPU {p['gpu_id']} {verb} on {node}",
                 gpu_id=p["gpu_id"],
+                reason_code=(R.GPU_LOST if lost else R.GPU_RECOVERED).value,
             )
         ]
     return []
@@ -176,12 +184,14 @@ def group_entries(env: dict[str, Any]) -> list[Entry]:
                 gid,
                 GROUP_KINDS[p["kind"]],
                 p["reason"],
+                reason_code=reason_code_of(env["type"], p).value,
                 ranks=p.get("ranks", []),
                 replaced=p.get("task_ids", []),
             )
         ]
     if env["type"] == "group_status_changed" and p["to_status"] == "failed":
-        return [_entry(env, "group", gid, "group_failed", p["reason"])]
+        code = reason_code_of(env["type"], p)
+        return [_entry(env, "group", gid, "group_failed", p["reason"], reason_code=code.value)]
     return []
 
 

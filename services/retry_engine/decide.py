@@ -16,6 +16,7 @@ from typing import Any
 from libs.domain.commands import decide_transition
 from libs.domain.events import Payload, TaskRetryDecided
 from libs.domain.failure import Failure, FailureClass, classify
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import RetryStrategy, Task, TaskType
 
@@ -123,6 +124,7 @@ def decide_retry(
         TaskStatus.PENDING,
         actor=Actor.RETRY_ENGINE,
         expected_status=TaskStatus.FAILED,
+        reason_code=ReasonCode.RETRY,
         reason=decided.reason,
         retry_count=task.retry_count + 1,
         clear_placement=True,

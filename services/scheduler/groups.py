@@ -19,6 +19,7 @@ from libs.domain.events import Payload
 from libs.domain.failure import FailureClass, classify
 from libs.domain.group import GROUP_TERMINAL, Group
 from libs.domain.group_control import GroupActions, GroupPolicy, decide_group
+from libs.domain.reasons import INFRASTRUCTURE_REASONS, ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskSpec
 from libs.periodic import periodic
@@ -30,7 +31,7 @@ log = structlog.get_logger(__name__)
 
 def is_infra_failure(task: Task) -> bool:
     """Infrastructure, not the user's program: transient kinds, lost nodes or containers."""
-    if task.error.startswith(("node ", "ContainerLost")):
+    if task.status_reason_code in INFRASTRUCTURE_REASONS:
         return True
     kind, _, detail = task.error.partition(": ")
     failure = classify(
@@ -120,18 +121,19 @@ class GroupController:
 
 
 def _stop(t: Task) -> list[Any]:
-    return list(commands.decide_stop(t, Actor.CONTROLLER, reason="group failed"))
+    return list(commands.decide_stop(t, Actor.CONTROLLER, ReasonCode.GROUP_FAILED, "group failed"))
 
 
 def _fail(t: Task) -> list[Any]:
     if t.status is not TaskStatus.PENDING:
-        return list(commands.decide_stop(t, Actor.CONTROLLER, reason="group failed"))
+        return _stop(t)
     return list(
         commands.decide_transition(
             t,
             TaskStatus.FAILED,
             actor=Actor.CONTROLLER,
             expected_status=TaskStatus.PENDING,
+            reason_code=ReasonCode.GROUP_FAILED,
             reason="group failed",
             error="group failed before this member was placed",
         )

@@ -31,6 +31,7 @@ from libs.domain.node import (
     watch_card,
 )
 from libs.domain.protocol import Heartbeat
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task
 from libs.periodic import periodic
@@ -66,6 +67,7 @@ def migrate_decision(node_id: str) -> commands.Decide:
                 target,
                 actor=Actor.CONTROLLER,
                 expected_status=t.status,
+                reason_code=ReasonCode.NODE_LOST,
                 reason=f"node_lost: {node_id}",
                 clear_placement=target is S.PENDING,
                 error=f"node {node_id} lost" if target is not S.PENDING else None,
@@ -190,7 +192,13 @@ class NodeMonitor:
                 await self.node_gone(node, silent)
 
     async def node_lost(self, node: Node, silent: float) -> None:
-        await self._append(node.id, [NodeOffline(node_id=node.id, silent_seconds=silent)])
+        offline = NodeOffline(
+            node_id=node.id,
+            silent_seconds=silent,
+            reason_code=ReasonCode.NODE_LOST,
+            reason=f"no heartbeat for {silent:.0f}s",
+        )
+        await self._append(node.id, [offline])
         rows = await self.store.fetch(
             "SELECT id FROM tasks WHERE node_id = %s AND status = ANY(%s)",
             [node.id, [s.value for s in ON_NODE_LOSS]],
@@ -209,9 +217,14 @@ class NodeMonitor:
 
     async def node_gone(self, node: Node, silent: float) -> None:
         """Confirmed gone for good: only now do pinned tasks lose their pin."""
-        await self._append(
-            node.id, [NodeOffline(node_id=node.id, silent_seconds=silent, gone=True)]
+        gone = NodeOffline(
+            node_id=node.id,
+            silent_seconds=silent,
+            gone=True,
+            reason_code=ReasonCode.NODE_GONE,
+            reason=f"no heartbeat for {silent:.0f}s",
         )
+        await self._append(node.id, [gone])
         rows = await self.store.fetch(
             "SELECT id FROM tasks WHERE doc->'spec'->>'requested_node_id' = %s"
             " AND status = 'pending' AND deleted_at IS NULL",

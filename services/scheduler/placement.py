@@ -19,6 +19,7 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from libs.domain import commands
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import GPU_HOLDING, Actor, TaskStatus
 from libs.domain.task import Task
 from libs.periodic import periodic
@@ -40,6 +41,9 @@ LATENCY = Histogram(
 )
 PENDING = Gauge(
     "heteroflow_pending_tasks", "Pending tasks in the scheduler's window, by tenant", ["tenant"]
+)
+UNPLACED = Gauge(
+    "heteroflow_unplaced_tasks", "Tasks the last round left pending, by reason code", ["reason"]
 )
 
 
@@ -103,9 +107,15 @@ class Placer:
         for pre in p.preemptions:
             for victim in pre.victims:
                 victims[victim] = _preempt(pre.task_id)
+        by_reason: dict[str, int] = {}
         for un in p.unplaced:
-            if un.task_id in pending and pending[un.task_id].pending_reason != un.text:
-                decisions.setdefault(un.task_id, _why(un.text))
+            by_reason[un.reason.value] = by_reason.get(un.reason.value, 0) + 1
+            t = pending.get(un.task_id)
+            if t is not None and (t.pending_reason_code, t.pending_reason) != (un.reason, un.text):
+                decisions.setdefault(un.task_id, _why(un.reason, un.text))
+        UNPLACED.clear()
+        for reason, n in by_reason.items():
+            UNPLACED.labels(reason).set(n)
         done, refused = await self.store.execute_batch(decisions, metadata=meta)
         self.cluster.learn(done.values())
         if victims:
@@ -140,6 +150,7 @@ def _place(node_id: str, gpu_ids: tuple[str, ...], qos: str) -> commands.Decide:
                 TaskStatus.SCHEDULED,
                 actor=Actor.SCHEDULER,
                 expected_status=TaskStatus.PENDING,
+                reason_code=ReasonCode.PLACED,
                 reason="placed",
                 node_id=node_id,
                 gpu_ids=gpu_ids,
@@ -158,6 +169,7 @@ def _preempt(preemptor: str) -> commands.Decide:
                 TaskStatus.PREEMPTING,
                 actor=Actor.SCHEDULER,
                 expected_status=t.status,
+                reason_code=ReasonCode.PREEMPTED,
                 reason=f"preempted by {preemptor}",
             )
         )
@@ -165,9 +177,9 @@ def _preempt(preemptor: str) -> commands.Decide:
     return decide
 
 
-def _why(text: str) -> commands.Decide:
+def _why(code: ReasonCode, text: str) -> commands.Decide:
     def decide(t: Task) -> list[Any]:
-        return list(commands.decide_pending_reason(t, text))
+        return list(commands.decide_pending_reason(t, code, text))
 
     return decide
 

@@ -1,7 +1,8 @@
 """Why a task is not placed: one named reason per rejection.
 
-`Reason` is shared by the scheduler's events, the task's "why pending" text and the
-`reason` label of scheduling metrics, so its values are stable, lowercase identifiers.
+The reasons are codes of the platform's one enum, `libs.domain.reasons.ReasonCode` (the
+"why pending" part, `PLACEMENT_REASONS`), so the same value is the `task_pending_reason`
+event's code, the task's `pending_reason_code` and the `reason` label of scheduling metrics.
 Every feasibility stage answers with a `Verdict`: `ok`, and when not ok the reason plus a
 message a user can act on.
 """
@@ -9,26 +10,13 @@ message a user can act on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from libs.domain.reasons import PLACEMENT_REASONS, ReasonCode
 
-class Reason(StrEnum):
-    # Task-level: decided before any node is looked at.
-    NO_NODES = "no_nodes"
-    BACKOFF = "backoff"
-    TENANT_QUOTA_EXCEEDED = "tenant_quota_exceeded"
-    GANG_INCOMPLETE = "gang_incomplete"
-    # Node-level, in the order the stages run (see feasibility.NODE_STAGE_ORDER).
-    PINNED_ELSEWHERE = "pinned_elsewhere"
-    NODE_OFFLINE = "node_offline"
-    NODE_EXCLUDED = "node_excluded"
-    GPU_TYPE_UNAVAILABLE = "gpu_type_unavailable"
-    INSUFFICIENT_VRAM = "insufficient_vram"
-    INSUFFICIENT_GPUS = "insufficient_gpus"
-    FRACTION_UNAVAILABLE = "fraction_unavailable"
-    INSUFFICIENT_MEMORY = "insufficient_memory"
-    INSUFFICIENT_CPU = "insufficient_cpu"
-    ANTI_AFFINITY = "anti_affinity"
+# The scheduler's name for the enum; its stages only ever answer a PLACEMENT_REASONS code.
+Reason = ReasonCode
+
+__all__ = ["CAPACITY_REASONS", "PASS", "PLACEMENT_REASONS", "Reason", "Verdict", "reject"]
 
 
 # Reasons that describe capacity taken by other work, the only ones preemption can cure.

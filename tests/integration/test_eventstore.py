@@ -12,6 +12,7 @@ import pytest
 from libs import auth
 from libs.domain.commands import decide_config_update, decide_transition
 from libs.domain.errors import Code, Conflict, DomainError, NotFound
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import TaskSpec, TenantId
 from libs.store import queries
@@ -40,7 +41,12 @@ def spec(**kw: object) -> TaskSpec:
 
 async def walk(store: EventStore, task_id: str, *path: TaskStatus) -> None:
     for to in path:
-        await store.execute(task_id, partial(decide_transition, to=to, actor=Actor.SCHEDULER))
+        await store.execute(
+            task_id,
+            partial(
+                decide_transition, to=to, actor=Actor.SCHEDULER, reason_code=ReasonCode.REPORTED
+            ),
+        )
 
 
 def test_migrations_are_idempotent(database_url: str) -> None:
@@ -82,7 +88,11 @@ async def test_cas_miss_changes_nothing(store: EventStore) -> None:
         await store.execute(
             task.id,
             lambda t: decide_transition(
-                t, S.SCHEDULED, actor=Actor.SCHEDULER, expected_status=S.RUNNING
+                t,
+                S.SCHEDULED,
+                actor=Actor.SCHEDULER,
+                reason_code=ReasonCode.REPORTED,
+                expected_status=S.RUNNING,
             ),
         )
     assert len(await store.read_stream(task.id)) == 1
@@ -93,7 +103,10 @@ async def test_illegal_transition_refused(store: EventStore) -> None:
     task = await store.create_task(T, spec())
     with pytest.raises(DomainError) as err:
         await store.execute(
-            task.id, lambda t: decide_transition(t, S.COMPLETED, actor=Actor.OPERATOR)
+            task.id,
+            lambda t: decide_transition(
+                t, S.COMPLETED, actor=Actor.OPERATOR, reason_code=ReasonCode.REPORTED
+            ),
         )
     assert err.value.code == Code.ILLEGAL_TRANSITION
     assert len(await store.read_stream(task.id)) == 1
@@ -111,6 +124,7 @@ async def test_twenty_concurrent_terminal_reports_one_wins(store: EventStore) ->
                     t,
                     S.COMPLETED,
                     actor=Actor.AGENT,
+                    reason_code=ReasonCode.REPORTED,
                     expected_status=S.RUNNING,
                     report=True,
                     exit_code=0,

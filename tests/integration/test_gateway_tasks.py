@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from libs.domain.commands import decide_transition
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 
 from .helpers import Api, bearer
@@ -285,7 +286,12 @@ async def test_update_pending_only_and_idle_timeout_any_time(api: Api) -> None:
     r = await api.client.put(f"/api/v1/tasks/{tid}", json={"memory_mb": 4096}, headers=api.tenant)
     assert r.status_code == 200 and r.json()["memory_mb"] == 4096
     for to in (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING):
-        await api.store.execute(tid, partial(decide_transition, to=to, actor=Actor.SCHEDULER))
+        await api.store.execute(
+            tid,
+            partial(
+                decide_transition, to=to, actor=Actor.SCHEDULER, reason_code=ReasonCode.REPORTED
+            ),
+        )
     r = await api.client.put(f"/api/v1/tasks/{tid}", json={"memory_mb": 8192}, headers=api.tenant)
     assert r.status_code == 400 and r.json()["code"] == 40020 and "running" in r.json()["error"]
     r = await api.client.put(

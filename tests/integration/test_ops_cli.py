@@ -16,6 +16,7 @@ import pytest
 
 from libs import auth
 from libs.domain.commands import decide_transition
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import TaskSpec, TenantId
 from libs.store.eventstore import EventStore
@@ -33,7 +34,12 @@ async def seed(url: str) -> list[str]:
     )
     for to in (TaskStatus.SCHEDULED, TaskStatus.RUNNING):
         await store.execute_batch(
-            {t.id: partial(decide_transition, to=to, actor=Actor.SCHEDULER) for t in tasks}
+            {
+                t.id: partial(
+                    decide_transition, to=to, actor=Actor.SCHEDULER, reason_code=ReasonCode.REPORTED
+                )
+                for t in tasks
+            }
         )
     await store.close()
     return [t.id for t in tasks]

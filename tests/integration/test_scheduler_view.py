@@ -9,6 +9,7 @@ import pytest
 
 from libs.domain.commands import decide_transition
 from libs.domain.node import GpuCard, GpuLost, NodeInventory, NodeRegistered
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import TaskSpec, TenantId
 from libs.store.eventstore import EventStore
@@ -47,7 +48,12 @@ async def place(store: EventStore, task_id: str, node_id: str, gpu: str) -> None
     await store.execute(
         task_id,
         lambda t: decide_transition(
-            t, S.SCHEDULED, actor=Actor.SCHEDULER, node_id=node_id, gpu_ids=(gpu,)
+            t,
+            S.SCHEDULED,
+            actor=Actor.SCHEDULER,
+            reason_code=ReasonCode.REPORTED,
+            node_id=node_id,
+            gpu_ids=(gpu,),
         ),
     )
 
@@ -86,9 +92,17 @@ async def test_view_matches_a_full_read_as_the_cluster_changes(store: EventStore
 
     # A task moves on, another ends, a node loses a card, a new node comes.
     await store.execute(
-        whole.id, lambda t: decide_transition(t, S.STARTING, actor=Actor.AGENT, report=True)
+        whole.id,
+        lambda t: decide_transition(
+            t, S.STARTING, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED, report=True
+        ),
     )
-    await store.execute(fraction.id, lambda t: decide_transition(t, S.STOPPING, actor=Actor.TENANT))
+    await store.execute(
+        fraction.id,
+        lambda t: decide_transition(
+            t, S.STOPPING, actor=Actor.TENANT, reason_code=ReasonCode.REPORTED
+        ),
+    )
     assert await incremental(cluster, store) == await afresh(store)
     assert cluster.nodes is nodes_before  # no node changed: the planner may reuse its index
 
@@ -113,7 +127,12 @@ async def test_learned_tasks_are_not_read_back(store: EventStore) -> None:
     done, _ = await store.execute_batch(
         {
             task.id: lambda t: decide_transition(
-                t, S.SCHEDULED, actor=Actor.SCHEDULER, node_id="n1", gpu_ids=("n1-g0",)
+                t,
+                S.SCHEDULED,
+                actor=Actor.SCHEDULER,
+                reason_code=ReasonCode.REPORTED,
+                node_id="n1",
+                gpu_ids=("n1-g0",),
             )
         }
     )

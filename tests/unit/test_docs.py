@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import TRANSITIONS, TaskStatus
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -16,3 +17,9 @@ def test_state_machine_page_matches_whitelist() -> None:
         listed = {part.strip(" `") for part in row.split("|")[2].split(",")}
         expected = {t.value for t in TRANSITIONS[src]} or {"— (terminal)"}
         assert listed == expected, src
+
+
+def test_events_page_lists_every_reason_code() -> None:
+    rows = set((DOCS / "events.md").read_text().splitlines())
+    for code in ReasonCode:
+        assert f"| `{code.value}` | {code.text} |" in rows, code

@@ -18,6 +18,7 @@ from libs.domain.node import (
     evolve_node,
     watch_card,
 )
+from libs.domain.reasons import ReasonCode
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 INV = NodeInventory(
@@ -74,7 +75,9 @@ def test_node_fold() -> None:
     assert node.status is NodeStatus.ONLINE and node.version == 1
     node = evolve_node(node, GpuLost(node_id="n1", gpu_id="g0", missed_heartbeats=3), AT, 2)
     assert node.excluded_gpus == ("g0",)
-    node = evolve_node(node, NodeOffline(node_id="n1", silent_seconds=12), AT, 3)
+    node = evolve_node(
+        node, NodeOffline(node_id="n1", silent_seconds=12, reason_code=ReasonCode.NODE_LOST), AT, 3
+    )
     assert node.status is NodeStatus.OFFLINE
     node = evolve_node(node, NodeRegistered(node_id="n1", inventory=INV), AT, 4)
     assert node.status is NodeStatus.ONLINE and node.excluded_gpus == ("g0",)

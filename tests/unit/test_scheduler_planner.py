@@ -22,7 +22,7 @@ from services.scheduler.model import (
     Requirement,
 )
 from services.scheduler.planner import plan
-from services.scheduler.reasons import Reason
+from services.scheduler.reasons import PLACEMENT_REASONS, Reason
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 GB = 1024
@@ -206,7 +206,7 @@ def test_unplaced_reason(
 
 
 def test_every_reason_is_exercised() -> None:
-    assert {c[2] for c in REASON_CASES} == set(Reason)
+    assert {c[2] for c in REASON_CASES} == set(PLACEMENT_REASONS)
 
 
 def test_gpu_type_message_names_the_type() -> None:

@@ -1,4 +1,8 @@
-"""Timeline rules: which committed events become entries, table-driven."""
+"""Timeline rules: which committed events become entries, table-driven.
+
+Status changes are keyed on their reason code; the legacy cases are version-1 payloads
+(text only) as the platform wrote them before codes, mapped once by the domain.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,10 @@ from typing import Any
 
 import pytest
 
+from libs.domain.reasons import ReasonCode
 from services.event_timeline.rules import entries_for
+
+R = ReasonCode
 
 
 def env(stream_type: str, type_: str, **payload: Any) -> dict[str, Any]:
@@ -19,7 +26,22 @@ def env(stream_type: str, type_: str, **payload: Any) -> dict[str, Any]:
     }
 
 
-def status(src: str, to: str, reason: str = "", **kw: Any) -> dict[str, Any]:
+def status(src: str, to: str, code: ReasonCode, reason: str = "", **kw: Any) -> dict[str, Any]:
+    return env(
+        "task",
+        "task_status_changed",
+        task_id="t1",
+        from_status=src,
+        to_status=to,
+        reason_code=code.value,
+        reason=reason,
+        schema_version=2,
+        **kw,
+    )
+
+
+def legacy(src: str, to: str, reason: str, **kw: Any) -> dict[str, Any]:
+    """A version-1 status change: text only, no code."""
     return env(
         "task",
         "task_status_changed",
@@ -27,6 +49,7 @@ def status(src: str, to: str, reason: str = "", **kw: Any) -> dict[str, Any]:
         from_status=src,
         to_status=to,
         reason=reason,
+        schema_version=1,
         **kw,
     )
 
@@ -34,35 +57,79 @@ def status(src: str, to: str, reason: str = "", **kw: Any) -> dict[str, Any]:
 CASES = [
     (
         "node lost migration",
-        status("running", "pending", "node_lost: n1"),
+        status("running", "pending", R.NODE_LOST, "node n1 stopped answering"),
         [("task", "node_lost_migration")],
     ),
     (
         "node lost ends stopping",
-        status("stopping", "stopped", "node_lost: n1"),
+        status("stopping", "stopped", R.NODE_LOST),
         [("task", "node_lost_ended")],
     ),
-    ("preemption", status("running", "preempting", "preempted by t9"), [("task", "preemption")]),
+    ("preemption", status("running", "preempting", R.PREEMPTED), [("task", "preemption")]),
     (
         "requeue after preemption",
-        status("preempting", "pending", "agent: exited"),
+        status("preempting", "pending", R.PREEMPTED, "agent: exited"),
         [("task", "preempted_requeue")],
     ),
     (
         "wake on offline host",
-        status("sleeping", "pending", "wake: host offline"),
+        status("sleeping", "pending", R.HOST_OFFLINE_ON_WAKE),
         [("task", "wake_rescheduled")],
     ),
     (
         "container lost",
-        status("running", "failed", error="ContainerLost: gone"),
+        status("running", "failed", R.CONTAINER_LOST, error="the container is gone"),
         [("task", "container_lost")],
     ),
     (
         "timeout",
-        status("running", "failed", error="task exceeded its timeout", error_kind="Timeout"),
+        status("running", "failed", R.TIMEOUT, error="task exceeded its timeout"),
         [("task", "task_timeout")],
     ),
+    # The text is for people: a code that is not a fault wins over text that reads like one.
+    ("text is not parsed", status("running", "pending", R.RETRY, "node_lost: n1"), []),
+    (
+        "no error text needed",
+        status("running", "failed", R.CONTAINER_LOST),
+        [("task", "container_lost")],
+    ),
+    # Version-1 payloads, mapped to codes once by the domain's legacy mapping.
+    (
+        "legacy node lost",
+        legacy("running", "pending", "node_lost: n1"),
+        [("task", "node_lost_migration")],
+    ),
+    (
+        "legacy node lost ends",
+        legacy("draining", "cancelled", "node_lost: n1"),
+        [("task", "node_lost_ended")],
+    ),
+    (
+        "legacy preemption",
+        legacy("running", "preempting", "preempted by t9"),
+        [("task", "preemption")],
+    ),
+    (
+        "legacy requeue",
+        legacy("preempting", "pending", "agent: exited"),
+        [("task", "preempted_requeue")],
+    ),
+    (
+        "legacy wake",
+        legacy("sleeping", "pending", "wake: host offline"),
+        [("task", "wake_rescheduled")],
+    ),
+    (
+        "legacy container lost",
+        legacy("running", "failed", "agent: lost", error="ContainerLost: gone"),
+        [("task", "container_lost")],
+    ),
+    (
+        "legacy timeout",
+        legacy("running", "failed", "agent: exited", error="x", error_kind="Timeout"),
+        [("task", "task_timeout")],
+    ),
+    ("legacy completion", legacy("running", "completed", "agent: exited"), []),
     (
         "retry escalation",
         env(
@@ -132,9 +199,10 @@ CASES = [
         [("group", "group_failed")],
     ),
     # Not fault-tolerance transitions: nothing is invented.
-    ("ordinary completion", status("running", "completed", "agent: exited"), []),
-    ("placement", status("pending", "scheduled", "placed"), []),
-    ("user stop", status("running", "stopping", "stop requested"), []),
+    ("ordinary completion", status("running", "completed", R.EXITED), []),
+    ("placement", status("pending", "scheduled", R.PLACED), []),
+    ("user stop", status("running", "stopping", R.USER_STOP), []),
+    ("failure by exit", status("running", "failed", R.EXITED, error="exit code 3"), []),
     (
         "retry hold",
         env(
@@ -172,3 +240,26 @@ def test_rule(envelope: dict[str, Any], expected: list[tuple[str, str]]) -> None
     assert [(e.subject_type, e.kind) for e in entries] == expected
     for e in entries:
         assert e.id.startswith("e1:") and e.message
+        assert e.details["reason_code"] in set(ReasonCode)
+
+
+@pytest.mark.parametrize(
+    ("envelope", "code"),
+    [
+        (status("running", "pending", R.NODE_LOST), R.NODE_LOST),
+        (legacy("sleeping", "pending", "wake: host offline"), R.HOST_OFFLINE_ON_WAKE),
+        (env("node", "gpu_lost", node_id="n1", gpu_id="g0", missed_heartbeats=3), R.GPU_LOST),
+        (
+            env("node", "node_offline", node_id="n1", silent_seconds=700.0, gone=True),
+            R.NODE_GONE,
+        ),
+        (
+            env("group", "group_recovery", group_id="g", kind="group_restart", reason="r"),
+            R.GROUP_RESTART,
+        ),
+    ],
+    ids=["task", "legacy task", "gpu", "legacy node gone", "legacy group"],
+)
+def test_entries_carry_the_reason_code(envelope: dict[str, Any], code: ReasonCode) -> None:
+    (entry,) = entries_for(envelope)
+    assert entry.details["reason_code"] == code.value

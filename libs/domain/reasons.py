@@ -1,0 +1,239 @@
+"""Reason codes: why a status changed, or why a task still waits, as data.
+
+One enum for the whole platform. Status-change events carry a `ReasonCode` next to their
+free text (the text is for people, the code for programs); the scheduler's "why pending"
+answers are codes of the same enum; metric labels and API fields use the values. No
+consumer parses the text.
+
+Events written before codes existed carry only text: `legacy_reason_code` maps such a
+payload to a code once, when it is loaded (see `upcast_reason`), and is the only place that
+reads reason prose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+
+class ReasonCode(StrEnum):
+    # A stored event whose legacy text no rule recognises.
+    UNSPECIFIED = "unspecified"
+    # --- task status changes ------------------------------------------------------------
+    SUBMITTED = "submitted"
+    PLACED = "placed"
+    STARTED = "started"
+    RESUMED = "resumed"
+    EXITED = "exited"
+    START_FAILED = "start_failed"
+    CONTAINER_LOST = "container_lost"
+    TIMEOUT = "timeout"
+    REPORTED = "reported"
+    USER_STOP = "user_stop"
+    USER_DELETE = "user_delete"
+    USER_SLEEP = "user_sleep"
+    USER_WAKE = "user_wake"
+    HOST_OFFLINE_ON_WAKE = "host_offline_on_wake"
+    PREEMPTED = "preempted"
+    NODE_LOST = "node_lost"
+    RETRY = "retry"
+    RETRY_GIVEN_UP = "retry_given_up"
+    GROUP_FAILED = "group_failed"
+    # --- group events -------------------------------------------------------------------
+    MEMBER_FAILED = "member_failed"
+    MEMBERS_CHANGED = "members_changed"
+    REBUILDS_EXHAUSTED = "rebuilds_exhausted"
+    GROUP_RESTART = "group_restart"
+    GROUP_REBUILD = "group_rebuild"
+    # --- node events --------------------------------------------------------------------
+    NODE_GONE = "node_gone"
+    GPU_LOST = "gpu_lost"
+    GPU_RECOVERED = "gpu_recovered"
+    # --- why pending: the scheduler's rejections (task-level, then node stages) ----------
+    NO_NODES = "no_nodes"
+    BACKOFF = "backoff"
+    TENANT_QUOTA_EXCEEDED = "tenant_quota_exceeded"
+    GANG_INCOMPLETE = "gang_incomplete"
+    PINNED_ELSEWHERE = "pinned_elsewhere"
+    NODE_OFFLINE = "node_offline"
+    NODE_EXCLUDED = "node_excluded"
+    GPU_TYPE_UNAVAILABLE = "gpu_type_unavailable"
+    INSUFFICIENT_VRAM = "insufficient_vram"
+    INSUFFICIENT_GPUS = "insufficient_gpus"
+    FRACTION_UNAVAILABLE = "fraction_unavailable"
+    INSUFFICIENT_MEMORY = "insufficient_memory"
+    INSUFFICIENT_CPU = "insufficient_cpu"
+    ANTI_AFFINITY = "anti_affinity"
+
+    @property
+    def text(self) -> str:
+        """A short sentence for people."""
+        return TEXT[self]
+
+
+R = ReasonCode
+
+TEXT: dict[ReasonCode, str] = {
+    R.UNSPECIFIED: "no reason recorded",
+    R.SUBMITTED: "submitted",
+    R.PLACED: "placed on a node by the scheduler",
+    R.STARTED: "the agent started the container",
+    R.RESUMED: "the agent resumed the container",
+    R.EXITED: "the container exited",
+    R.START_FAILED: "the agent could not start the container",
+    R.CONTAINER_LOST: "the agent no longer finds the container",
+    R.TIMEOUT: "the task exceeded its timeout",
+    R.REPORTED: "status reported over the API",
+    R.USER_STOP: "stop requested",
+    R.USER_DELETE: "deleted",
+    R.USER_SLEEP: "sleep requested",
+    R.USER_WAKE: "wake requested",
+    R.HOST_OFFLINE_ON_WAKE: "woken while its host was offline: rescheduled elsewhere",
+    R.PREEMPTED: "preempted by higher-priority work",
+    R.NODE_LOST: "its node stopped sending heartbeats",
+    R.RETRY: "the retry engine requeued it",
+    R.RETRY_GIVEN_UP: "the retry engine gave up: no retry left or a permanent failure",
+    R.GROUP_FAILED: "its group failed",
+    R.MEMBER_FAILED: "a member failed",
+    R.MEMBERS_CHANGED: "the members' statuses changed",
+    R.REBUILDS_EXHAUSTED: "no live replica and every rebuild used",
+    R.GROUP_RESTART: "whole-group restart after a start-up infrastructure failure",
+    R.GROUP_REBUILD: "no live replica: the group is rebuilt",
+    R.NODE_GONE: "the node is gone for good",
+    R.GPU_LOST: "a card disappeared from the heartbeats",
+    R.GPU_RECOVERED: "a lost card is seen again",
+    R.NO_NODES: "no node is registered",
+    R.BACKOFF: "waiting for the retry back-off",
+    R.TENANT_QUOTA_EXCEEDED: "the tenant's GPU quota is used up",
+    R.GANG_INCOMPLETE: "not every member of the gang fits yet",
+    R.PINNED_ELSEWHERE: "pinned to another node",
+    R.NODE_OFFLINE: "the node is offline",
+    R.NODE_EXCLUDED: "the node is excluded for this attempt",
+    R.GPU_TYPE_UNAVAILABLE: "no card of the requested type",
+    R.INSUFFICIENT_VRAM: "no card with enough memory",
+    R.INSUFFICIENT_GPUS: "not enough free cards",
+    R.FRACTION_UNAVAILABLE: "no card with a free fraction of that size",
+    R.INSUFFICIENT_MEMORY: "not enough free memory",
+    R.INSUFFICIENT_CPU: "not enough free CPU",
+    R.ANTI_AFFINITY: "would share a node with a task it must avoid",
+}
+
+# Why a task still waits (the scheduler's feasibility answers), in the enum's order.
+PLACEMENT_REASONS: tuple[ReasonCode, ...] = (
+    R.NO_NODES,
+    R.BACKOFF,
+    R.TENANT_QUOTA_EXCEEDED,
+    R.GANG_INCOMPLETE,
+    R.PINNED_ELSEWHERE,
+    R.NODE_OFFLINE,
+    R.NODE_EXCLUDED,
+    R.GPU_TYPE_UNAVAILABLE,
+    R.INSUFFICIENT_VRAM,
+    R.INSUFFICIENT_GPUS,
+    R.FRACTION_UNAVAILABLE,
+    R.INSUFFICIENT_MEMORY,
+    R.INSUFFICIENT_CPU,
+    R.ANTI_AFFINITY,
+)
+
+# Failures caused by the infrastructure, not the user's program.
+INFRASTRUCTURE_REASONS: frozenset[ReasonCode] = frozenset({R.NODE_LOST, R.CONTAINER_LOST})
+
+# The version of the payloads that carry a code; version 1 carried only the text.
+REASON_SCHEMA_VERSION = 2
+
+# What an agent saw (a protocol `Fact` value) → the code; every other exit is EXITED.
+_FACTS = {
+    "starting": R.STARTED,
+    "running": R.STARTED,
+    "resumed": R.RESUMED,
+    "start_failed": R.START_FAILED,
+}
+
+
+def report_reason(fact: str, from_status: str, to_status: str, error_kind: str = "") -> ReasonCode:
+    """The code of a transition an agent report causes (`fact` is a protocol `Fact` value)."""
+    if from_status == "preempting" and to_status == "pending":
+        return R.PREEMPTED
+    if fact == "lost":
+        return R.CONTAINER_LOST
+    if error_kind == "Timeout":
+        return R.TIMEOUT
+    return _FACTS.get(fact, R.EXITED)
+
+
+# Exact texts version-1 producers wrote for task transitions.
+_TASK_TEXTS = {
+    "placed": R.PLACED,
+    "wake: host offline": R.HOST_OFFLINE_ON_WAKE,
+    "wake requested": R.USER_WAKE,
+    "group wake": R.USER_WAKE,
+    "stop requested": R.USER_STOP,
+    "deleted": R.USER_DELETE,
+    "sleep requested": R.USER_SLEEP,
+    "group failed": R.GROUP_FAILED,
+    "reported": R.REPORTED,
+}
+_RECOVERY_KINDS = {
+    "group_restart": R.GROUP_RESTART,
+    "restart_scheduled": R.GROUP_RESTART,
+    "inference_rebuild": R.GROUP_REBUILD,
+    "replica_replaced": R.MEMBER_FAILED,
+}
+
+
+def legacy_reason_code(event_type: str, payload: Mapping[str, Any]) -> ReasonCode:
+    """The code of a version-1 payload, from the text and fields its producer wrote."""
+    text = str(payload.get("reason") or "")
+    if event_type == "task_status_changed":
+        return _legacy_task(text, payload)
+    if event_type == "task_pending_reason":
+        head = text.partition(":")[0]
+        return R(head) if head in PLACEMENT_REASONS else R.UNSPECIFIED
+    if event_type == "group_status_changed":
+        if text.startswith("member rank"):
+            return R.MEMBER_FAILED
+        if text.startswith("no live replica"):
+            return R.REBUILDS_EXHAUSTED
+        return R.MEMBERS_CHANGED if text.startswith("members are") else R.UNSPECIFIED
+    if event_type == "group_recovery":
+        return _RECOVERY_KINDS.get(str(payload.get("kind")), R.UNSPECIFIED)
+    if event_type == "node_offline":
+        return R.NODE_GONE if payload.get("gone") else R.NODE_LOST
+    return R.UNSPECIFIED
+
+
+def _legacy_task(text: str, p: Mapping[str, Any]) -> ReasonCode:
+    src, to = str(p.get("from_status")), str(p.get("to_status"))
+    if text.startswith("node_lost"):
+        return R.NODE_LOST
+    if text.startswith("preempted by"):
+        return R.PREEMPTED
+    if text.startswith("agent: "):
+        return report_reason(text.removeprefix("agent: "), src, to, str(p.get("error_kind") or ""))
+    if src == "failed" and to == "pending":
+        return R.RETRY  # only the retry engine makes this transition
+    return _TASK_TEXTS.get(text, R.UNSPECIFIED)
+
+
+def reason_code_of(event_type: str, payload: Mapping[str, Any]) -> ReasonCode:
+    """The code of a payload as read off the bus: its own, or the legacy mapping's."""
+    code = payload.get("reason_code")
+    return R(code) if code else legacy_reason_code(event_type, payload)
+
+
+def upcast_reason(event_type: str, data: Any) -> Any:
+    """A version-1 payload as version 2: the code derived once, at load time.
+
+    Only data that says it is version 1 is upcast, so a producer that forgets the code
+    fails validation instead of being guessed for.
+    """
+    if (
+        isinstance(data, dict)
+        and "reason_code" not in data
+        and data.get("schema_version", REASON_SCHEMA_VERSION) < REASON_SCHEMA_VERSION
+    ):
+        code = legacy_reason_code(event_type, data)
+        return {**data, "reason_code": code, "schema_version": REASON_SCHEMA_VERSION}
+    return data
