@@ -23,7 +23,7 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from libs.domain.catalog import parse_payload
-from libs.domain.errors import Conflict, DomainError, NotFound
+from libs.domain.errors import Conflict, DomainError, NotFound, StoreUnavailable
 from libs.domain.events import Payload, TaskCreated, evolve_task
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
 
@@ -57,8 +57,11 @@ def utcnow() -> datetime:
 
 
 def _migrate(url: str) -> list[int]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        return migrate(conn)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            return migrate(conn)
+    except psycopg.OperationalError as exc:  # the store's edge: no driver error leaves it
+        raise StoreUnavailable(f"store unavailable: {exc}") from exc
 
 
 def new_task_id() -> TaskId:
