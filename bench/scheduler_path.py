@@ -31,6 +31,7 @@ from libs.bus.nats import connect, ensure_streams
 from libs.domain.task import TaskId, TaskSpec, TenantId
 from libs.service import ServiceContext
 from libs.store.eventstore import EventStore
+from libs.store.pool import rows as query
 from libs.store.relay import OutboxRelay
 from services.scheduler import service as scheduler_service
 
@@ -231,7 +232,8 @@ async def submit_to_running(
 ) -> tuple[list[float], dict[str, list[float]]]:
     """Seconds from each task's creation to its first `running` transition, as stored, and
     the seconds of each hop on the way (see SteadyResult.hops)."""
-    rows = await store.fetch(
+    rows = await query(
+        store,
         "SELECT t.created_at,"
         " min(e.occurred_at) FILTER (WHERE e.payload->>'to_status' = 'scheduled') AS placed,"
         " min(e.occurred_at) FILTER (WHERE e.payload->>'to_status' = 'starting') AS started,"
@@ -256,17 +258,18 @@ async def submit_to_running(
 async def node_loss(store: EventStore, fleet: FleetProcess, threshold: float) -> LossResult:
     """Silence the node running the most tasks; time offline, requeue and restart elsewhere."""
     result = LossResult(threshold)
-    rows = await store.fetch(
+    rows = await query(
+        store,
         "SELECT node_id, count(*) AS n FROM tasks WHERE status = 'running'"
-        " GROUP BY node_id ORDER BY count(*) DESC, node_id LIMIT 1"
+        " GROUP BY node_id ORDER BY count(*) DESC, node_id LIMIT 1",
     )
     if not rows:
         return result
     node_id = rows[0]["node_id"]
     ids = [
         r["id"]
-        for r in await store.fetch(
-            "SELECT id FROM tasks WHERE node_id = %s AND status = 'running'", [node_id]
+        for r in await query(
+            store, "SELECT id FROM tasks WHERE node_id = %s AND status = 'running'", [node_id]
         )
     ]
     result.node_id, result.tasks = node_id, len(ids)
@@ -277,7 +280,7 @@ async def node_loss(store: EventStore, fleet: FleetProcess, threshold: float) ->
     for status in ("pending", "running"):
         with contextlib.suppress(TimeoutError):
             await _until(_moved(store, ids, status, offline_at), SETTLE_TIMEOUT_S)
-    moves = await store.fetch(_MOVES, [ids, offline_at])
+    moves = await query(store, _MOVES, [ids, offline_at])
     pending = [r["at"] for r in moves if r["status"] == "pending"]
     running = [r["at"] for r in moves if r["status"] == "running"]
     if len(pending) == len(ids):
@@ -298,14 +301,15 @@ _MOVES = (
 
 def _moved(store: EventStore, ids: Sequence[str], status: str, since: datetime) -> Probe[bool]:
     async def probe() -> bool | None:
-        rows = await store.fetch(_MOVES, [list(ids), since])
+        rows = await query(store, _MOVES, [list(ids), since])
         return True if sum(r["status"] == status for r in rows) >= len(ids) else None
 
     return probe
 
 
 async def _false_offline(store: EventStore, since: datetime, lost: str) -> int:
-    rows = await store.fetch(
+    rows = await query(
+        store,
         "SELECT count(*) AS n FROM events WHERE type = 'node_offline'"
         " AND occurred_at >= %s AND stream_id <> %s",
         [since, lost],
@@ -333,7 +337,7 @@ async def _until(probe: Probe[T], within_s: float) -> T:
 
 def _count(store: EventStore, sql: str, n: int) -> Probe[bool]:
     async def probe() -> bool | None:
-        rows = await store.fetch(sql)
+        rows = await query(store, sql)
         return True if int(rows[0]["n"]) >= n else None
 
     return probe
@@ -341,7 +345,8 @@ def _count(store: EventStore, sql: str, n: int) -> Probe[bool]:
 
 def _running(store: EventStore, ids: Sequence[str]) -> Probe[bool]:
     async def probe() -> bool | None:
-        rows = await store.fetch(
+        rows = await query(
+            store,
             "SELECT count(*) AS n FROM tasks WHERE id = ANY(%s) AND status = 'running'",
             [list(ids)],
         )
@@ -352,7 +357,8 @@ def _running(store: EventStore, ids: Sequence[str]) -> Probe[bool]:
 
 def _offline_at(store: EventStore, node_id: str) -> Probe[datetime]:
     async def probe() -> datetime | None:
-        rows = await store.fetch(
+        rows = await query(
+            store,
             "SELECT min(occurred_at) AS at FROM events"
             " WHERE stream_id = %s AND type = 'node_offline'",
             [node_id],

@@ -23,6 +23,7 @@ from libs.domain.node import NodeInventory, NodeRegistered, evolve_node
 from libs.domain.task import TaskSpec, TenantId
 from libs.store import projections
 from libs.store.eventstore import INSERT_EVENT, EventStore
+from libs.store.pool import rows as query
 from libs.store.projections import NODES
 from libs.store.relay import OutboxRelay
 from services.scheduler import view
@@ -142,7 +143,7 @@ async def place_all(placer: Placer, result: PlacementResult, max_rounds: int = 1
         if r.placed == 0:
             break
     result.seconds = time.perf_counter() - start
-    rows = await placer.store.fetch("SELECT count(*) AS n FROM tasks WHERE status = 'pending'")
+    rows = await query(placer.store, "SELECT count(*) AS n FROM tasks WHERE status = 'pending'")
     result.left_pending = int(rows[0]["n"])
 
 

@@ -11,9 +11,9 @@ import asyncio
 import json
 import sys
 from datetime import datetime
-from typing import Any
 
 from libs.config import CommonSettings
+from libs.store.types import EventRange
 
 
 def _database_url(settings: CommonSettings) -> str:
@@ -42,24 +42,15 @@ def _nats_url(settings: CommonSettings) -> str:
     return EmbeddedNats(root, port=int(port_file.read_text())).url
 
 
-def _where(args: argparse.Namespace) -> tuple[str, list[Any]]:
-    clauses: list[str] = ["TRUE"]
-    params: list[Any] = []
+def _range(args: argparse.Namespace) -> EventRange:
     start = getattr(args, "start", None)
-    if start:
-        if start.isdigit():
-            clauses.append("position >= %s")
-            params.append(int(start))
-        else:
-            clauses.append("occurred_at >= %s")
-            params.append(datetime.fromisoformat(start))
-    if getattr(args, "to", None):
-        clauses.append("position <= %s")
-        params.append(int(args.to))
-    if getattr(args, "stream", None):
-        clauses.append("stream_id = ANY(%s)")
-        params.append(list(args.stream))
-    return " AND ".join(clauses), params
+    to = getattr(args, "to", None)
+    return EventRange(
+        from_position=int(start) if start and start.isdigit() else None,
+        from_time=datetime.fromisoformat(start) if start and not start.isdigit() else None,
+        to_position=int(to) if to else None,
+        streams=tuple(getattr(args, "stream", None) or ()),
+    )
 
 
 async def _replay(args: argparse.Namespace) -> int:
@@ -92,42 +83,27 @@ async def _replay(args: argparse.Namespace) -> int:
     return 1 if diff_rows else 0
 
 
-async def _rows(conn: Any, where: str, params: list[Any], after: int, limit: int) -> list[Any]:
-    cur = await conn.execute(
-        "SELECT position, event_id, stream_id, stream_type, version, type, schema_version,"
-        f" payload, occurred_at, metadata FROM events WHERE {where} AND position > %s"
-        " ORDER BY position LIMIT %s",
-        [*params, after, limit],
-    )
-    return list(await cur.fetchall())
-
-
-def _envelope(r: Any) -> dict[str, Any]:
-    from libs.store.types import StoredEvent
-
-    return StoredEvent(*r).envelope()
-
-
 async def _export(args: argparse.Namespace, follow: bool) -> int:
-    import psycopg
+    from libs.store.eventstore import EventStore
 
-    where, params = _where(args)
+    where = _range(args)
     out = open(args.output, "w") if getattr(args, "output", None) else sys.stdout  # noqa: SIM115, ASYNC230
     after = 0
-    async with await psycopg.AsyncConnection.connect(
-        _database_url(CommonSettings()), autocommit=True
-    ) as conn:
+    store = await EventStore.open(_database_url(CommonSettings()), max_size=1)
+    try:
         while True:
-            rows = await _rows(conn, where, params, after, 5000)
-            for r in rows:
-                out.write(json.dumps(_envelope(r)) + "\n")
+            events = await store.read_range(where, after, 5000)
+            for ev in events:
+                out.write(json.dumps(ev.envelope()) + "\n")
             out.flush()
-            if rows:
-                after = rows[-1][0]
+            if events:
+                after = events[-1].position
             elif not follow:
                 break
             else:
                 await asyncio.sleep(0.5)
+    finally:
+        await store.close()
     if out is not sys.stdout:
         out.close()
     return 0
@@ -136,37 +112,39 @@ async def _export(args: argparse.Namespace, follow: bool) -> int:
 async def _republish(args: argparse.Namespace) -> int:
     """Publish a range again. Safe: the message id is the event id, so JetStream drops what
     it still holds (2-minute window) and consumers are idempotent for the rest."""
-    import psycopg
-
     from libs.bus.nats import connect, ensure_streams
+    from libs.store.eventstore import EventStore
     from libs.store.relay import OutboxEvent, envelope_of, headers_of, subject_of
 
     settings = CommonSettings()
-    where, params = _where(args)
+    where = _range(args)
     nc = await connect(_nats_url(settings), "events-republish")
     js = nc.jetstream()
     await ensure_streams(js)
     sent = 0
-    async with await psycopg.AsyncConnection.connect(_database_url(settings)) as conn:
+    store = await EventStore.open(_database_url(settings), max_size=1)
+    try:
         after = 0
-        while rows := await _rows(conn, where, params, after, 1000):
-            for r in rows:
+        while events := await store.read_range(where, after, 1000):
+            for e in events:
                 ev = OutboxEvent(
-                    position=r[0],
-                    event_id=r[1],
-                    stream_id=r[2],
-                    stream_type=r[3],
-                    version=r[4],
-                    type=r[5],
-                    schema_version=r[6],
-                    payload=r[7],
-                    occurred_at=r[8],
-                    metadata=r[9],
+                    position=e.position,
+                    event_id=e.event_id,
+                    stream_id=e.stream_id,
+                    stream_type=e.stream_type,
+                    version=e.version,
+                    type=e.type,
+                    schema_version=e.schema_version,
+                    payload=e.payload,
+                    occurred_at=e.occurred_at,
+                    metadata=e.metadata,
                     tx_id="0",
                 )
                 await js.publish(subject_of(ev), envelope_of(ev), headers=headers_of(ev))
                 sent += 1
-            after = rows[-1][0]
+            after = events[-1].position
+    finally:
+        await store.close()
     await nc.close()
     print(f"republished {sent} event(s)", file=sys.stderr)
     return 0

@@ -35,7 +35,7 @@ from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.health import READINESS
 from libs.looplag import LoopLagMonitor
 from libs.service import ServiceContext
-from libs.store import queries
+from libs.store import tenants
 from libs.store.eventstore import EventStore
 from libs.store.relay import OutboxRelay
 from services.api_gateway.app import create_app
@@ -110,14 +110,12 @@ class Platform:
         assert self.store is not None
         path = self.home / "credentials.json"
         url = f"http://{self.settings.host}:{self.settings.port}"
-        have_operator = await self.store.fetch(
-            "SELECT 1 FROM system_credentials WHERE role = 'operator' LIMIT 1"
-        )
+        have_operator = await tenants.has_operator(self.store)
         if have_operator and path.exists():
             creds: dict[str, str] = json.loads(path.read_text())
             creds["url"] = url
         else:
-            if await queries.get_tenant(self.store, "default") is None:
+            if await tenants.get_tenant(self.store, "default") is None:
                 await auth.create_tenant(self.store, "default", "default")
             _, tenant_key = await auth.issue_api_key(self.store, "default", "local")
             creds = {

@@ -21,7 +21,7 @@ import jwt
 from libs.domain.errors import Code, DomainError
 from libs.domain.events import ApiKeyIssued, SystemCredentialIssued, TenantCreated
 from libs.domain.task import TenantId
-from libs.store import queries
+from libs.store import tenants
 from libs.store.eventstore import EventStore
 
 JWT_ALGORITHM = "HS256"
@@ -65,7 +65,7 @@ async def create_tenant(store: EventStore, tenant_id: str, name: str, gpu_quota:
             "id must be 1-63 lowercase letters, digits or '-', starting with a letter or digit",
             ["id"],
         )
-    if await queries.get_tenant(store, tenant_id) is not None:
+    if await tenants.get_tenant(store, tenant_id) is not None:
         raise DomainError(Code.CAS_CONFLICT, f"tenant {tenant_id!r} already exists", ["id"])
     ev = TenantCreated(tenant_id=TenantId(tenant_id), name=name, gpu_quota=gpu_quota)
     await store.append_stream(f"tenant-{tenant_id}", [ev], expected_version=0)
@@ -139,16 +139,16 @@ async def authenticate(store: EventStore, token: str, jwt_secret: str | None) ->
     """Resolve a bearer token to a principal, or raise 40101."""
     if token.startswith("hf_"):
         digest = hash_key(token)
-        sys = await queries.find_system_credential(store, digest)
+        sys = await tenants.find_system_credential(store, digest)
         if sys is not None:
-            return Principal(Role(sys["role"]), sys["id"])
-        key = await queries.find_api_key(store, digest)
+            return Principal(Role(sys.role), sys.id)
+        key = await tenants.find_api_key(store, digest)
         if key is not None:
-            return Principal(Role.TENANT_KEY, key["id"], key["tenant_id"])
+            return Principal(Role.TENANT_KEY, key.id, key.tenant_id)
         raise DomainError(Code.UNAUTHENTICATED, "unknown or revoked key")
     if token.count(".") == 2 and jwt_secret:
         claims = decode_jwt(token, jwt_secret)
-        tenant = await queries.get_tenant(store, str(claims["tenant_id"]))
+        tenant = await tenants.get_tenant(store, str(claims["tenant_id"]))
         if tenant is None:
             raise DomainError(Code.UNAUTHENTICATED, "token names an unknown tenant")
         return Principal(Role.TENANT_USER, str(claims["sub"]), str(claims["tenant_id"]))

@@ -64,3 +64,13 @@ class Conflict(DomainError):
 
     def __init__(self, message: str) -> None:
         super().__init__(Code.CAS_CONFLICT, message)
+
+
+class StoreError(Exception):
+    """The store failed for a reason of its own (not the caller's): translated from the
+    database driver at the store's edge, so no service depends on the driver's exceptions.
+    Not a `DomainError`: the gateway answers it as any internal failure, unchanged."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached or no connection came free in time; a retry may work."""

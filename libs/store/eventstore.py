@@ -20,19 +20,18 @@ import psycopg
 import structlog
 from prometheus_client import Counter
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from libs.domain.catalog import parse_payload
-from libs.domain.errors import Conflict, DomainError, NotFound
+from libs.domain.errors import Conflict, DomainError, NotFound, StoreUnavailable
 from libs.domain.events import Payload, TaskCreated, evolve_task
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
 
 from . import projections
 from .migrations import migrate
+from .pool import StorePool
 from .projections import TASKS, Aggregate, M
-from .types import StoredEvent
+from .types import EventRange, StoredEvent
 
 log = structlog.get_logger(__name__)
 
@@ -58,8 +57,11 @@ def utcnow() -> datetime:
 
 
 def _migrate(url: str) -> list[int]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        return migrate(conn)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            return migrate(conn)
+    except psycopg.OperationalError as exc:  # the store's edge: no driver error leaves it
+        raise StoreUnavailable(f"store unavailable: {exc}") from exc
 
 
 def new_task_id() -> TaskId:
@@ -69,7 +71,7 @@ def new_task_id() -> TaskId:
 class EventStore:
     """Async facade over the events table and its projections."""
 
-    def __init__(self, pool: AsyncConnectionPool, clock: Clock = utcnow) -> None:
+    def __init__(self, pool: StorePool, clock: Clock = utcnow) -> None:
         self.pool = pool
         self.clock = clock
 
@@ -82,7 +84,7 @@ class EventStore:
         applied = await asyncio.to_thread(_migrate, url)
         if applied:
             log.info("schema_migrated", versions=applied)
-        pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False)
+        pool = StorePool(url, min_size=min_size, max_size=max_size, open=False)
         await pool.open(wait=True)
         return cls(pool)
 
@@ -395,11 +397,23 @@ class EventStore:
             rows = await cur.fetchall()
         return [StoredEvent(*r) for r in rows]
 
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        """Read-only query helper for projections (rows as dicts)."""
-        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(sql, params)
-            return list(await cur.fetchall())
+    async def read_range(
+        self, where: EventRange, after_position: int = 0, limit: int = 1000
+    ) -> list[StoredEvent]:
+        """Events in `where` past `after_position`, in commit order (export, republish)."""
+        clause, params = where.clause()
+        return await self._read(
+            f"WHERE {clause} AND position > %s ORDER BY position LIMIT %s",
+            (*params, after_position, limit),
+        )
+
+    async def last_of_type(self, stream_id: str, event_type: str) -> StoredEvent | None:
+        """The newest event of one type in a stream (the retry engine's last decision)."""
+        found = await self._read(
+            "WHERE stream_id = %s AND type = %s ORDER BY version DESC LIMIT 1",
+            (stream_id, event_type),
+        )
+        return found[0] if found else None
 
 
 async def _visible_task(

@@ -53,3 +53,30 @@ class TaskQuery:
     sort: str = "created_at"
     order: str = "desc"
     group_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EventRange:
+    """Which events an operator command reads: positions and times inclusive, any of the
+    named streams (all when none)."""
+
+    from_position: int | None = None
+    from_time: datetime | None = None
+    to_position: int | None = None
+    streams: tuple[str, ...] = ()
+
+    def clause(self) -> tuple[str, list[Any]]:
+        where, params = ["TRUE"], list[Any]()
+        if self.from_position is not None:
+            where.append("position >= %s")
+            params.append(self.from_position)
+        if self.from_time is not None:
+            where.append("occurred_at >= %s")
+            params.append(self.from_time)
+        if self.to_position is not None:
+            where.append("position <= %s")
+            params.append(self.to_position)
+        if self.streams:
+            where.append("stream_id = ANY(%s)")
+            params.append(list(self.streams))
+        return " AND ".join(where), params

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from nats.aio.client import Client
 
 from libs.config import GatewaySettings
+from libs.store import pool
 from libs.store.eventstore import EventStore
 
 from . import errors, gpu, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
@@ -56,7 +57,7 @@ def create_app(
     @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
         try:
-            await app.state.store.fetch("SELECT 1 AS ok")
+            await pool.ping(app.state.store)
         except Exception as exc:  # noqa: BLE001 - readiness reports any failure
             return JSONResponse({"status": "unavailable", "error": str(exc)}, 503)
         return JSONResponse({"status": "ok"})

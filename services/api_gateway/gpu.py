@@ -7,9 +7,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from libs.domain.energy import PowerSample, task_energy
+from libs.domain.energy import task_energy
 from libs.domain.errors import Code, DomainError
 from libs.domain.task import Task
+from libs.store import telemetry
 
 from .deps import Principal, Store, tenant_scope
 
@@ -52,23 +53,15 @@ async def gpu_metrics(
         raise DomainError(Code.INVALID_VALUE, "step must be seconds in 1..86400", ["step"])
     end = _time(q.get("end"), "end") or store.clock()
     start = _time(q.get("start"), "start") or end - timedelta(hours=1)
-    rows = await store.fetch(
-        "SELECT gpu_id, date_bin(make_interval(secs => %s), at, %s) AS t,"
-        " avg(utilization_pct) AS utilization_pct, avg(memory_used_mb) AS memory_used_mb,"
-        " max(memory_total_mb) AS memory_total_mb, avg(power_w) AS power_w"
-        " FROM gpu_samples WHERE task_id = %s AND at >= %s AND at < %s"
-        " GROUP BY gpu_id, t ORDER BY gpu_id, t",
-        [int(step), start, task.id, start, end],
-    )
     series: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        series.setdefault(r["gpu_id"], []).append(
+    for p in await telemetry.series(store, task.id, start, end, int(step)):
+        series.setdefault(p.gpu_id, []).append(
             {
-                "t": r["t"].isoformat(),
-                "utilization_pct": round(r["utilization_pct"], 2),
-                "memory_used_mb": round(r["memory_used_mb"], 1),
-                "memory_total_mb": round(r["memory_total_mb"], 1),
-                "power_w": None if r["power_w"] is None else round(r["power_w"], 1),
+                "t": p.t.isoformat(),
+                "utilization_pct": round(p.utilization_pct, 2),
+                "memory_used_mb": round(p.memory_used_mb, 1),
+                "memory_total_mb": round(p.memory_total_mb, 1),
+                "power_w": None if p.power_w is None else round(p.power_w, 1),
             }
         )
     body: dict[str, Any] = {
@@ -89,13 +82,9 @@ async def energy(
     request: Request, task_id: str, principal: Principal, store: Store
 ) -> dict[str, Any]:
     task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
-    rows = await store.fetch(
-        "SELECT gpu_id, at, power_w, shared_by FROM gpu_samples WHERE task_id = %s ORDER BY at",
-        [task.id],
-    )
     factor = request.app.state.settings.carbon_intensity_g_per_kwh
     result = task_energy(
-        (PowerSample(r["gpu_id"], r["at"], r["power_w"], r["shared_by"]) for r in rows),
+        await telemetry.power(store, task.id),
         fraction=_fraction(task),
         carbon_g_per_kwh=factor,
     )

@@ -28,7 +28,9 @@ from libs.domain.group import (
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TenantId
-from libs.store import queries
+from libs.store import groups as group_rows
+from libs.store import tasks as task_rows
+from libs.store import tenants
 from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import GROUPS
 
@@ -68,22 +70,14 @@ def group_view(group: Group, tasks: list[Task] | None = None) -> dict[str, Any]:
 
 
 async def _load(store: EventStore, group_id: str, tenant: str | None) -> Group:
-    rows = await store.fetch(
-        "SELECT doc FROM groups WHERE id = %s AND deleted_at IS NULL", [group_id]
-    )
-    if not rows:
-        raise NotFound("task group")
-    group = Group.model_validate(rows[0]["doc"])
-    if tenant is not None and group.tenant_id != tenant:
+    group = await group_rows.get(store, group_id)
+    if group is None or (tenant is not None and group.tenant_id != tenant):
         raise NotFound("task group")
     return group
 
 
 async def _tasks(store: EventStore, group_id: str) -> list[Task]:
-    rows = await store.fetch(
-        "SELECT doc FROM tasks WHERE group_id = %s AND deleted_at IS NULL", [group_id]
-    )
-    return [Task.model_validate(r["doc"]) for r in rows]
+    return await task_rows.of_group(store, group_id, include_deleted=False)
 
 
 @router.post("", status_code=201)
@@ -91,7 +85,7 @@ async def create_group(
     request: Request, principal: Principal, store: Store, body: Body
 ) -> JSONResponse:
     tenant_id = tenant_for_create(principal, request)
-    if await queries.get_tenant(store, tenant_id) is None:
+    if await tenants.get_tenant(store, tenant_id) is None:
         raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
     spec: GroupSpec = parse_group(
         body,
@@ -128,22 +122,12 @@ async def list_groups(request: Request, principal: Principal, store: Store) -> d
         raise DomainError(
             Code.INVALID_VALUE, "page >= 1 and per_page in 1..500", ["page", "per_page"]
         )
-    where, args = ["deleted_at IS NULL"], []
-    if (tenant := tenant_scope(principal)) is not None:
-        where.append("tenant_id = %s")
-        args.append(tenant)
-    if params.get("status"):
-        where.append("status = %s")
-        args.append(params["status"])
-    clause = " AND ".join(where)
-    rows = await store.fetch(
-        f"SELECT doc, count(*) OVER () AS total FROM groups WHERE {clause}"
-        " ORDER BY created_at DESC, id LIMIT %s OFFSET %s",
-        [*args, per_page, (page - 1) * per_page],
+    found, total = await group_rows.page(
+        store, tenant_scope(principal), params.get("status"), page, per_page
     )
     return {
-        "groups": [group_view(Group.model_validate(r["doc"])) for r in rows],
-        "total": int(rows[0]["total"]) if rows else 0,
+        "groups": [group_view(g) for g in found],
+        "total": total,
         "page": page,
         "per_page": per_page,
     }

@@ -21,6 +21,7 @@ from libs.domain.node import Node, NodeStatus
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TERMINAL, TaskStatus
 from libs.domain.task import Task
+from libs.store import nodes as node_rows
 from libs.store.eventstore import EventStore, payload_of
 
 from . import timeline
@@ -37,8 +38,7 @@ LOG_REQUEST_TIMEOUT_S = 5.0
 async def _node(store: EventStore, node_id: str | None) -> Node | None:
     if not node_id:
         return None
-    rows = await store.fetch("SELECT doc FROM nodes WHERE id = %s", [node_id])
-    return Node.model_validate(rows[0]["doc"]) if rows else None
+    return await node_rows.get(store, node_id)
 
 
 @router.post("/tasks/{task_id}/wake")
@@ -206,5 +206,4 @@ async def task_events(
 @router.get("/nodes")
 async def list_nodes(principal: Principal, store: Store) -> dict[str, Any]:
     require_operator(principal)
-    rows = await store.fetch("SELECT doc FROM nodes ORDER BY id")
-    return {"nodes": [r["doc"] for r in rows]}
+    return {"nodes": [n.model_dump(mode="json") for n in await node_rows.all_nodes(store)]}

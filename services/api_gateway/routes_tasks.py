@@ -24,7 +24,8 @@ from libs.domain.task import (
     parse_create,
     parse_update,
 )
-from libs.store import queries
+from libs.store import tasks as task_rows
+from libs.store import tenants
 from libs.store.types import TaskQuery
 
 from .deps import Body, Principal, Store, tenant_scope
@@ -71,7 +72,7 @@ async def create_task(
 ) -> JSONResponse:
     settings = request.app.state.settings
     tenant_id = tenant_for_create(principal, request)
-    if await queries.get_tenant(store, tenant_id) is None:
+    if await tenants.get_tenant(store, tenant_id) is None:
         raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
     spec = parse_create(
         body, tenant=principal.is_tenant, volume_allow_list=settings.volume_allow_list
@@ -113,7 +114,7 @@ def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery
     if status is not None and status.lower() not in {s.value for s in TaskStatus}:
         raise DomainError(Code.INVALID_VALUE, f"unknown status {status!r}", ["status"])
     sort = params.get("sort", "created_at")
-    if sort not in queries.SORT_COLUMNS:
+    if sort not in task_rows.SORT_COLUMNS:
         raise DomainError(
             Code.INVALID_VALUE, "sort must be created_at, updated_at or priority", ["sort"]
         )
@@ -136,7 +137,7 @@ def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery
 @router.get("")
 async def list_tasks(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
     q = parse_list_query(dict(request.query_params), tenant_scope(principal))
-    tasks, total = await queries.list_tasks(store, q)
+    tasks, total = await task_rows.list_tasks(store, q)
     return {
         "tasks": [task_view(t) for t in tasks],
         "total": total,
@@ -147,7 +148,7 @@ async def list_tasks(request: Request, principal: Principal, store: Store) -> di
 
 @router.get("/stats")
 async def task_stats(principal: Principal, store: Store) -> dict[str, Any]:
-    counts = await queries.task_stats(store, tenant_scope(principal))
+    counts = await task_rows.task_stats(store, tenant_scope(principal))
     return {"total": sum(counts.values()), "by_status": counts}
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 
 from libs import auth
 from libs.domain.errors import Code, DomainError, NotFound
-from libs.store import queries
+from libs.store import tenants
 
 from .deps import Body, Principal, Store, require_operator
 
@@ -38,22 +38,22 @@ async def create_tenant(principal: Principal, store: Store, body: Body) -> dict[
     if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
         raise DomainError(Code.INVALID_VALUE, "gpu_quota must be an integer >= 0", ["gpu_quota"])
     await auth.create_tenant(store, tenant_id, _str(body, "name", tenant_id), quota)
-    tenant = await queries.get_tenant(store, tenant_id)
+    tenant = await tenants.get_tenant(store, tenant_id)
     assert tenant is not None
-    return tenant
+    return tenant.as_dict()
 
 
 @router.get("")
 async def list_tenants(principal: Principal, store: Store) -> dict[str, Any]:
     require_operator(principal)
-    return {"tenants": await queries.list_tenants(store)}
+    return {"tenants": [t.as_dict() for t in await tenants.list_tenants(store)]}
 
 
 async def _tenant(store: Store, tenant_id: str) -> dict[str, Any]:
-    tenant = await queries.get_tenant(store, tenant_id)
+    tenant = await tenants.get_tenant(store, tenant_id)
     if tenant is None:
         raise NotFound("tenant")
-    return tenant
+    return tenant.as_dict()
 
 
 @router.post("/{tenant_id}/api-keys", status_code=201)
@@ -76,7 +76,7 @@ async def create_api_key(
 async def list_api_keys(tenant_id: str, principal: Principal, store: Store) -> dict[str, Any]:
     require_operator(principal)
     await _tenant(store, tenant_id)
-    return {"api_keys": await queries.list_api_keys(store, tenant_id)}
+    return {"api_keys": [k.as_dict() for k in await tenants.list_api_keys(store, tenant_id)]}
 
 
 @router.post("/{tenant_id}/tokens", status_code=201)

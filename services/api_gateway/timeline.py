@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import Request
 
 from libs.domain.errors import Code, DomainError
+from libs.store import tasks as task_rows
+from libs.store import timeline as timeline_rows
 from libs.store.eventstore import EventStore
+from libs.store.timeline import TimelineEntry
 
 
 def page_params(request: Request) -> tuple[int, int]:
@@ -30,22 +34,10 @@ def page_params(request: Request) -> tuple[int, int]:
     return page, per_page
 
 
-async def read(
-    store: EventStore, where: str, args: list[Any], page: int, per_page: int
-) -> dict[str, Any]:
-    rows = await store.fetch(
-        "SELECT id, subject_type, subject_id, kind, message, details, occurred_at,"
-        f" count(*) OVER () AS total FROM timeline WHERE {where}"
-        " ORDER BY occurred_at DESC, id DESC LIMIT %s OFFSET %s",
-        [*args, per_page, (page - 1) * per_page],
-    )
-    events = [
-        {k: (v.isoformat() if k == "occurred_at" else v) for k, v in r.items() if k != "total"}
-        for r in rows
-    ]
+def _body(entries: list[TimelineEntry], total: int, page: int, per_page: int) -> dict[str, Any]:
     return {
-        "events": events,
-        "total": int(rows[0]["total"]) if rows else 0,
+        "events": [asdict(e) | {"occurred_at": e.occurred_at.isoformat()} for e in entries],
+        "total": total,
         "page": page,
         "per_page": per_page,
     }
@@ -54,14 +46,12 @@ async def read(
 async def task_timeline(
     store: EventStore, task_id: str, page: int, per_page: int
 ) -> dict[str, Any]:
-    return await read(store, "subject_type = 'task' AND subject_id = %s", [task_id], page, per_page)
+    return _body(*await timeline_rows.task_page(store, task_id, page, per_page), page, per_page)
 
 
 async def group_timeline(
     store: EventStore, group_id: str, page: int, per_page: int
 ) -> dict[str, Any]:
-    where = (
-        "(subject_type = 'group' AND subject_id = %s) OR (subject_type = 'task' AND"
-        " subject_id IN (SELECT id FROM tasks WHERE group_id = %s))"
-    )
-    return await read(store, where, [group_id, group_id], page, per_page)
+    members = await task_rows.ids_of_group(store, group_id)
+    entries, total = await timeline_rows.group_page(store, group_id, members, page, per_page)
+    return _body(entries, total, page, per_page)

@@ -18,15 +18,15 @@ from typing import Any
 import structlog
 from nats.aio.msg import Msg
 from prometheus_client import Counter
-from psycopg.types.json import Jsonb
 from pydantic import Field
 
 from libs.bus.consume import consume
 from libs.bus.subjects import EVENTS_STREAM, EVENTS_SUBJECTS, NODE_PREFIX
 from libs.config import CommonSettings
-from libs.domain.states import GPU_HOLDING
 from libs.periodic import periodic
 from libs.service import ServiceContext
+from libs.store import tasks as task_rows
+from libs.store import timeline as timeline_rows
 from libs.store.eventstore import EventStore
 
 from .rules import Entry, entries_for
@@ -35,17 +35,6 @@ from .telemetry import TelemetrySink
 log = structlog.get_logger(__name__)
 
 WRITTEN = Counter("heteroflow_timeline_entries_total", "Timeline entries written", ["kind"])
-
-INSERT = """
-INSERT INTO timeline (id, subject_type, subject_id, kind, message, details, occurred_at,
-                      source_event)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING
-"""
-TRIM = """
-DELETE FROM timeline WHERE id IN (
-    SELECT id FROM timeline WHERE subject_type = %s AND subject_id = %s
-    ORDER BY occurred_at DESC, id DESC OFFSET %s)
-"""
 
 
 class TimelineSettings(CommonSettings):
@@ -71,18 +60,15 @@ class Timeline:
     async def _card_holders(self, env: dict[str, Any], base: Sequence[Entry]) -> list[Entry]:
         """The same card event on the timeline of each task holding that card."""
         card = env["payload"]["gpu_id"]
-        rows = await self.store.fetch(
-            "SELECT id FROM tasks WHERE node_id = %s AND status = ANY(%s) AND doc->'gpu_ids' ? %s",
-            [env["payload"]["node_id"], [s.value for s in GPU_HOLDING], card],
-        )
+        holders = await task_rows.ids_holding_card(self.store, env["payload"]["node_id"], card)
         out = []
-        for r in rows:
+        for task_id in holders:
             e = base[0]
             out.append(
                 Entry(
-                    id=f"{e.source_event}:task:{r['id']}",
+                    id=f"{e.source_event}:task:{task_id}",
                     subject_type="task",
-                    subject_id=r["id"],
+                    subject_id=task_id,
                     kind=e.kind,
                     message=e.message + " (task neither moved nor failed)",
                     occurred_at=e.occurred_at,
@@ -93,36 +79,12 @@ class Timeline:
         return out
 
     async def write(self, entries: Sequence[Entry]) -> None:
-        async with self.store.pool.connection() as conn, conn.transaction():
-            async with conn.cursor() as cur:
-                await cur.executemany(
-                    INSERT,
-                    [
-                        (
-                            e.id,
-                            e.subject_type,
-                            e.subject_id,
-                            e.kind,
-                            e.message,
-                            Jsonb(e.details),
-                            e.occurred_at,
-                            e.source_event,
-                        )
-                        for e in entries
-                    ],
-                )
-            for subject in {(e.subject_type, e.subject_id) for e in entries}:
-                if subject[0] in ("task", "group"):
-                    await conn.execute(TRIM, (*subject, self.cap))
+        await timeline_rows.write(self.store, entries, self.cap)
         for e in entries:
             WRITTEN.labels(e.kind).inc()
 
     async def purge(self) -> int:
-        async with self.store.pool.connection() as conn:
-            cur = await conn.execute(
-                "DELETE FROM timeline WHERE occurred_at < now() - %s", (self.retention,)
-            )
-            return cur.rowcount
+        return await timeline_rows.purge(self.store, self.retention)
 
 
 async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettings) -> None:

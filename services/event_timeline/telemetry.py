@@ -10,15 +10,10 @@ import structlog
 from nats.aio.msg import Msg
 
 from libs.domain.telemetry import TelemetryBatch
+from libs.store import telemetry as telemetry_rows
 from libs.store.eventstore import EventStore
 
 log = structlog.get_logger(__name__)
-
-INSERT = """
-INSERT INTO gpu_samples (task_id, gpu_id, node_id, at, utilization_pct, memory_used_mb,
-                         memory_total_mb, power_w, shared_by)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING
-"""
 
 
 class TelemetrySink:
@@ -33,29 +28,7 @@ class TelemetrySink:
             log.exception("telemetry_rejected", subject=msg.subject)
 
     async def write(self, batch: TelemetryBatch) -> None:
-        rows = [
-            (
-                task_id,
-                s.gpu_id,
-                batch.node_id,
-                s.at,
-                s.utilization_pct,
-                s.memory_used_mb,
-                s.memory_total_mb,
-                s.power_w,
-                len(s.task_ids),
-            )
-            for s in batch.samples
-            for task_id in s.task_ids
-        ]
-        if not rows:
-            return
-        async with self.store.pool.connection() as conn, conn.cursor() as cur:
-            await cur.executemany(INSERT, rows)
+        await telemetry_rows.write(self.store, batch)
 
     async def purge(self, days: float) -> int:
-        async with self.store.pool.connection() as conn:
-            cur = await conn.execute(
-                "DELETE FROM gpu_samples WHERE at < now() - make_interval(days => %s)", (int(days),)
-            )
-            return cur.rowcount
+        return await telemetry_rows.purge(self.store, days)

@@ -24,6 +24,7 @@ from libs.domain.events import Payload, TaskRetryDecided
 from libs.domain.node import Node, NodeStatus
 from libs.domain.task import Task
 from libs.service import ServiceContext
+from libs.store import nodes as node_rows
 from libs.store.eventstore import EventStore
 
 from .decide import Evidence, NodeFacts, RetryConfig, decide_retry
@@ -72,9 +73,17 @@ class RetryEngine:
             output=payload.get("result") or "",
             failed_at=datetime.fromisoformat(envelope["occurred_at"]),
         )
-        rows = await self.store.fetch("SELECT doc FROM nodes")
-        nodes = {n.id: node_facts(n) for n in (Node.model_validate(r["doc"]) for r in rows)}
         version = int(envelope["version"])
+        try:
+            seen = await self.store.get_task(payload["task_id"], include_deleted=True)
+        except NotFound:
+            return
+        if seen.version != version:
+            return  # a redelivery of a failure already handled
+        # The failed node and the best other online node answer every question the
+        # decision asks of the fleet; the rest of the fleet is not read.
+        nearby = await node_rows.with_best_alternative(self.store, seen.node_id or "")
+        nodes = {n.id: node_facts(n) for n in nearby}
 
         def decide(task: Task) -> list[Payload]:
             if task.version != version:
@@ -96,12 +105,8 @@ class RetryEngine:
                 )
 
     async def _last_decision(self, task_id: str) -> TaskRetryDecided | None:
-        rows = await self.store.fetch(
-            "SELECT payload FROM events WHERE stream_id = %s AND type = 'task_retry_decided'"
-            " ORDER BY version DESC LIMIT 1",
-            [task_id],
-        )
-        return TaskRetryDecided.model_validate(rows[0]["payload"]) if rows else None
+        last = await self.store.last_of_type(task_id, TaskRetryDecided.type)
+        return TaskRetryDecided.model_validate(last.payload) if last else None
 
 
 async def run(ctx: ServiceContext, stop: asyncio.Event, settings: RetrySettings) -> None:

@@ -16,10 +16,11 @@ from nats.js import JetStreamContext
 
 from libs.bus.subjects import node_command_subject
 from libs.domain.errors import NotFound
-from libs.domain.group import Group, current_members, group_env
+from libs.domain.group import current_members, group_env
 from libs.domain.protocol import CommandKind, NodeCommand
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task
+from libs.store import groups as group_rows
 from libs.store.eventstore import EventStore
 
 from . import view
@@ -82,10 +83,9 @@ class Dispatcher:
 
     async def group_env(self, task: Task) -> dict[str, str]:
         """WORLD_SIZE, MASTER_ADDR (rank 0's node address), ... for a group member."""
-        rows = await self.store.fetch("SELECT doc FROM groups WHERE id = %s", [task.group_id])
-        if not rows or task.rank is None:
+        group = await group_rows.get(self.store, task.group_id or "", include_deleted=True)
+        if group is None or task.rank is None:
             return {}
-        group = Group.model_validate(rows[0]["doc"])
         members = current_members(await load_group_tasks(self.store, group.id))
         placed = {m.rank: m.node_id for m in members if m.node_id}
         wanted = {*placed.values(), task.node_id or ""}

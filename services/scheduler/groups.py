@@ -23,10 +23,15 @@ from libs.domain.reasons import INFRASTRUCTURE_REASONS, ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskSpec
 from libs.periodic import periodic
+from libs.store import groups as group_rows
+from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import GROUPS
 
 log = structlog.get_logger(__name__)
+
+# Ended groups stay in the scan this long (a member's late failure still counts).
+RECENT = timedelta(minutes=31)
 
 
 def is_infra_failure(task: Task) -> bool:
@@ -51,8 +56,7 @@ def member_task(group: Group, rank: int, priority: int | None) -> NewTask:
 
 
 async def load_group_tasks(store: EventStore, group_id: str) -> list[Task]:
-    rows = await store.fetch("SELECT doc FROM tasks WHERE group_id = %s", [group_id])
-    return [Task.model_validate(r["doc"]) for r in rows]
+    return await task_rows.of_group(store, group_id)
 
 
 class GroupController:
@@ -64,14 +68,8 @@ class GroupController:
         self.clock = clock
 
     async def scan(self, *, allow_rebuild: bool = False) -> int:
-        rows = await self.store.fetch(
-            "SELECT doc FROM groups WHERE deleted_at IS NULL AND"
-            " (status <> ALL(%s) OR updated_at > now() - interval '31 minutes')",
-            [[s.value for s in GROUP_TERMINAL]],
-        )
         acted = 0
-        for row in rows:
-            group = Group.model_validate(row["doc"])
+        for group in await group_rows.live_or_recent(self.store, GROUP_TERMINAL, RECENT):
             try:
                 acted += await self.reconcile(group, allow_rebuild=allow_rebuild)
             except Exception:

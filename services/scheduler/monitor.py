@@ -35,6 +35,8 @@ from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task
 from libs.periodic import periodic
+from libs.store import nodes as node_rows
+from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 
@@ -112,16 +114,12 @@ class NodeMonitor:
 
     async def refresh(self) -> None:
         """Bring `nodes` up to the projection, parsing only the rows whose version moved."""
-        listed = {
-            r["id"]: r["version"] for r in await self.store.fetch("SELECT id, version FROM nodes")
-        }
+        listed = await node_rows.versions(self.store)
         for gone in [i for i in self.nodes if i not in listed]:
             del self.nodes[gone]
         stale = [i for i, v in listed.items() if i not in self.nodes or self.nodes[i].version != v]
         if stale:
-            rows = await self.store.fetch("SELECT doc FROM nodes WHERE id = ANY(%s)", [stale])
-            for r in rows:
-                node = Node.model_validate(r["doc"])
+            for node in await node_rows.by_ids(self.store, stale):
                 self.nodes[node.id] = node
         states = {s.value: 0 for s in NodeStatus}
         lost = total = 0
@@ -199,13 +197,10 @@ class NodeMonitor:
             reason=f"no heartbeat for {silent:.0f}s",
         )
         await self._append(node.id, [offline])
-        rows = await self.store.fetch(
-            "SELECT id FROM tasks WHERE node_id = %s AND status = ANY(%s)",
-            [node.id, [s.value for s in ON_NODE_LOSS]],
-        )
+        ids = await task_rows.ids_on_node(self.store, node.id, ON_NODE_LOSS)
         decide = migrate_decision(node.id)
         done, refused = await self.store.execute_batch(
-            {r["id"]: decide for r in rows}, metadata={"node_id": node.id}
+            dict.fromkeys(ids, decide), metadata={"node_id": node.id}
         )
         log.warning(
             "node_offline",
@@ -225,10 +220,6 @@ class NodeMonitor:
             reason=f"no heartbeat for {silent:.0f}s",
         )
         await self._append(node.id, [gone])
-        rows = await self.store.fetch(
-            "SELECT id FROM tasks WHERE doc->'spec'->>'requested_node_id' = %s"
-            " AND status = 'pending' AND deleted_at IS NULL",
-            [node.id],
-        )
-        done, _ = await self.store.execute_batch({r["id"]: unpin_decision for r in rows})
+        ids = await task_rows.ids_pinned_pending(self.store, node.id)
+        done, _ = await self.store.execute_batch(dict.fromkeys(ids, unpin_decision))
         log.warning("node_gone", node_id=node.id, unpinned=len(done))

@@ -12,18 +12,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
-from libs.domain.group import Group
 from libs.domain.node import Node as NodeDoc
 from libs.domain.node import NodeStatus
 from libs.domain.states import GPU_HOLDING
 from libs.domain.task import Task
+from libs.store import groups as group_rows
+from libs.store import nodes as node_rows
+from libs.store import tasks as task_rows
+from libs.store import tenants
 from libs.store.eventstore import EventStore
 
 from .model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask
-
-HOLDING = [s.value for s in GPU_HOLDING]
 
 
 def to_node(doc: NodeDoc) -> Node:
@@ -52,32 +52,19 @@ def to_node(doc: NodeDoc) -> Node:
 
 async def load_nodes(store: EventStore, ids: Sequence[str] | None = None) -> list[NodeDoc]:
     """Every node, or only those named by `ids`."""
-    if ids is None:
-        rows = await store.fetch("SELECT doc FROM nodes ORDER BY id")
-    else:
-        rows = await store.fetch(
-            "SELECT doc FROM nodes WHERE id = ANY(%s) ORDER BY id", [list(ids)]
-        )
-    return [NodeDoc.model_validate(r["doc"]) for r in rows]
+    return await node_rows.all_nodes(store) if ids is None else await node_rows.by_ids(store, ids)
 
 
 async def load_holding(store: EventStore) -> list[Task]:
-    rows = await store.fetch("SELECT doc FROM tasks WHERE status = ANY(%s)", [HOLDING])
-    return [Task.model_validate(r["doc"]) for r in rows]
+    return await task_rows.holding(store)
 
 
 async def load_pending(store: EventStore, limit: int) -> list[Task]:
-    rows = await store.fetch(
-        "SELECT doc FROM tasks WHERE status = 'pending' AND deleted_at IS NULL"
-        " ORDER BY priority DESC, created_at LIMIT %s",
-        [limit],
-    )
-    return [Task.model_validate(r["doc"]) for r in rows]
+    return await task_rows.pending(store, limit)
 
 
 async def load_quotas(store: EventStore) -> dict[str, float]:
-    rows = await store.fetch("SELECT id, gpu_quota FROM tenants WHERE gpu_quota > 0")
-    return {r["id"]: float(r["gpu_quota"]) for r in rows}
+    return await tenants.gpu_quotas(store)
 
 
 def snapshot(
@@ -98,9 +85,11 @@ async def load_gangs(store: EventStore, tasks: Sequence[Task]) -> dict[str, int]
     ids = sorted({t.group_id for t in tasks if t.group_id})
     if not ids:
         return {}
-    rows = await store.fetch("SELECT doc FROM groups WHERE id = ANY(%s)", [ids])
-    groups = [Group.model_validate(r["doc"]) for r in rows]
-    return {g.id: g.spec.shape.task_count for g in groups if g.spec.static_world}
+    return {
+        g.id: g.spec.shape.task_count
+        for g in await group_rows.by_ids(store, ids)
+        if g.spec.static_world
+    }
 
 
 def pending_of(task: Task, gangs: dict[str, int] | None = None) -> PendingTask:
@@ -138,15 +127,13 @@ class ClusterView:
         self._gpus: dict[str, Gpu] = {}
 
     async def refresh(self, store: EventStore) -> None:
-        node_rows, task_rows = await asyncio.gather(
-            store.fetch("SELECT id, version FROM nodes"),
-            store.fetch("SELECT id, version FROM tasks WHERE status = ANY(%s)", [HOLDING]),
+        node_versions, task_versions = await asyncio.gather(
+            node_rows.versions(store), task_rows.holding_versions(store)
         )
-        nodes_moved = await self._refresh_nodes(store, node_rows)
-        await self._refresh_tasks(store, task_rows, nodes_moved)
+        nodes_moved = await self._refresh_nodes(store, node_versions)
+        await self._refresh_tasks(store, task_versions, nodes_moved)
 
-    async def _refresh_nodes(self, store: EventStore, rows: list[dict[str, Any]]) -> bool:
-        listed = {r["id"]: r["version"] for r in rows}
+    async def _refresh_nodes(self, store: EventStore, listed: dict[str, int]) -> bool:
         stale = [i for i, v in listed.items() if self._nodes.get(i, (None,))[0] != v]
         gone = [i for i in self._nodes if i not in listed]
         if not stale and not gone:
@@ -154,24 +141,20 @@ class ClusterView:
         for i in gone:
             del self._nodes[i]
         if stale:
-            docs = await store.fetch("SELECT doc FROM nodes WHERE id = ANY(%s)", [stale])
-            for r in docs:
-                doc = NodeDoc.model_validate(r["doc"])
+            for doc in await node_rows.by_ids(store, stale):
                 self._nodes[doc.id] = (doc.version, to_node(doc))
         self.nodes = tuple(n for _, (_, n) in sorted(self._nodes.items()))
         self._gpus = {g.id: g for n in self.nodes for g in n.gpus}
         return True
 
     async def _refresh_tasks(
-        self, store: EventStore, rows: list[dict[str, Any]], nodes_moved: bool
+        self, store: EventStore, listed: dict[str, int], nodes_moved: bool
     ) -> None:
-        listed = {r["id"]: r["version"] for r in rows}
         for i in [i for i in self._held if i not in listed]:
             del self._held[i]
         stale = [i for i, v in listed.items() if self._held.get(i, (None,))[0] != v]
         if stale:
-            docs = await store.fetch("SELECT doc FROM tasks WHERE id = ANY(%s)", [stale])
-            self.learn(Task.model_validate(r["doc"]) for r in docs)
+            self.learn(await task_rows.by_ids(store, stale))
         if nodes_moved:
             for i, (_, _, task) in list(self._held.items()):
                 if task is not None:

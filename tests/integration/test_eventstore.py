@@ -15,7 +15,7 @@ from libs.domain.errors import Code, Conflict, DomainError, NotFound
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import TaskSpec, TenantId
-from libs.store import queries
+from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 from libs.store.migrations import MIGRATIONS, migrate
 from libs.store.replay import rebuild
@@ -149,17 +149,17 @@ async def test_list_filters_sort_and_paginate(store: EventStore) -> None:
         await store.create_task(
             T, spec(name=f"job-{i}", priority=i, labels={"team": "a" if i % 2 else "b"})
         )
-    tasks, total = await queries.list_tasks(
+    tasks, total = await task_rows.list_tasks(
         store, TaskQuery(tenant_id="acme", per_page=2, page=1, sort="priority", order="desc")
     )
     assert total == 5 and [t.spec.priority for t in tasks] == [4, 3]
-    tasks, total = await queries.list_tasks(
+    tasks, total = await task_rows.list_tasks(
         store, TaskQuery(tenant_id="acme", labels={"team": "a"})
     )
     assert total == 2
-    tasks, total = await queries.list_tasks(store, TaskQuery(tenant_id="acme", name="JOB-3"))
+    tasks, total = await task_rows.list_tasks(store, TaskQuery(tenant_id="acme", name="JOB-3"))
     assert total == 1 and tasks[0].spec.name == "job-3"
-    _, total = await queries.list_tasks(store, TaskQuery(tenant_id="other"))
+    _, total = await task_rows.list_tasks(store, TaskQuery(tenant_id="other"))
     assert total == 0
 
 

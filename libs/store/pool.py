@@ -1,0 +1,58 @@
+"""The store's edge: the connection pool every store module reads and writes through.
+
+`StorePool.connection()` translates driver failures into the project's own exceptions
+(`libs.domain.errors.StoreUnavailable` / `StoreError`) for everything that happens inside
+the `async with` block, so callers above `libs/store` never see a psycopg exception.
+Store modules fetch rows with `rows()` / `one()`; nothing outside `libs/store` holds SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from libs.domain.errors import StoreError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from .eventstore import EventStore
+
+
+class StorePool(AsyncConnectionPool):
+    """An `AsyncConnectionPool` whose connections raise the project's storage errors."""
+
+    # Same signature as the pool's own method (callers pass the pool's wait timeout).
+    @asynccontextmanager
+    async def connection(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        try:
+            async with super().connection(timeout) as conn:
+                yield conn
+        except psycopg.OperationalError as exc:  # PoolTimeout is one of these
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"store error: {exc}") from exc
+
+
+async def rows(store: EventStore, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """Every row of a read, as dicts (for the store modules)."""
+    async with store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql, params)
+        return list(await cur.fetchall())
+
+
+async def one(store: EventStore, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+    found = await rows(store, sql, params)
+    return found[0] if found else None
+
+
+async def ping(store: EventStore) -> None:
+    """One round trip to the database; raises `StoreUnavailable` when it cannot be made."""
+    await rows(store, "SELECT 1 AS ok")

@@ -1,0 +1,162 @@
+"""Reads of the `tasks` projection: the task list and stats, the scheduler's pending queue
+and GPU holders, group members and the tasks a lost node or card touches.
+
+The rows are written only by the append path (`eventstore` + `projections`), in the
+transaction of the events they fold; this module is where every read of them lives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from libs.domain.states import GPU_HOLDING, TaskStatus
+from libs.domain.task import Task
+
+from .eventstore import EventStore
+from .pool import rows
+from .types import TaskQuery
+
+SORT_COLUMNS = {"created_at": "created_at", "updated_at": "updated_at", "priority": "priority"}
+HOLDING = [s.value for s in GPU_HOLDING]
+
+
+def _tasks(found: list[dict[str, Any]]) -> list[Task]:
+    return [Task.model_validate(r["doc"]) for r in found]
+
+
+async def list_tasks(store: EventStore, q: TaskQuery) -> tuple[list[Task], int]:
+    """A page of GET /tasks and the total that matches."""
+    where = ["deleted_at IS NULL"]
+    params: list[Any] = []
+    if q.tenant_id is not None:
+        where.append("tenant_id = %s")
+        params.append(q.tenant_id)
+    if q.status:
+        where.append("status = %s")
+        params.append(q.status)
+    if q.node_id:
+        where.append("node_id = %s")
+        params.append(q.node_id)
+    if q.name:
+        # A search, as in V2: case-insensitive substring; LIKE wildcards in input are literal.
+        escaped = q.name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        where.append("name ILIKE %s")
+        params.append(f"%{escaped}%")
+    if q.labels:
+        where.append("labels @> %s")
+        params.append(Jsonb(q.labels))
+    if q.group_id:
+        where.append("group_id = %s")
+        params.append(q.group_id)
+    clause = " AND ".join(where)
+    column = SORT_COLUMNS[q.sort]
+    direction = "ASC" if q.order == "asc" else "DESC"
+    sql = (
+        f"SELECT doc, count(*) OVER () AS total FROM tasks WHERE {clause}"
+        f" ORDER BY {column} {direction}, id {direction} LIMIT %s OFFSET %s"
+    )
+    found = await rows(store, sql, [*params, q.per_page, (q.page - 1) * q.per_page])
+    if found:
+        return _tasks(found), int(found[0]["total"])
+    count = await rows(store, f"SELECT count(*) AS n FROM tasks WHERE {clause}", params)
+    return [], int(count[0]["n"])
+
+
+async def task_stats(store: EventStore, tenant_id: str | None) -> dict[str, int]:
+    """Counts by status (every status listed, zeros included), scoped like the task list."""
+    where = "deleted_at IS NULL" + (" AND tenant_id = %s" if tenant_id is not None else "")
+    params = [tenant_id] if tenant_id is not None else []
+    found = await rows(
+        store, f"SELECT status, count(*) AS n FROM tasks WHERE {where} GROUP BY status", params
+    )
+    counts = {s.value: 0 for s in TaskStatus}
+    for r in found:
+        counts[r["status"]] = int(r["n"])
+    return counts
+
+
+async def by_ids(store: EventStore, ids: Sequence[str]) -> list[Task]:
+    """The named tasks (deleted ones included), in no particular order."""
+    return _tasks(await rows(store, "SELECT doc FROM tasks WHERE id = ANY(%s)", [list(ids)]))
+
+
+async def pending(store: EventStore, limit: int) -> list[Task]:
+    """The scheduler's queue: highest priority first, then oldest (the partial index)."""
+    found = await rows(
+        store,
+        "SELECT doc FROM tasks WHERE status = 'pending' AND deleted_at IS NULL"
+        " ORDER BY priority DESC, created_at LIMIT %s",
+        [limit],
+    )
+    return _tasks(found)
+
+
+async def holding(store: EventStore) -> list[Task]:
+    """Every task that holds (or is about to hold) GPUs on a node."""
+    return _tasks(await rows(store, "SELECT doc FROM tasks WHERE status = ANY(%s)", [HOLDING]))
+
+
+async def holding_versions(store: EventStore) -> dict[str, int]:
+    """id → version of every GPU-holding task (the scheduler view re-reads only movers)."""
+    found = await rows(store, "SELECT id, version FROM tasks WHERE status = ANY(%s)", [HOLDING])
+    return {r["id"]: r["version"] for r in found}
+
+
+async def of_group(store: EventStore, group_id: str, *, include_deleted: bool = True) -> list[Task]:
+    """Every task of a group, superseded members included."""
+    sql = "SELECT doc FROM tasks WHERE group_id = %s"
+    if not include_deleted:
+        sql += " AND deleted_at IS NULL"
+    return _tasks(await rows(store, sql, [group_id]))
+
+
+async def ids_of_group(store: EventStore, group_id: str) -> list[str]:
+    """Ids of every task of a group, superseded and deleted members included."""
+    found = await rows(store, "SELECT id FROM tasks WHERE group_id = %s", [group_id])
+    return [r["id"] for r in found]
+
+
+async def ids_on_node(
+    store: EventStore, node_id: str, statuses: Collection[TaskStatus]
+) -> list[str]:
+    """Ids of the tasks placed on a node in one of `statuses` (a lost node's tasks)."""
+    found = await rows(
+        store,
+        "SELECT id FROM tasks WHERE node_id = %s AND status = ANY(%s)",
+        [node_id, [s.value for s in statuses]],
+    )
+    return [r["id"] for r in found]
+
+
+async def ids_pinned_pending(store: EventStore, node_id: str) -> list[str]:
+    """Ids of the live pending tasks that asked for this node by name."""
+    found = await rows(
+        store,
+        "SELECT id FROM tasks WHERE doc->'spec'->>'requested_node_id' = %s"
+        " AND status = 'pending' AND deleted_at IS NULL",
+        [node_id],
+    )
+    return [r["id"] for r in found]
+
+
+async def ids_holding_card(store: EventStore, node_id: str, gpu_id: str) -> list[str]:
+    """Ids of the GPU-holding tasks on a node whose placement includes this card."""
+    found = await rows(
+        store,
+        "SELECT id FROM tasks WHERE node_id = %s AND status = ANY(%s) AND doc->'gpu_ids' ? %s",
+        [node_id, HOLDING, gpu_id],
+    )
+    return [r["id"] for r in found]
+
+
+async def count_by_status(store: EventStore, status: TaskStatus) -> int:
+    """Live tasks in one status (benchmarks and operators)."""
+    found = await rows(
+        store,
+        "SELECT count(*) AS n FROM tasks WHERE status = %s AND deleted_at IS NULL",
+        [status.value],
+    )
+    return int(found[0]["n"])

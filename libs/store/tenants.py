@@ -1,0 +1,105 @@
+"""Reads of the tenant projections: `tenants`, `api_keys` and `system_credentials` (who may
+call the API), plus the GPU quotas the scheduler enforces.
+
+Rows are written only by the append path (`projections.apply_other`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from .eventstore import EventStore
+from .pool import one, rows
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: str
+    name: str
+    gpu_quota: int
+    created_at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A tenant's key as listed to an operator (never its hash)."""
+
+    id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class KeyOwner:
+    """Whom a live tenant API key belongs to."""
+
+    id: str
+    tenant_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class SystemCredential:
+    id: str
+    role: str
+    name: str
+
+
+async def get_tenant(store: EventStore, tenant_id: str) -> Tenant | None:
+    row = await one(
+        store, "SELECT id, name, gpu_quota, created_at FROM tenants WHERE id = %s", [tenant_id]
+    )
+    return Tenant(**row) if row else None
+
+
+async def list_tenants(store: EventStore) -> list[Tenant]:
+    found = await rows(store, "SELECT id, name, gpu_quota, created_at FROM tenants ORDER BY id")
+    return [Tenant(**r) for r in found]
+
+
+async def gpu_quotas(store: EventStore) -> dict[str, float]:
+    """tenant id → GPU quota, for the tenants that have one."""
+    found = await rows(store, "SELECT id, gpu_quota FROM tenants WHERE gpu_quota > 0")
+    return {r["id"]: float(r["gpu_quota"]) for r in found}
+
+
+async def list_api_keys(store: EventStore, tenant_id: str) -> list[ApiKey]:
+    found = await rows(
+        store,
+        "SELECT id, name, prefix, created_at, revoked_at FROM api_keys WHERE tenant_id = %s"
+        " ORDER BY created_at",
+        [tenant_id],
+    )
+    return [ApiKey(**r) for r in found]
+
+
+async def find_api_key(store: EventStore, key_hash: str) -> KeyOwner | None:
+    row = await one(
+        store,
+        "SELECT id, tenant_id, name FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
+        [key_hash],
+    )
+    return KeyOwner(**row) if row else None
+
+
+async def find_system_credential(store: EventStore, key_hash: str) -> SystemCredential | None:
+    row = await one(
+        store, "SELECT id, role, name FROM system_credentials WHERE key_hash = %s", [key_hash]
+    )
+    return SystemCredential(**row) if row else None
+
+
+async def has_operator(store: EventStore) -> bool:
+    """Whether any operator credential was ever issued (first start bootstraps one)."""
+    row = await one(store, "SELECT 1 AS ok FROM system_credentials WHERE role = 'operator' LIMIT 1")
+    return row is not None

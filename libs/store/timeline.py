@@ -1,0 +1,134 @@
+"""The `timeline` table: fault-tolerance entries written by the event-timeline service,
+read newest first by the gateway, capped per subject and purged by age.
+
+Not a projection: replay does not rebuild it. Each entry's id derives from its source
+event, so writing an entry again changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from psycopg.types.json import Jsonb
+
+from .eventstore import EventStore
+from .pool import rows
+
+INSERT = """
+INSERT INTO timeline (id, subject_type, subject_id, kind, message, details, occurred_at,
+                      source_event)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING
+"""
+TRIM = """
+DELETE FROM timeline WHERE id IN (
+    SELECT id FROM timeline WHERE subject_type = %s AND subject_id = %s
+    ORDER BY occurred_at DESC, id DESC OFFSET %s)
+"""
+# Subjects whose entries are capped; node entries are only purged by age.
+CAPPED = ("task", "group")
+
+
+class NewEntry(Protocol):
+    """What a writer hands in (the event-timeline service's `Entry` has these fields)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def subject_type(self) -> str: ...
+    @property
+    def subject_id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def details(self) -> dict[str, Any]: ...
+    @property
+    def occurred_at(self) -> datetime: ...
+    @property
+    def source_event(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """An entry as read back (the shape of GET .../events items)."""
+
+    id: str
+    subject_type: str
+    subject_id: str
+    kind: str
+    message: str
+    details: dict[str, Any]
+    occurred_at: datetime
+
+
+async def write(store: EventStore, entries: Sequence[NewEntry], cap: int) -> None:
+    """Insert entries (ignoring those already there), then keep each task's and group's
+    newest `cap`, all in one transaction."""
+    params = [
+        (
+            e.id,
+            e.subject_type,
+            e.subject_id,
+            e.kind,
+            e.message,
+            Jsonb(e.details),
+            e.occurred_at,
+            e.source_event,
+        )
+        for e in entries
+    ]
+    async with store.pool.connection() as conn, conn.transaction():
+        async with conn.cursor() as cur:
+            await cur.executemany(INSERT, params)
+        for subject in {(e.subject_type, e.subject_id) for e in entries}:
+            if subject[0] in CAPPED:
+                await conn.execute(TRIM, (*subject, cap))
+
+
+async def purge(store: EventStore, older_than: timedelta) -> int:
+    """Delete entries that occurred more than `older_than` ago; how many went."""
+    async with store.pool.connection() as conn:
+        cur = await conn.execute(
+            "DELETE FROM timeline WHERE occurred_at < now() - %s", (older_than,)
+        )
+        return cur.rowcount
+
+
+async def _page(
+    store: EventStore, where: str, args: list[Any], page: int, per_page: int
+) -> tuple[list[TimelineEntry], int]:
+    found = await rows(
+        store,
+        "SELECT id, subject_type, subject_id, kind, message, details, occurred_at,"
+        f" count(*) OVER () AS total FROM timeline WHERE {where}"
+        " ORDER BY occurred_at DESC, id DESC LIMIT %s OFFSET %s",
+        [*args, per_page, (page - 1) * per_page],
+    )
+    total = int(found[0]["total"]) if found else 0
+    for r in found:
+        del r["total"]
+    return [TimelineEntry(**r) for r in found], total
+
+
+async def task_page(
+    store: EventStore, task_id: str, page: int, per_page: int
+) -> tuple[list[TimelineEntry], int]:
+    """A task's entries, newest first, and how many it has."""
+    return await _page(
+        store, "subject_type = 'task' AND subject_id = %s", [task_id], page, per_page
+    )
+
+
+async def group_page(
+    store: EventStore, group_id: str, member_ids: Sequence[str], page: int, per_page: int
+) -> tuple[list[TimelineEntry], int]:
+    """A group's own entries and those of its member tasks, newest first."""
+    where = (
+        "(subject_type = 'group' AND subject_id = %s)"
+        " OR (subject_type = 'task' AND subject_id = ANY(%s))"
+    )
+    return await _page(store, where, [group_id, list(member_ids)], page, per_page)
