@@ -1,8 +1,9 @@
 """The event-timeline service: one timeline entry per real fault-tolerance transition.
 
 It reads committed events from the bus (so an entry is written only after its transition
-committed), maps them with the pure rules, and inserts entries keyed by the source event id
-(a redelivery adds nothing). It keeps at most 200 entries per task and per group and purges
+committed), maps them with the pure rules, and inserts the entries in one transaction with
+the consumer's receipt for the event (libs/store/inbox.py): a redelivered or republished event
+adds nothing. It keeps at most 200 entries per task and per group and purges
 entries older than 30 days. A consumer created on an existing store starts at the stream's
 end: history is never back-filled.
 """
@@ -27,6 +28,7 @@ from libs.config import CommonSettings
 from libs.domain.states import GPU_HOLDING
 from libs.periodic import periodic
 from libs.service import ServiceContext
+from libs.store import inbox
 from libs.store.eventstore import EventStore
 
 from .rules import Entry, entries_for
@@ -34,12 +36,13 @@ from .telemetry import TelemetrySink
 
 log = structlog.get_logger(__name__)
 
+CONSUMER = "event-timeline"
 WRITTEN = Counter("heteroflow_timeline_entries_total", "Timeline entries written", ["kind"])
 
 INSERT = """
 INSERT INTO timeline (id, subject_type, subject_id, kind, message, details, occurred_at,
                       source_event)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 """
 TRIM = """
 DELETE FROM timeline WHERE id IN (
@@ -66,7 +69,7 @@ class Timeline:
         if envelope.get("type") in ("gpu_lost", "gpu_recovered"):
             entries += await self._card_holders(envelope, entries)
         if entries:
-            await self.write(entries)
+            await self.write(entries, inbox.Receipt.of(CONSUMER, envelope))
 
     async def _card_holders(self, env: dict[str, Any], base: Sequence[Entry]) -> list[Entry]:
         """The same card event on the timeline of each task holding that card."""
@@ -92,8 +95,10 @@ class Timeline:
             )
         return out
 
-    async def write(self, entries: Sequence[Entry]) -> None:
+    async def write(self, entries: Sequence[Entry], receipt: inbox.Receipt) -> None:
         async with self.store.pool.connection() as conn, conn.transaction():
+            if not await inbox.record(conn, receipt):
+                return  # handled before: its entries are there (or trimmed, as they should be)
             async with conn.cursor() as cur:
                 await cur.executemany(
                     INSERT,
@@ -140,6 +145,7 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettin
     async def purge() -> None:
         await sink.purge(settings.timeline_retention_days)
         purged = await timeline.purge()
+        await inbox.purge(ctx.store, CONSUMER)
         if purged:
             log.info("timeline_purged", entries=purged)
 
@@ -159,7 +165,7 @@ async def _serve(ctx: ServiceContext, stop: asyncio.Event, timeline: Timeline, p
         consume(
             ctx.js,
             stream=EVENTS_STREAM,
-            durable="event-timeline",
+            durable=CONSUMER,
             filter_subject=EVENTS_SUBJECTS[0],
             handler=timeline.handle,
             stop=stop,
