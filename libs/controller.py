@@ -5,8 +5,8 @@ windows next) says what one evaluation does; the runtime does the rest, the same
 
 * contends for the controller's lease (libs/bus/lease.py) and renews it while held;
 * for each term of leadership, builds the `Fence` (lease name + fencing token) that every
-  write of that term must carry, so the store refuses it once a newer holder has written
-  (libs/store/fencing.py);
+  write of that term must carry, and shows it to the store before anything else (`claim`):
+  from then on the store refuses a write of any older holder (libs/store/fencing.py);
 * evaluates periodically (libs/periodic.py), with an injectable clock for the controller's
   sense of time;
 * ends the term when the lease is lost, when the store answers `Fenced`, or when the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -32,6 +32,7 @@ from libs.store.fencing import Fence
 log = structlog.get_logger(__name__)
 
 Clock = Callable[[], float]
+Claim = Callable[[Fence], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,17 @@ async def run_controller(
     renew_every: float,
     retry_every: float | None = None,
     clock: Clock = time.monotonic,
+    claim: Claim | None = None,
 ) -> None:
-    """Run `controller` whenever we hold `lease`, until `stop` is set."""
+    """Run `controller` whenever we hold `lease`, until `stop` is set.
+
+    `claim` (the store's `claim_fence`) records each new term's fence before the term acts.
+    """
     retry = retry_every if retry_every is not None else renew_every
 
     async def term_body(token: int) -> None:
-        await _serve_term(controller, Term(Fence(lease.name, token), clock(), clock))
+        term = Term(Fence(lease.name, token), clock(), clock)
+        await _serve_term(controller, term, claim)
 
     while not stop.is_set():
         # Returns when `stop` is set, or when a term ended by itself (fenced, failed): the
@@ -92,7 +98,7 @@ async def run_controller(
         await wait_or_stop(stop, retry)
 
 
-async def _serve_term(controller: Controller, term: Term) -> None:
+async def _serve_term(controller: Controller, term: Term, claim: Claim | None) -> None:
     """Evaluate until the term ends. Cancelled when the lease is lost or `stop` is set."""
     ended = asyncio.Event()
     bound = log.bind(controller=controller.name, lease=term.fence.lease, token=term.fence.token)
@@ -107,6 +113,8 @@ async def _serve_term(controller: Controller, term: Term) -> None:
 
     bound.info("controller_elected")
     try:
+        if claim is not None:
+            await claim(term.fence)
         await controller.elected(term)
         await periodic(
             controller.name,

@@ -106,6 +106,13 @@ class EventStore:
             await fencing.check(conn, fence)
         return receipt is None or await inbox.record(conn, receipt)
 
+    async def claim_fence(self, fence: Fence) -> None:
+        """Show the store a new leader's fence before its first write: from now on a write
+        under an older token is refused, even if this leader has nothing to write yet.
+        Raises `Fenced` when a newer token is already known."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await fencing.check(conn, fence)
+
     @staticmethod
     def _meta(metadata: dict[str, Any] | None, fence: Fence | None) -> dict[str, Any]:
         meta = dict(metadata or {})

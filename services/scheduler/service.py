@@ -99,7 +99,9 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
 
     def lead(lease_name: str, controller: Controller) -> Coroutine[Any, Any, None]:
         lease = Lease(kv, lease_name, me, LEASE_TTL_S)
-        return run_controller(controller, lease, stop, renew_every=LEASE_TTL_S / 3)
+        return run_controller(
+            controller, lease, stop, renew_every=LEASE_TTL_S / 3, claim=ctx.store.claim_fence
+        )
 
     dispatcher = Dispatcher(ctx.store, ctx.js)
     reports = ReportHandler(ctx.store, ctx.js)
