@@ -113,7 +113,7 @@ def decided(cluster: Cluster, task_id: str) -> int:
 def settled(cluster: Cluster, task_id: str) -> bool:
     task = cluster.task(task_id)
     if task["status"] == "failed":
-        return decided(cluster, task_id) > task["retry_count"]
+        return decided(cluster, task_id) > int(task["retry_count"])
     return bool(task["status"] in TERMINAL)
 
 
