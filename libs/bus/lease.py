@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from nats.js import JetStreamContext
@@ -50,6 +50,24 @@ async def open_lease_bucket(
     status = await kv.status()
     log.warning("lease_bucket_ttl_differs", bucket=bucket, wanted_s=ttl, actual_s=status.ttl)
     return kv
+
+
+class LeaseLike(Protocol):
+    """What `run_while_leader` needs of a lease (the NATS one below, or a test's)."""
+
+    name: str
+
+    @property
+    def fencing_token(self) -> int | None: ...
+
+    @property
+    def held(self) -> bool: ...
+
+    async def acquire(self) -> bool: ...
+
+    async def renew(self) -> bool: ...
+
+    async def release(self) -> None: ...
 
 
 class Lease:
@@ -136,7 +154,7 @@ class Lease:
 
 
 async def run_while_leader(
-    lease: Lease,
+    lease: LeaseLike,
     body: Callable[[int], Coroutine[Any, Any, None]],
     stop: asyncio.Event,
     *,
@@ -177,7 +195,7 @@ async def run_while_leader(
 
 
 async def _keep_renewed(
-    lease: Lease, task: asyncio.Task[None], stop: asyncio.Event, every: float
+    lease: LeaseLike, task: asyncio.Task[None], stop: asyncio.Event, every: float
 ) -> None:
     """Renew until the lease is lost, `stop` is set, or `task` ends."""
     stopper = asyncio.create_task(stop.wait())
@@ -198,7 +216,7 @@ async def _keep_renewed(
         stopper.cancel()
 
 
-async def _release_quietly(lease: Lease) -> None:
+async def _release_quietly(lease: LeaseLike) -> None:
     try:
         await lease.release()
     except Exception:

@@ -74,3 +74,17 @@ class StoreError(Exception):
 
 class StoreUnavailable(StoreError):
     """The database cannot be reached or no connection came free in time; a retry may work."""
+
+
+class Fenced(DomainError):
+    """A leader's write carried a fencing token older than the newest the store has seen for
+    its lease: another holder took over. Nothing was written; the writer must stop acting."""
+
+    def __init__(self, lease: str, token: int, newest: int) -> None:
+        super().__init__(
+            Code.CAS_CONFLICT,
+            f"lease {lease}: token {token} is fenced off by token {newest}; nothing was changed",
+        )
+        self.lease = lease
+        self.token = token
+        self.newest = newest

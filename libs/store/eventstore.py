@@ -6,6 +6,10 @@ function, append the events at the next versions and upsert the projection, then
 concurrent writer either waits for the row lock and then sees the new state (its decide
 raises Conflict), or, if it skipped the lock, hits the unique (stream_id, version) constraint;
 both surface as `Conflict` and leave nothing written.
+
+Two guards run first in the same transaction when the caller passes them: a leader's `fence`
+(a stale token raises `Fenced`, see fencing.py) and an event consumer's `receipt` (an event
+already handled makes the call a no-op, see inbox.py).
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from libs.domain.errors import Conflict, DomainError, NotFound, StoreUnavailable
 from libs.domain.events import Payload, TaskCreated, evolve_task
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
 
-from . import projections
+from . import fencing, inbox, projections
+from .fencing import Fence
+from .inbox import Receipt
 from .migrations import migrate
 from .pool import StorePool
 from .projections import TASKS, Aggregate, M
@@ -90,6 +96,31 @@ class EventStore:
 
     async def close(self) -> None:
         await self.pool.close()
+
+    # --- guards --------------------------------------------------------------------------
+
+    @staticmethod
+    async def _guard(
+        conn: AsyncConnection[Any], fence: Fence | None, receipt: Receipt | None
+    ) -> bool:
+        """Check the writer's fence and record its receipt; False: already handled, skip."""
+        if fence is not None:
+            await fencing.check(conn, fence)
+        return receipt is None or await inbox.record(conn, receipt)
+
+    async def claim_fence(self, fence: Fence) -> None:
+        """Show the store a new leader's fence before its first write: from now on a write
+        under an older token is refused, even if this leader has nothing to write yet.
+        Raises `Fenced` when a newer token is already known."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await fencing.check(conn, fence)
+
+    @staticmethod
+    def _meta(metadata: dict[str, Any] | None, fence: Fence | None) -> dict[str, Any]:
+        meta = dict(metadata or {})
+        if fence is not None:
+            meta |= fence.metadata()
+        return meta
 
     # --- appending -----------------------------------------------------------------------
 
@@ -212,14 +243,21 @@ class EventStore:
         tenant_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         include_deleted: bool = False,
+        fence: Fence | None = None,
+        receipt: Receipt | None = None,
     ) -> Task:
         """Load the task under a row lock, decide, append, project, commit.
 
-        Returns the task after the events (unchanged when decide returned nothing).
+        Returns the task after the events (unchanged when decide returned nothing, or when
+        `receipt` shows the event was handled before).
         """
         async with self.pool.connection() as conn, conn.transaction():
+            first = await self._guard(conn, fence, receipt)
             task = await self._load_for_update(conn, task_id, tenant_id, include_deleted)
-            result: Task = await self._apply(conn, TASKS, task_id, task, decide(task), metadata)
+            if not first:
+                return task
+            meta = self._meta(metadata, fence)
+            result: Task = await self._apply(conn, TASKS, task_id, task, decide(task), meta)
             return result
 
     async def execute_batch(
@@ -227,6 +265,8 @@ class EventStore:
         decisions: dict[str, Decide],
         *,
         metadata: dict[str, Any] | None = None,
+        fence: Fence | None = None,
+        receipt: Receipt | None = None,
     ) -> tuple[dict[str, Task], dict[str, DomainError]]:
         """Many task commands in one transaction (the scheduler's batched commit).
 
@@ -235,8 +275,10 @@ class EventStore:
         """
         done: dict[str, Task] = {}
         refused: dict[str, DomainError] = {}
-        meta = Jsonb(metadata or {})
+        meta = Jsonb(self._meta(metadata, fence))
         async with self.pool.connection() as conn, conn.transaction():
+            if not await self._guard(conn, fence, receipt):
+                return done, refused
             cur = await conn.execute(
                 "SELECT doc FROM tasks WHERE id = ANY(%s) AND deleted_at IS NULL"
                 " ORDER BY id FOR UPDATE",
@@ -286,11 +328,16 @@ class EventStore:
         decide: Callable[[M | None], tuple[Sequence[Payload], Sequence[NewTask]]],
         *,
         metadata: dict[str, Any] | None = None,
+        fence: Fence | None = None,
+        receipt: Receipt | None = None,
     ) -> tuple[M | None, list[Task]]:
         """Append to an aggregate and create tasks in one transaction (group membership)."""
-        meta = metadata or {}
+        meta = self._meta(metadata, fence)
         async with self.pool.connection() as conn, conn.transaction():
+            first = await self._guard(conn, fence, receipt)
             current = await self._lock(conn, agg, agg_id)
+            if not first:
+                return current, []
             events, new_tasks = decide(current)
             result: M | None = await self._apply(conn, agg, agg_id, current, events, meta)
             return result, await self._create_in(conn, new_tasks, meta)
@@ -302,11 +349,17 @@ class EventStore:
         decide: Callable[[M | None], Sequence[Payload]],
         *,
         metadata: dict[str, Any] | None = None,
+        fence: Fence | None = None,
+        receipt: Receipt | None = None,
     ) -> M | None:
         """Like `execute` for any aggregate; `decide` gets None when the stream is new."""
+        meta = self._meta(metadata, fence)
         async with self.pool.connection() as conn, conn.transaction():
+            first = await self._guard(conn, fence, receipt)
             current = await self._lock(conn, agg, agg_id)
-            new: M | None = await self._apply(conn, agg, agg_id, current, decide(current), metadata)
+            if not first:
+                return current
+            new: M | None = await self._apply(conn, agg, agg_id, current, decide(current), meta)
             return new
 
     async def _lock(self, conn: AsyncConnection[Any], agg: Aggregate[M], agg_id: str) -> M | None:
@@ -347,6 +400,8 @@ class EventStore:
         *,
         expected_version: int | None = None,
         metadata: dict[str, Any] | None = None,
+        fence: Fence | None = None,
+        receipt: Receipt | None = None,
     ) -> list[StoredEvent]:
         """Append to a non-task stream (tenant, system) and project it.
 
@@ -354,6 +409,8 @@ class EventStore:
         A transaction-scoped advisory lock on the stream id serialises writers of the stream.
         """
         async with self.pool.connection() as conn, conn.transaction():
+            if not await self._guard(conn, fence, receipt):
+                return []
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (stream_id,)
             )
@@ -366,7 +423,8 @@ class EventStore:
                 raise Conflict(
                     f"stream {stream_id} is at version {current}, expected {expected_version}"
                 )
-            stored = await self._insert(conn, stream_id, events, current + 1, metadata or {})
+            meta = self._meta(metadata, fence)
+            stored = await self._insert(conn, stream_id, events, current + 1, meta)
             for ev, st in zip(events, stored, strict=True):
                 await projections.apply_other(conn, st, ev)
             return stored

@@ -179,6 +179,30 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX gpu_samples_at ON gpu_samples (at);
         """,
     ),
+    (
+        6,
+        """
+        -- Fencing: the newest token each lease has shown the store. A leader's write carries
+        -- its (lease, token); the store raises this row to the greatest token it has seen and
+        -- refuses a write whose token is older, in the same transaction (libs/store/fencing.py).
+        CREATE TABLE fences (
+            lease       text PRIMARY KEY,
+            token       bigint NOT NULL,
+            updated_at  timestamptz NOT NULL DEFAULT now()
+        );
+
+        -- Exactly once: an event consumer records (consumer, event id) in the transaction of
+        -- its effect; a redelivered or republished event finds its receipt and changes nothing
+        -- (libs/store/inbox.py).
+        CREATE TABLE consumer_inbox (
+            consumer    text NOT NULL,
+            event_id    uuid NOT NULL,
+            handled_at  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (consumer, event_id)
+        );
+        CREATE INDEX consumer_inbox_handled ON consumer_inbox (consumer, handled_at);
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).

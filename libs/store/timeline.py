@@ -1,8 +1,8 @@
 """The `timeline` table: fault-tolerance entries written by the event-timeline service,
 read newest first by the gateway, capped per subject and purged by age.
 
-Not a projection: replay does not rebuild it. Each entry's id derives from its source
-event, so writing an entry again changes nothing.
+Not a projection: replay does not rebuild it. Writes are exactly once through the writer's
+receipt (libs/store/inbox.py), recorded in the same transaction as the entries.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
 
+from . import inbox
 from .eventstore import EventStore
 from .pool import rows
 
 INSERT = """
 INSERT INTO timeline (id, subject_type, subject_id, kind, message, details, occurred_at,
                       source_event)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 """
 TRIM = """
 DELETE FROM timeline WHERE id IN (
@@ -65,9 +66,11 @@ class TimelineEntry:
     occurred_at: datetime
 
 
-async def write(store: EventStore, entries: Sequence[NewEntry], cap: int) -> None:
-    """Insert entries (ignoring those already there), then keep each task's and group's
-    newest `cap`, all in one transaction."""
+async def write(
+    store: EventStore, entries: Sequence[NewEntry], cap: int, receipt: inbox.Receipt
+) -> bool:
+    """Insert entries, then keep each task's and group's newest `cap`, all in one transaction
+    with `receipt`; False (nothing written) when the event was handled before."""
     params = [
         (
             e.id,
@@ -82,11 +85,15 @@ async def write(store: EventStore, entries: Sequence[NewEntry], cap: int) -> Non
         for e in entries
     ]
     async with store.pool.connection() as conn, conn.transaction():
-        async with conn.cursor() as cur:
-            await cur.executemany(INSERT, params)
+        if not await inbox.record(conn, receipt):
+            return False  # handled before: its entries are there (or trimmed, as they should be)
+        if params:
+            async with conn.cursor() as cur:
+                await cur.executemany(INSERT, params)
         for subject in {(e.subject_type, e.subject_id) for e in entries}:
             if subject[0] in CAPPED:
                 await conn.execute(TRIM, (*subject, cap))
+    return True
 
 
 async def purge(store: EventStore, older_than: timedelta) -> int:

@@ -1,8 +1,9 @@
 """The event-timeline service: one timeline entry per real fault-tolerance transition.
 
 It reads committed events from the bus (so an entry is written only after its transition
-committed), maps them with the pure rules, and inserts entries keyed by the source event id
-(a redelivery adds nothing). It keeps at most 200 entries per task and per group and purges
+committed), maps them with the pure rules, and inserts the entries in one transaction with
+the consumer's receipt for the event (libs/store/inbox.py): a redelivered or republished event
+adds nothing. It keeps at most 200 entries per task and per group and purges
 entries older than 30 days. A consumer created on an existing store starts at the stream's
 end: history is never back-filled.
 """
@@ -25,6 +26,7 @@ from libs.bus.subjects import EVENTS_STREAM, EVENTS_SUBJECTS, NODE_PREFIX
 from libs.config import CommonSettings
 from libs.periodic import periodic
 from libs.service import ServiceContext
+from libs.store import inbox
 from libs.store import tasks as task_rows
 from libs.store import timeline as timeline_rows
 from libs.store.eventstore import EventStore
@@ -34,6 +36,7 @@ from .telemetry import TelemetrySink
 
 log = structlog.get_logger(__name__)
 
+CONSUMER = "event-timeline"
 WRITTEN = Counter("heteroflow_timeline_entries_total", "Timeline entries written", ["kind"])
 
 
@@ -55,7 +58,7 @@ class Timeline:
         if envelope.get("type") in ("gpu_lost", "gpu_recovered"):
             entries += await self._card_holders(envelope, entries)
         if entries:
-            await self.write(entries)
+            await self.write(entries, inbox.Receipt.of(CONSUMER, envelope))
 
     async def _card_holders(self, env: dict[str, Any], base: Sequence[Entry]) -> list[Entry]:
         """The same card event on the timeline of each task holding that card."""
@@ -78,8 +81,9 @@ class Timeline:
             )
         return out
 
-    async def write(self, entries: Sequence[Entry]) -> None:
-        await timeline_rows.write(self.store, entries, self.cap)
+    async def write(self, entries: Sequence[Entry], receipt: inbox.Receipt) -> None:
+        if not await timeline_rows.write(self.store, entries, self.cap, receipt):
+            return
         for e in entries:
             WRITTEN.labels(e.kind).inc()
 
@@ -102,6 +106,7 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettin
     async def purge() -> None:
         await sink.purge(settings.timeline_retention_days)
         purged = await timeline.purge()
+        await inbox.purge(ctx.store, CONSUMER)
         if purged:
             log.info("timeline_purged", entries=purged)
 
@@ -121,7 +126,7 @@ async def _serve(ctx: ServiceContext, stop: asyncio.Event, timeline: Timeline, p
         consume(
             ctx.js,
             stream=EVENTS_STREAM,
-            durable="event-timeline",
+            durable=CONSUMER,
             filter_subject=EVENTS_SUBJECTS[0],
             handler=timeline.handle,
             stop=stop,

@@ -1,8 +1,9 @@
 """The retry-engine service: consumes failures, writes its decision, requeues with CAS.
 
-Idempotent under redelivery: a failure event is acted on only while it is still the task's
-latest event (its stream version equals the task's), so a redelivered or stale failure
-changes nothing.
+Exactly once: the decision commits with the consumer's receipt for the failure event
+(libs/store/inbox.py), so a redelivered or republished failure changes nothing. A failure is
+also acted on only while it is still the task's latest event: evidence of an older failure is
+not evidence of the current one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from libs.domain.errors import NotFound
 from libs.domain.events import Payload, TaskRetryDecided
 from libs.domain.node import Node, NodeStatus
 from libs.domain.task import Task
+from libs.periodic import periodic
 from libs.service import ServiceContext
+from libs.store import inbox
 from libs.store import nodes as node_rows
 from libs.store.eventstore import EventStore
 
@@ -31,6 +34,8 @@ from .decide import Evidence, NodeFacts, RetryConfig, decide_retry
 
 log = structlog.get_logger(__name__)
 
+CONSUMER = "retry-engine"
+INBOX_PURGE_INTERVAL_S = 3600.0
 DECISIONS = Counter("heteroflow_retry_decisions_total", "Retry decisions", ["action", "cls"])
 
 
@@ -92,7 +97,11 @@ class RetryEngine:
 
         try:
             task = await self.store.execute(
-                payload["task_id"], decide, include_deleted=True, metadata={"actor": "retry_engine"}
+                payload["task_id"],
+                decide,
+                include_deleted=True,
+                metadata={"actor": "retry_engine"},
+                receipt=inbox.Receipt.of(CONSUMER, envelope),
             )
         except NotFound:
             return
@@ -111,11 +120,18 @@ class RetryEngine:
 
 async def run(ctx: ServiceContext, stop: asyncio.Event, settings: RetrySettings) -> None:
     engine = RetryEngine(ctx.store, settings.config())
-    await consume(
-        ctx.js,
-        stream=EVENTS_STREAM,
-        durable="retry-engine",
-        filter_subject=event_filter(stream_type="task", event_type="task_status_changed"),
-        handler=engine.handle,
-        stop=stop,
+
+    async def purge() -> None:
+        await inbox.purge(ctx.store, CONSUMER)
+
+    await asyncio.gather(
+        consume(
+            ctx.js,
+            stream=EVENTS_STREAM,
+            durable=CONSUMER,
+            filter_subject=event_filter(stream_type="task", event_type="task_status_changed"),
+            handler=engine.handle,
+            stop=stop,
+        ),
+        periodic("inbox_purge", purge, stop, INBOX_PURGE_INTERVAL_S),
     )

@@ -1,5 +1,7 @@
 """Group controller (leader-only): aggregate member status and run group fault tolerance.
 
+It runs on the controller runtime (libs/controller.py); every write carries the term's fence.
+
 Every scan reads each live group with all its tasks, asks the pure `decide_group` what to do
 and applies it: group events and new member rows in one transaction, then member
 transitions with compare-and-set. A scan that finds nothing to do writes nothing.
@@ -7,14 +9,15 @@ transitions with compare-and-set. A scan that finds nothing to do writes nothing
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 
+from libs.controller import Controller, Term
 from libs.domain import commands
+from libs.domain.errors import Fenced
 from libs.domain.events import Payload
 from libs.domain.failure import FailureClass, classify
 from libs.domain.group import GROUP_TERMINAL, Group
@@ -22,10 +25,10 @@ from libs.domain.group_control import GroupActions, GroupPolicy, decide_group
 from libs.domain.reasons import INFRASTRUCTURE_REASONS, ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskSpec
-from libs.periodic import periodic
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
+from libs.store.fencing import Fence
 from libs.store.projections import GROUPS
 
 log = structlog.get_logger(__name__)
@@ -59,19 +62,47 @@ async def load_group_tasks(store: EventStore, group_id: str) -> list[Task]:
     return await task_rows.of_group(store, group_id)
 
 
-class GroupController:
+class GroupController(Controller):
+    """Status and replica self-heal every `interval_s`; inference rebuilds every
+    `rebuild_every_s` (by the runtime's clock)."""
+
+    name = "group_scan"
+
     def __init__(
-        self, store: EventStore, policy: GroupPolicy, clock: Callable[[], datetime]
+        self,
+        store: EventStore,
+        policy: GroupPolicy,
+        clock: Callable[[], datetime],
+        *,
+        interval_s: float = 2.0,
+        rebuild_every_s: float = 10.0,
     ) -> None:
         self.store = store
         self.policy = policy
         self.clock = clock
+        self.interval_s = interval_s
+        self.rebuild_every_s = rebuild_every_s
+        self.fence: Fence | None = None
+        self._last_rebuild: float | None = None
+
+    async def elected(self, term: Term) -> None:
+        self.fence = term.fence
+        self._last_rebuild = None
+
+    async def evaluate(self, term: Term) -> None:
+        now = term.now()
+        rebuild = self._last_rebuild is None or now - self._last_rebuild >= self.rebuild_every_s
+        if rebuild:
+            self._last_rebuild = now
+        await self.scan(allow_rebuild=rebuild)
 
     async def scan(self, *, allow_rebuild: bool = False) -> int:
         acted = 0
         for group in await group_rows.live_or_recent(self.store, GROUP_TERMINAL, RECENT):
             try:
                 acted += await self.reconcile(group, allow_rebuild=allow_rebuild)
+            except Fenced:
+                raise  # deposed: no further group of this scan may be touched
             except Exception:
                 log.exception("group_reconcile_failed", group_id=group.id)
         return acted
@@ -105,7 +136,7 @@ class GroupController:
             return list(plan.events), new
 
         await self.store.execute_with_tasks(
-            GROUPS, seen.id, decide, metadata={"actor": "group_controller"}
+            GROUPS, seen.id, decide, metadata={"actor": "group_controller"}, fence=self.fence
         )
 
     async def _move_members(self, plan: GroupActions) -> None:
@@ -115,7 +146,9 @@ class GroupController:
         for task_id in plan.fail:
             decisions[task_id] = _fail
         if decisions:
-            await self.store.execute_batch(decisions, metadata={"actor": "group_controller"})
+            await self.store.execute_batch(
+                decisions, metadata={"actor": "group_controller"}, fence=self.fence
+            )
 
 
 def _stop(t: Task) -> list[Any]:
@@ -147,23 +180,3 @@ def policy_from(
         restart_give_up_after=timedelta(seconds=give_up_s),
         max_rebuilds=max_rebuilds,
     )
-
-
-async def run_groups(
-    controller: GroupController,
-    stop: asyncio.Event,
-    interval_s: float = 2.0,
-    rebuild_every_s: float = 10.0,
-) -> None:
-    """Status and replica self-heal every `interval_s`; inference rebuilds every 10 s."""
-    last_rebuild = 0.0
-    loop = asyncio.get_running_loop()
-
-    async def scan() -> None:
-        nonlocal last_rebuild
-        rebuild = loop.time() - last_rebuild >= rebuild_every_s
-        if rebuild:
-            last_rebuild = loop.time()
-        await controller.scan(allow_rebuild=rebuild)
-
-    await periodic("group_scan", scan, stop, interval_s)

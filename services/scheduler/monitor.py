@@ -2,12 +2,12 @@
 missing from 3 heartbeats → `gpu_lost` and excluded, seen in 2 → `gpu_recovered` (SPEC §3).
 
 Liveness is tracked in memory by the lease holder. A new leader starts every node's clock at
-the moment it took over, so a failover never declares the whole fleet dead at once.
+the moment it took over, so a failover never declares the whole fleet dead at once. It runs on
+the controller runtime (libs/controller.py); every write carries the term's fence.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +18,9 @@ from nats.aio.msg import Msg
 from prometheus_client import Gauge
 
 from libs.bus.subjects import NODE_PREFIX
+from libs.controller import Controller, Term
 from libs.domain import commands
+from libs.domain.errors import Fenced
 from libs.domain.events import Payload
 from libs.domain.node import (
     CardWatch,
@@ -34,10 +36,10 @@ from libs.domain.protocol import Heartbeat
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task
-from libs.periodic import periodic
 from libs.store import nodes as node_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
+from libs.store.fencing import Fence
 from libs.store.projections import NODES
 
 log = structlog.get_logger(__name__)
@@ -83,7 +85,9 @@ def unpin_decision(t: Task) -> list[Any]:
     return list(commands.decide_config_update(t, {"requested_node_id": ""}))
 
 
-class NodeMonitor:
+class NodeMonitor(Controller):
+    name = "node_monitor_tick"
+
     def __init__(
         self,
         store: EventStore,
@@ -92,6 +96,7 @@ class NodeMonitor:
         offline_after_s: float = 10.0,
         gone_after_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        tick_s: float = 1.0,
     ) -> None:
         self.store = store
         self.nc = nc
@@ -102,14 +107,28 @@ class NodeMonitor:
         self.cards: dict[tuple[str, str], CardWatch] = {}
         self.nodes: dict[str, Node] = {}
         self.since = clock()
+        self.interval_s = tick_s
+        self.fence: Fence | None = None
+        self._fenced: Fenced | None = None  # seen by a heartbeat's write; ends the term
+        self._sub: Any = None
 
-    async def run(self, stop: asyncio.Event, tick_s: float = 1.0) -> None:
+    async def elected(self, term: Term) -> None:
+        self.fence, self._fenced = term.fence, None
+        # Every node's clock starts now: what a previous term saw may be long stale.
+        self.last_seen.clear()
         self.since = self.clock()
         await self.refresh()
-        sub = await self.nc.subscribe(f"{NODE_PREFIX}.*.heartbeat", cb=self._on_msg)
-        try:
-            await periodic("node_monitor_tick", self.tick, stop, tick_s)
-        finally:
+        self._sub = await self.nc.subscribe(f"{NODE_PREFIX}.*.heartbeat", cb=self._on_msg)
+
+    async def evaluate(self, term: Term) -> None:
+        if self._fenced is not None:
+            raise self._fenced
+        await self.tick()
+
+    async def deposed(self) -> None:
+        # The fence stays: a write still in flight carries the old token, never none.
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
             await sub.unsubscribe()
 
     async def refresh(self) -> None:
@@ -135,6 +154,8 @@ class NodeMonitor:
     async def _on_msg(self, msg: Msg) -> None:
         try:
             await self.on_heartbeat(Heartbeat.model_validate_json(msg.data))
+        except Fenced as exc:
+            self._fenced = exc  # the next evaluation ends the term
         except Exception:
             log.exception("heartbeat_rejected", subject=msg.subject)
 
@@ -175,7 +196,9 @@ class NodeMonitor:
             )
 
     async def _append(self, node_id: str, events: list[Payload]) -> None:
-        node = await self.store.execute_aggregate(NODES, node_id, lambda _n: events)
+        node = await self.store.execute_aggregate(
+            NODES, node_id, lambda _n: events, fence=self.fence
+        )
         if node is not None:
             self.nodes[node_id] = node
 
@@ -200,7 +223,7 @@ class NodeMonitor:
         ids = await task_rows.ids_on_node(self.store, node.id, ON_NODE_LOSS)
         decide = migrate_decision(node.id)
         done, refused = await self.store.execute_batch(
-            dict.fromkeys(ids, decide), metadata={"node_id": node.id}
+            dict.fromkeys(ids, decide), metadata={"node_id": node.id}, fence=self.fence
         )
         log.warning(
             "node_offline",
@@ -221,5 +244,7 @@ class NodeMonitor:
         )
         await self._append(node.id, [gone])
         ids = await task_rows.ids_pinned_pending(self.store, node.id)
-        done, _ = await self.store.execute_batch(dict.fromkeys(ids, unpin_decision))
+        done, _ = await self.store.execute_batch(
+            dict.fromkeys(ids, unpin_decision), fence=self.fence
+        )
         log.warning("node_gone", node_id=node.id, unpinned=len(done))

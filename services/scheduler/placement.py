@@ -1,9 +1,10 @@
 """The placement loop: read the cluster, plan, commit the plan with compare-and-set.
 
-Only the lease holder runs it, so exactly one scheduler places at a time even when several
-replicas run. Each commit is conditioned on `expected_status` (pending for placements,
-the victim's status for preemptions): a task that moved since the snapshot is skipped and
-reconsidered next round, never double-placed.
+Only the lease holder runs it (on the controller runtime, libs/controller.py), so exactly one
+scheduler places at a time even when several replicas run, and every commit carries the term's
+fence: a deposed holder's late commit is refused by the store. Each commit is conditioned on
+`expected_status` (pending for placements, the victim's status for preemptions): a task that
+moved since the snapshot is skipped and reconsidered next round, never double-placed.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
+from libs.controller import Controller, Term
 from libs.domain import commands
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import GPU_HOLDING, Actor, TaskStatus
 from libs.domain.task import Task
-from libs.periodic import periodic
 from libs.store.eventstore import EventStore
+from libs.store.fencing import Fence
 
 from . import view
 from .model import Plan
@@ -63,7 +65,7 @@ class Placer:
     store: EventStore
     clock: Callable[[], datetime]
     batch: int = 512
-    fencing_token: int | None = None
+    fence: Fence | None = None  # the leader's, set for each term by PlacementController
     max_candidates: int | None = DEFAULT_MAX_CANDIDATES
     cluster: view.ClusterView = field(default_factory=view.ClusterView)
 
@@ -99,7 +101,6 @@ class Placer:
         return result
 
     async def commit(self, p: Plan, pending: dict[str, Task]) -> RoundResult:
-        meta: dict[str, Any] = {"fencing_token": self.fencing_token}
         decisions: dict[str, commands.Decide] = {}
         for pl in p.placements:
             decisions[pl.task_id] = _place(pl.node_id, pl.gpu_ids, pl.qos.value if pl.qos else "")
@@ -116,10 +117,10 @@ class Placer:
         UNPLACED.clear()
         for reason, n in by_reason.items():
             UNPLACED.labels(reason).set(n)
-        done, refused = await self.store.execute_batch(decisions, metadata=meta)
+        done, refused = await self.store.execute_batch(decisions, fence=self.fence)
         self.cluster.learn(done.values())
         if victims:
-            v_done, v_refused = await self.store.execute_batch(victims, metadata=meta)
+            v_done, v_refused = await self.store.execute_batch(victims, fence=self.fence)
             refused |= v_refused
         result = RoundResult(
             placed=sum(1 for pl in p.placements if pl.task_id in done),
@@ -202,13 +203,20 @@ def wakes_placement(event_type: str, payload: dict[str, Any]) -> bool:
 HOLDING_STATUSES = frozenset(s.value for s in GPU_HOLDING)
 
 
-async def run_placement(
-    placer: Placer, stop: asyncio.Event, wake: asyncio.Event, idle_s: float = 0.5
-) -> None:
+class PlacementController(Controller):
     """Rounds back to back while there is work; otherwise wait for a wake-up or `idle_s`."""
 
-    async def round_() -> bool:
-        result = await placer.round()
-        return bool(result.placed or result.preempted)
+    name = "scheduling_round"
+    error_backoff_s = 1.0
 
-    await periodic("scheduling_round", round_, stop, idle_s, wake=wake, error_backoff_s=1.0)
+    def __init__(self, placer: Placer, wake: asyncio.Event, idle_s: float = 0.5) -> None:
+        self.placer = placer
+        self.wake = wake
+        self.interval_s = idle_s
+
+    async def elected(self, term: Term) -> None:
+        self.placer.fence = term.fence
+
+    async def evaluate(self, term: Term) -> bool:
+        result = await self.placer.round()
+        return bool(result.placed or result.preempted)

@@ -1,26 +1,30 @@
-"""The scheduler service: placement (leader), node monitor (leader), command dispatch and
-agent reports (competing durable consumers)."""
+"""The scheduler service: placement, node monitor and group controller (leader-only, each on
+the controller runtime with its own lease), command dispatch and agent reports (competing
+durable consumers)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
+from collections.abc import Coroutine
+from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
 from pydantic import Field
 
 from libs.bus.consume import consume
-from libs.bus.lease import Lease, open_lease_bucket, run_while_leader
+from libs.bus.lease import Lease, open_lease_bucket
 from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, NODE_PREFIX, NODE_STREAM, event_filter
 from libs.config import CommonSettings
+from libs.controller import Controller, run_controller
 from libs.service import ServiceContext
 
 from .dispatch import Dispatcher
-from .groups import GroupController, policy_from, run_groups
+from .groups import GroupController, policy_from
 from .monitor import NodeMonitor
-from .placement import Placer, run_placement, wakes_placement
+from .placement import PlacementController, Placer, wakes_placement
 from .planner import DEFAULT_MAX_CANDIDATES
 from .reports import ReportHandler
 
@@ -78,15 +82,7 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         offline_after_s=settings.node_offline_after_s,
         gone_after_s=settings.node_gone_after_s,
     )
-
-    async def place(token: int) -> None:
-        placer.fencing_token = token
-        await run_placement(placer, stop, wake)
-
-    async def watch(_token: int) -> None:
-        await monitor.run(stop)
-
-    controller = GroupController(
+    groups = GroupController(
         ctx.store,
         policy_from(
             settings.group_restart_backoffs_s,
@@ -95,29 +91,24 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
             settings.group_max_rebuilds,
         ),
         ctx.store.clock,
+        interval_s=settings.group_scan_interval_s,
+        rebuild_every_s=settings.group_rebuild_scan_s,
     )
 
-    async def groups(_token: int) -> None:
-        await run_groups(
-            controller, stop, settings.group_scan_interval_s, settings.group_rebuild_scan_s
+    me = f"{ctx.name}-{settings.instance_id}"
+
+    def lead(lease_name: str, controller: Controller) -> Coroutine[Any, Any, None]:
+        lease = Lease(kv, lease_name, me, LEASE_TTL_S)
+        return run_controller(
+            controller, lease, stop, renew_every=LEASE_TTL_S / 3, claim=ctx.store.claim_fence
         )
 
-    me = f"{ctx.name}-{settings.instance_id}"
     dispatcher = Dispatcher(ctx.store, ctx.js)
     reports = ReportHandler(ctx.store, ctx.js)
     jobs = [
-        run_while_leader(
-            Lease(kv, "scheduler", me, LEASE_TTL_S), place, stop, renew_every=LEASE_TTL_S / 3
-        ),
-        run_while_leader(
-            Lease(kv, "node-monitor", me, LEASE_TTL_S), watch, stop, renew_every=LEASE_TTL_S / 3
-        ),
-        run_while_leader(
-            Lease(kv, "group-controller", me, LEASE_TTL_S),
-            groups,
-            stop,
-            renew_every=LEASE_TTL_S / 3,
-        ),
+        lead("scheduler", PlacementController(placer, wake)),
+        lead("node-monitor", monitor),
+        lead("group-controller", groups),
         consume(
             ctx.js,
             stream=EVENTS_STREAM,

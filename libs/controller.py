@@ -1,0 +1,133 @@
+"""The controller runtime: one home for leader-only control loops.
+
+A controller (node monitor, group controller, placement; autoscaler, rollout and schedule
+windows next) says what one evaluation does; the runtime does the rest, the same way for all:
+
+* contends for the controller's lease (libs/bus/lease.py) and renews it while held;
+* for each term of leadership, builds the `Fence` (lease name + fencing token) that every
+  write of that term must carry, and shows it to the store before anything else (`claim`):
+  from then on the store refuses a write of any older holder (libs/store/fencing.py);
+* evaluates periodically (libs/periodic.py), with an injectable clock for the controller's
+  sense of time;
+* ends the term when the lease is lost, when the store answers `Fenced`, or when the
+  controller fails outside an evaluation, and then contends again: a deposed leader stops
+  acting at once, and a new term gets a new token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from libs.bus.lease import LeaseLike, run_while_leader
+from libs.domain.errors import Fenced
+from libs.periodic import periodic, wait_or_stop
+from libs.store.fencing import Fence
+
+log = structlog.get_logger(__name__)
+
+Clock = Callable[[], float]
+Claim = Callable[[Fence], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Term:
+    """One tenure of leadership: the fence its writes carry and the runtime's clock."""
+
+    fence: Fence
+    elected_at: float
+    clock: Clock
+
+    def now(self) -> float:
+        return self.clock()
+
+
+class Controller(ABC):
+    """A leader-only control loop: `evaluate` runs every `interval_s` while we lead.
+
+    `evaluate` returning True asks for the next pass at once (more work); setting `wake`
+    cuts the wait short. Writes must pass `term.fence` to the store.
+    """
+
+    name: str = "controller"
+    interval_s: float = 1.0
+    error_backoff_s: float | None = None
+    wake: asyncio.Event | None = None
+
+    async def elected(self, term: Term) -> None:  # noqa: B027 - optional hook
+        """A term begins: rebuild what the controller keeps in memory."""
+
+    @abstractmethod
+    async def evaluate(self, term: Term) -> bool | None:
+        """One pass of the loop."""
+
+    async def deposed(self) -> None:  # noqa: B027 - optional hook
+        """The term ended (lease lost, fenced off, stopping): drop what `elected` set up."""
+
+
+async def run_controller(
+    controller: Controller,
+    lease: LeaseLike,
+    stop: asyncio.Event,
+    *,
+    renew_every: float,
+    retry_every: float | None = None,
+    clock: Clock = time.monotonic,
+    claim: Claim | None = None,
+) -> None:
+    """Run `controller` whenever we hold `lease`, until `stop` is set.
+
+    `claim` (the store's `claim_fence`) records each new term's fence before the term acts.
+    """
+    retry = retry_every if retry_every is not None else renew_every
+
+    async def term_body(token: int) -> None:
+        term = Term(Fence(lease.name, token), clock(), clock)
+        await _serve_term(controller, term, claim)
+
+    while not stop.is_set():
+        # Returns when `stop` is set, or when a term ended by itself (fenced, failed): the
+        # lease is released by then; pause before contending again so a failing controller
+        # does not spin on the lease.
+        await run_while_leader(lease, term_body, stop, renew_every=renew_every, retry_every=retry)
+        await wait_or_stop(stop, retry)
+
+
+async def _serve_term(controller: Controller, term: Term, claim: Claim | None) -> None:
+    """Evaluate until the term ends. Cancelled when the lease is lost or `stop` is set."""
+    ended = asyncio.Event()
+    bound = log.bind(controller=controller.name, lease=term.fence.lease, token=term.fence.token)
+
+    async def one_pass() -> bool | None:
+        try:
+            return await controller.evaluate(term)
+        except Fenced as exc:
+            bound.warning("controller_fenced", newest=exc.newest)
+            ended.set()
+            return False
+
+    bound.info("controller_elected")
+    try:
+        if claim is not None:
+            await claim(term.fence)
+        await controller.elected(term)
+        await periodic(
+            controller.name,
+            one_pass,
+            ended,
+            controller.interval_s,
+            wake=controller.wake,
+            error_backoff_s=controller.error_backoff_s,
+        )
+    except Fenced as exc:
+        bound.warning("controller_fenced", newest=exc.newest)
+    except Exception:
+        bound.exception("controller_failed")
+    finally:
+        await controller.deposed()
+        bound.info("controller_deposed")

@@ -1,0 +1,65 @@
+"""Fencing tokens, checked by the store: the `fences` table and its one query.
+
+A leader holds a lease (libs/bus/lease.py) whose acquisition revision only grows from one
+holder to the next. Every write it makes carries a `Fence` (lease name + that token). In the
+transaction of the write, `check` raises the lease's row to the greatest token seen and
+refuses the write when that is newer than the writer's: a holder deposed without noticing
+(paused, partitioned, slow) cannot commit after its successor has written once.
+
+Why one upsert is enough: the row lock taken by the upsert is held until the writer's commit,
+so a newer holder's first write waits for an older holder's transaction in flight, and every
+later write of the older holder sees the newer token. See Kleppmann, "How to do distributed
+locking" (2016), for why the lease alone cannot give this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from libs.domain.errors import Fenced
+
+RAISE_FENCE = """
+INSERT INTO fences (lease, token) VALUES (%s, %s)
+ON CONFLICT (lease) DO UPDATE
+    SET token = GREATEST(fences.token, EXCLUDED.token),
+        updated_at = CASE WHEN EXCLUDED.token > fences.token THEN now()
+                          ELSE fences.updated_at END
+RETURNING token
+"""
+
+READ_FENCE = "SELECT token FROM fences WHERE lease = %s"
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a leader's write carries: the lease it acts under and the token it won it with."""
+
+    lease: str
+    token: int
+
+    def metadata(self) -> dict[str, Any]:
+        """The fence as recorded in the metadata of the events it writes."""
+        return {"lease": self.lease, "fencing_token": self.token}
+
+
+async def check(conn: AsyncConnection[Any], fence: Fence) -> None:
+    """Within the caller's transaction: record `fence`, or raise `Fenced` if it is stale.
+
+    The raise leaves the transaction to roll back, so nothing the writer did is kept.
+    """
+    cur = await conn.execute(RAISE_FENCE, (fence.lease, fence.token))
+    row = await cur.fetchone()
+    assert row is not None
+    newest = int(row[0])
+    if newest > fence.token:
+        raise Fenced(fence.lease, fence.token, newest)
+
+
+async def newest_token(conn: AsyncConnection[Any], lease: str) -> int | None:
+    """The greatest token the store has seen for `lease` (None: no fenced write yet)."""
+    cur = await conn.execute(READ_FENCE, (lease,))
+    row = await cur.fetchone()
+    return int(row[0]) if row else None
