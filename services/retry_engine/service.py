@@ -8,17 +8,15 @@ changes nothing.
 from __future__ import annotations
 
 import asyncio
-import json
-from datetime import datetime
 
 import structlog
-from nats.aio.msg import Msg
 from prometheus_client import Counter
 from pydantic import Field
 
-from libs.bus.consume import consume
-from libs.bus.subjects import EVENTS_STREAM, event_filter
+from libs.bus.broker import Handle, Routes, serve
+from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM
 from libs.config import CommonSettings
+from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import NotFound
 from libs.domain.events import Payload, TaskRetryDecided
 from libs.domain.node import Node, NodeStatus
@@ -59,10 +57,9 @@ class RetryEngine:
         self.store = store
         self.cfg = cfg
 
-    async def handle(self, msg: Msg) -> None:
-        envelope = json.loads(msg.data)
-        payload = envelope.get("payload", {})
-        if envelope.get("type") != "task_status_changed" or payload.get("to_status") != "failed":
+    async def handle(self, envelope: EventEnvelope) -> None:
+        payload = envelope.payload
+        if envelope.type != "task_status_changed" or payload.get("to_status") != "failed":
             return
         evidence = Evidence(
             exit_code=payload.get("exit_code"),
@@ -70,11 +67,11 @@ class RetryEngine:
             error_kind=payload.get("error_kind") or "",
             error=payload.get("error") or "",
             output=payload.get("result") or "",
-            failed_at=datetime.fromisoformat(envelope["occurred_at"]),
+            failed_at=envelope.occurred_at,
         )
         rows = await self.store.fetch("SELECT doc FROM nodes")
         nodes = {n.id: node_facts(n) for n in (Node.model_validate(r["doc"]) for r in rows)}
-        version = int(envelope["version"])
+        version = envelope.version
 
         def decide(task: Task) -> list[Payload]:
             if task.version != version:
@@ -106,11 +103,18 @@ class RetryEngine:
 
 async def run(ctx: ServiceContext, stop: asyncio.Event, settings: RetrySettings) -> None:
     engine = RetryEngine(ctx.store, settings.config())
-    await consume(
-        ctx.js,
+    await serve(ctx.nc, [routes(engine.handle)], stop)
+
+
+def routes(failures: Handle[EventEnvelope]) -> Routes:
+    """The retry engine's subscriber (handlers as arguments: see heteroflow/asyncapi.py)."""
+    r = Routes("retry-engine")
+    r.durable(
+        EventEnvelope,
+        failures,
         stream=EVENTS_STREAM,
         durable="retry-engine",
-        filter_subject=event_filter(stream_type="task", event_type="task_status_changed"),
-        handler=engine.handle,
-        stop=stop,
+        subject=f"{EVENTS_PREFIX}.task.{{task_id}}.task_status_changed",
+        description="Decides retry or give-up for each task that failed.",
     )
+    return r

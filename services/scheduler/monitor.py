@@ -14,10 +14,8 @@ from typing import Any
 
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from prometheus_client import Gauge
 
-from libs.bus.subjects import NODE_PREFIX
 from libs.domain import commands
 from libs.domain.events import Payload
 from libs.domain.node import (
@@ -98,15 +96,16 @@ class NodeMonitor:
         self.cards: dict[tuple[str, str], CardWatch] = {}
         self.nodes: dict[str, Node] = {}
         self.since = clock()
+        self.leading = False  # beats arrive on every replica; only the leader acts on them
 
     async def run(self, stop: asyncio.Event, tick_s: float = 1.0) -> None:
         self.since = self.clock()
         await self.refresh()
-        sub = await self.nc.subscribe(f"{NODE_PREFIX}.*.heartbeat", cb=self._on_msg)
+        self.leading = True
         try:
             await periodic("node_monitor_tick", self.tick, stop, tick_s)
         finally:
-            await sub.unsubscribe()
+            self.leading = False
 
     async def refresh(self) -> None:
         """Bring `nodes` up to the projection, parsing only the rows whose version moved."""
@@ -132,11 +131,14 @@ class NodeMonitor:
         GPUS_BY_STATE.labels("healthy").set(total - lost)
         GPUS_BY_STATE.labels("lost").set(lost)
 
-    async def _on_msg(self, msg: Msg) -> None:
+    async def heartbeat(self, hb: Heartbeat) -> None:
+        """The heartbeat subscriber's handler (see the scheduler's routes)."""
+        if not self.leading:
+            return
         try:
-            await self.on_heartbeat(Heartbeat.model_validate_json(msg.data))
+            await self.on_heartbeat(hb)
         except Exception:
-            log.exception("heartbeat_rejected", subject=msg.subject)
+            log.exception("heartbeat_rejected", node_id=hb.node_id)
 
     async def on_heartbeat(self, hb: Heartbeat) -> None:
         self.last_seen[hb.node_id] = self.clock()
