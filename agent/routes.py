@@ -42,6 +42,7 @@ def routes(
         logs,
         subject=f"{NODE_PREFIX}.{node}.logs",
         description="Log requests (core NATS request/reply), answered with a LogsReply.",
+        replies=True,
     )
     r.publishes(
         LogsReply,

@@ -143,16 +143,25 @@ class Routes:
         subject: str,
         description: str,
         queue: str = "",
+        replies: bool = False,
     ) -> None:
-        """A core NATS subscription: nothing stored, nothing redelivered; a reply, if `handle`
-        returns a model, goes back to a request's inbox."""
+        """A core NATS subscription: nothing stored, nothing redelivered.
+
+        With `replies`, what `handle` returns answers a request. Without, nothing is sent: a
+        JetStream publish also carries a reply subject (its ack inbox), and a listener on the
+        same subject answering it would hand the publisher a bogus ack.
+        """
 
         async def receive(message: Any) -> Any:
             return await handle(message)
 
         receive.__annotations__["message"] = model
         self.router.subscriber(
-            subject, queue=queue, title=f"{self.owner}:{subject}", description=description
+            subject,
+            queue=queue,
+            no_reply=not replies,
+            title=f"{self.owner}:{subject}",
+            description=description,
         )(receive)
 
     def publishes(

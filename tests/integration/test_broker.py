@@ -74,7 +74,7 @@ async def test_durable_handles_in_order_naks_failures_and_skips_bad_bodies(nc: C
         assert [n for n in seen if n != 7] == [n for n in range(300) if n != 7]
         assert failed == [7] and seen.index(7) > 7  # retried after the nak, not lost
         info = await js.consumer_info(stream, f"d{tag}")
-        assert info.num_redelivered >= 1
+        assert info.num_ack_pending == 1  # the bad body, nak'ed, waiting for its redelivery
     finally:
         stop.set()
         await server
@@ -89,7 +89,7 @@ async def test_core_subscriber_answers_a_request_with_its_model(nc: Client) -> N
         return Item(n=item.n * 2)
 
     routes = Routes("test")
-    routes.core(Item, double, subject=subject, description="test")
+    routes.core(Item, double, subject=subject, description="test", replies=True)
     stop = asyncio.Event()
     server = asyncio.create_task(serve(nc, [routes], stop))
     try:
@@ -105,3 +105,35 @@ async def test_core_subscriber_answers_a_request_with_its_model(nc: Client) -> N
     finally:
         stop.set()
         await server
+
+
+async def test_a_listener_on_a_stream_subject_leaves_the_publish_ack_alone(nc: Client) -> None:
+    """A core subscriber on a JetStream subject sees the publish's ack inbox as its reply
+    subject; unless it is declared to reply, it must not answer there."""
+    tag = uuid.uuid4().hex[:8]
+    stream, prefix = f"L{tag}", f"l{tag}"
+    js = nc.jetstream()
+    await ensure_stream(js, StreamConfig(name=stream, subjects=[f"{prefix}.>"]))
+    heard: list[int] = []
+
+    async def listen(item: Item) -> None:
+        heard.append(item.n)
+
+    routes = Routes("test")
+    routes.core(Item, listen, subject=f"{prefix}.{{key}}", description="test")
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(nc, [routes], stop))
+    try:
+        await _until(lambda: server.done() or _subscribed(nc, prefix), "the subscription")
+        for i in range(50):
+            ack = await js.publish(f"{prefix}.k", Item(n=i).model_dump_json().encode())
+            assert ack.stream == stream and ack.seq == i + 1
+        await _until(lambda: len(heard) == 50, "every message heard")
+    finally:
+        stop.set()
+        await server
+        await js.delete_stream(stream)
+
+
+def _subscribed(nc: Client, prefix: str) -> bool:
+    return any(sub.subject.startswith(prefix) for sub in nc._subs.values())
