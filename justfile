@@ -31,6 +31,6 @@ bench *SUITES:
 openapi:
     .venv/bin/python -m services.api_gateway.openapi > docs/openapi.json
 
-# regenerate the committed AsyncAPI event catalogue
+# regenerate the committed AsyncAPI document (FastStream, from every subscriber and publisher)
 asyncapi:
-    .venv/bin/python -m libs.bus.asyncapi > docs/asyncapi.json
+    .venv/bin/python -m heteroflow.asyncapi > docs/asyncapi.json

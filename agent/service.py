@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,36 +19,36 @@ from typing import Any
 
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from pydantic import Field
 
-from libs.bus.consume import consume
+from libs.bus.broker import serve
 from libs.bus.subjects import (
-    NODE_STREAM,
-    node_command_subject,
+    escape_token,
     node_heartbeat_subject,
-    node_logs_subject,
     node_report_subject,
     node_telemetry_subject,
 )
 from libs.config import CommonSettings
+from libs.domain.failure import ErrorKind
 from libs.domain.node import GpuCard, NodeInventory
 from libs.domain.protocol import (
     AgentReport,
     CommandKind,
     Fact,
     Heartbeat,
+    LogsReply,
+    LogsRequest,
     NodeCommand,
     Registration,
 )
 from libs.domain.states import TaskStatus
-from libs.domain.task import TaskSpec
 from libs.domain.telemetry import TelemetryBatch
 from libs.periodic import periodic
 
 from .boost import boost_memory
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
+from .routes import routes
 from .runtimes.base import LABEL_NODE, ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
 from .telemetry import holders_of, sample
 
@@ -124,23 +123,19 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         await self.register()
         await self.readopt()
-        logs_sub = await self.nc.subscribe(node_logs_subject(self.node_id), cb=self._on_logs)
+        mine = routes(
+            escape_token(self.node_id),
+            f"agent-{self.node_id}",
+            command=self.on_command,
+            logs=self.on_logs,
+        )
         try:
             await asyncio.gather(
                 self._heartbeats(stop),
                 self._telemetry(stop),
-                consume(
-                    self.js,
-                    stream=NODE_STREAM,
-                    durable=f"agent-{self.node_id}",
-                    filter_subject=node_command_subject(self.node_id),
-                    handler=self.on_command,
-                    stop=stop,
-                    batch=32,
-                ),
+                serve(self.nc, [mine], stop),
             )
         finally:
-            await logs_sub.unsubscribe()
             for t in self.tracked.values():
                 if t.waiter:
                     t.waiter.cancel()
@@ -217,8 +212,7 @@ class Agent:
 
     # --- commands ----------------------------------------------------------------------
 
-    async def on_command(self, msg: Msg) -> None:
-        cmd = NodeCommand.model_validate_json(msg.data)
+    async def on_command(self, cmd: NodeCommand) -> None:
         log.info("command_received", kind=cmd.kind.value, task_id=cmd.task_id)
         if cmd.kind is CommandKind.START:
             await self.start(cmd)
@@ -231,8 +225,8 @@ class Agent:
 
     def run_spec(self, cmd: NodeCommand) -> tuple[RunSpec, str | None, float]:
         assert cmd.run is not None
-        spec = TaskSpec.model_validate(cmd.run["spec"])
-        gpu_ids = tuple(cmd.run.get("gpu_ids") or ())
+        spec = cmd.run.spec
+        gpu_ids = cmd.run.gpu_ids
         memory, boost_line = boost_memory(
             spec.image, spec.memory_mb, spec.gpu_required > 0 or spec.is_fractional
         )
@@ -242,14 +236,14 @@ class Agent:
             attempt=cmd.attempt,
             image=spec.image,
             command=spec.command,
-            env=dict(cmd.run.get("group_env") or {}) | dict(spec.env),  # user values win
+            env=dict(cmd.run.group_env) | dict(spec.env),  # user values win
             volumes=tuple(v.model_dump() for v in spec.volumes),
             memory_mb=memory,
             cpu_cores=spec.cpu_cores,
             gpu_ids=gpu_ids,
             gpu_vendor=vendors.get(gpu_ids[0], "") if gpu_ids else "",
             labels={
-                "heteroflow.tenant": str(cmd.run.get("tenant_id") or ""),
+                "heteroflow.tenant": cmd.run.tenant_id,
                 LABEL_NODE: self.node_id,
             },
         )
@@ -269,7 +263,7 @@ class Agent:
             handle = await self.runtime.start(run)
         except RuntimeStartError as exc:
             await self.report(
-                pseudo, Fact.START_FAILED, S.STARTING, error_kind=str(exc.kind), error=exc.message
+                pseudo, Fact.START_FAILED, S.STARTING, error_kind=exc.kind, error=exc.message
             )
             return
         self.tracked[cmd.task_id] = Tracked(
@@ -308,9 +302,11 @@ class Agent:
         kind, _, detail = (result.error or "").partition(": ")
         extra: dict[str, Any] = {}
         if tracked.timed_out:
-            extra = {"error_kind": "Timeout", "error": "task exceeded its timeout"}
+            extra = {"error_kind": ErrorKind.TIMEOUT, "error": "task exceeded its timeout"}
+        elif result.error and (known := ErrorKind.parse(kind)) is not None:
+            extra = {"error_kind": known, "error": detail or kind}
         elif result.error:
-            extra = {"error_kind": kind, "error": detail or kind}
+            extra = {"error": result.error}  # a cause that names no kind: kept as text
         await self.report(
             tracked.handle,
             Fact.EXITED,
@@ -370,21 +366,17 @@ class Agent:
         tracked = self.tracked.get(task_id)
         return tracked.handle if tracked else self.finished.get(task_id)
 
-    async def _on_logs(self, msg: Msg) -> None:
+    async def on_logs(self, req: LogsRequest) -> LogsReply:
         try:
-            req = json.loads(msg.data)
-            handle = self._handle_for(str(req["task_id"]))
+            handle = self._handle_for(req.task_id)
             if handle is None:
-                handle = await self._find_handle(str(req["task_id"]))
+                handle = await self._find_handle(req.task_id)
             if handle is None:
-                body: dict[str, Any] = {"found": False, "lines": []}
-            else:
-                lines = await self.runtime.logs(handle, tail=req.get("tail"))
-                running = req["task_id"] in self.tracked
-                body = {"found": True, "lines": lines, "running": running}
+                return LogsReply(found=False)
+            lines = await self.runtime.logs(handle, tail=req.tail)
+            return LogsReply(found=True, lines=lines, running=req.task_id in self.tracked)
         except Exception as exc:  # the requester gets an answer, never a hang
-            body = {"found": False, "lines": [], "error": str(exc)}
-        await msg.respond(json.dumps(body).encode())
+            return LogsReply(found=False, error=str(exc))
 
     async def _find_handle(self, task_id: str) -> Handle | None:
         handles = [h for h in await self.runtime.list_managed() if h.task_id == task_id]

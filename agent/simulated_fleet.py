@@ -29,7 +29,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from libs.bus.consume import consume
+from libs.bus import broker
 from libs.bus.nats import connect
 from libs.bus.subjects import NODE_PREFIX, NODE_STREAM, node_heartbeat_subject, node_report_subject
 from libs.domain.node import GpuCard, NodeInventory
@@ -165,16 +165,21 @@ class SimulatedFleet:
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
             self._heartbeats(stop),
-            consume(
-                self.js,
-                stream=NODE_STREAM,
-                durable=self.durable,
-                filter_subject=f"{NODE_PREFIX}.*.cmd",
-                handler=self.on_command,
-                stop=stop,
-                deliver_new=True,
-            ),
+            broker.serve(self.nc, [self.routes()], stop),
         )
+
+    def routes(self) -> broker.Routes:
+        r = broker.Routes("simulated-fleet")
+        r.durable(
+            NodeCommand,
+            self.on_command,
+            stream=NODE_STREAM,
+            durable=self.durable,
+            subject=f"{NODE_PREFIX}.{{node_id}}.cmd",
+            description="Commands for every simulated node.",
+            deliver_new=True,
+        )
+        return r
 
     async def beat(self) -> None:
         """One heartbeat from every node that is not silenced."""
@@ -196,8 +201,7 @@ class SimulatedFleet:
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         await periodic("fleet_heartbeat", self.beat, stop, self.heartbeat_interval_s)
 
-    async def on_command(self, msg: Msg) -> None:
-        cmd = NodeCommand.model_validate_json(msg.data)
+    async def on_command(self, cmd: NodeCommand) -> None:
         if cmd.node_id in self.silenced:
             return  # a dead machine answers nothing
         self.commands += 1

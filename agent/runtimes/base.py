@@ -16,6 +16,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# The kinds travel in agent reports, so the message-facing enum lives in the domain.
+from libs.domain.failure import ErrorKind as ErrorKind
+
 #: How many trailing output lines an `ExitReport` carries.
 OUTPUT_TAIL_LINES = 50
 
@@ -28,20 +31,6 @@ LABEL_ATTEMPT = "heteroflow.attempt"
 # Task ids end up in container names and directory names: keep them to a safe alphabet
 # (no path separators, no `..`).
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-class ErrorKind(StrEnum):
-    """Why a runtime could not run a task; names match the retry classifier of SPEC §4."""
-
-    IMAGE_NOT_FOUND = "ImageNotFound"
-    IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
-    PERMISSION_DENIED = "PermissionDenied"
-    INVALID_CONFIG = "InvalidConfig"
-    RESOURCE_LIMIT_EXCEEDED = "ResourceLimitExceeded"
-    CONTAINER_RUNTIME_ERROR = "ContainerRuntimeError"
-    NETWORK_TIMEOUT = "NetworkTimeout"
-    DISK_PRESSURE = "DiskPressure"
-    TRANSIENT_ERROR = "TransientError"
 
 
 class RunState(StrEnum):

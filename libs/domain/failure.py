@@ -21,6 +21,34 @@ class FailureClass(StrEnum):
     OTHER = "other"
 
 
+class ErrorKind(StrEnum):
+    """Why a task could not run or ended badly, as an agent reports it (SPEC §4).
+
+    Runtimes translate their own failures into these; the classifier below maps them to a
+    `FailureClass`. Carried by agent reports and by `task_status_changed.error_kind`.
+    """
+
+    IMAGE_NOT_FOUND = "ImageNotFound"
+    IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+    PERMISSION_DENIED = "PermissionDenied"
+    INVALID_CONFIG = "InvalidConfig"
+    RESOURCE_LIMIT_EXCEEDED = "ResourceLimitExceeded"
+    CONTAINER_RUNTIME_ERROR = "ContainerRuntimeError"
+    NETWORK_TIMEOUT = "NetworkTimeout"
+    DISK_PRESSURE = "DiskPressure"
+    TRANSIENT_ERROR = "TransientError"
+    TASK_CANCELLED = "TaskCancelled"
+    TIMEOUT = "Timeout"  # the task ran past its own timeout and was stopped
+
+    @classmethod
+    def parse(cls, text: str) -> ErrorKind | None:
+        """The kind named by `text`, or None when it names none."""
+        try:
+            return cls(text)
+        except ValueError:
+            return None
+
+
 PERMANENT_KINDS = frozenset(
     {
         "ImageNotFound",

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
 
 from .commands import decide_transition
 from .errors import Conflict
 from .events import TaskStatusChanged
+from .failure import ErrorKind
 from .node import NodeInventory
 from .reasons import report_reason
 from .states import TERMINAL, Actor, TaskStatus
-from .task import Task
+from .task import Task, TaskSpec
 
 S = TaskStatus
 
@@ -38,6 +39,19 @@ class CommandKind(StrEnum):
     RESUME = "resume"
 
 
+class TaskRunSpec(Message):
+    """What a START command asks a node to run: the task's spec and its placement."""
+
+    spec: TaskSpec
+    gpu_ids: tuple[str, ...] = ()
+    qos: str = ""
+    tenant_id: str = ""
+    group_id: str | None = None
+    rank: int | None = None
+    # WORLD_SIZE, MASTER_ADDR, ... for a group member; the user's env wins over these.
+    group_env: dict[str, str] = Field(default_factory=dict)
+
+
 class NodeCommand(Message):
     """One instruction for one task on one node. `attempt` = the task's retry_count."""
 
@@ -48,7 +62,7 @@ class NodeCommand(Message):
     status: TaskStatus  # the task's status when the command was issued
     task_version: int = 0  # the task's stream version when the command was issued
     grace_s: float = 10.0
-    run: dict[str, Any] | None = None  # RunSpec fields for START
+    run: TaskRunSpec | None = None  # for START only
 
     @property
     def msg_id(self) -> str:
@@ -77,12 +91,17 @@ class AgentReport(Message):
     expected_status: TaskStatus
     exit_code: int | None = None
     oom_killed: bool = False
-    error_kind: str = ""
+    error_kind: ErrorKind | None = None
     error: str = ""
     output_tail: list[str] = Field(default_factory=list)
     container_id: str = ""
     memory_mb: int | None = None  # what the agent actually applied (memory boost)
     at: datetime
+
+    @field_validator("error_kind", mode="before")
+    @classmethod
+    def _no_kind(cls, value: object) -> object:
+        return None if value == "" else value  # reports published before the enum said ""
 
 
 class Registration(Message):
@@ -92,12 +111,30 @@ class Registration(Message):
     at: datetime
 
 
+class NodeReport(RootModel[Annotated[AgentReport | Registration, Field(discriminator="kind")]]):
+    """What arrives on `hf.node.<id>.report`: a task report or a registration."""
+
+
 class Heartbeat(Message):
     node_id: str
     seq: int
     visible_gpus: list[str]
     tasks: list[str] = Field(default_factory=list)
     at: datetime
+
+
+class LogsRequest(Message):
+    """Asked of one agent on `hf.node.<id>.logs` (core NATS request/reply)."""
+
+    task_id: str
+    tail: int | None = None
+
+
+class LogsReply(Message):
+    found: bool
+    lines: list[str] = Field(default_factory=list)
+    running: bool = False
+    error: str = ""
 
 
 def _exit_target(task: Task, report: AgentReport) -> TaskStatus:
@@ -113,7 +150,7 @@ def _exit_target(task: Task, report: AgentReport) -> TaskStatus:
 
 def _failure_text(report: AgentReport) -> str:
     if report.error_kind:
-        return f"{report.error_kind}: {report.error}".strip(": ")
+        return f"{report.error_kind.value}: {report.error}".strip(": ")
     if report.oom_killed:
         return "OOMKilled: container exceeded its memory limit"
     if report.fact is Fact.LOST:
@@ -180,7 +217,7 @@ def _transition(task: Task, target: TaskStatus, report: AgentReport) -> list[Tas
         fields["result"] = "\n".join(report.output_tail[-20:])
         if target is not S.COMPLETED:
             fields["error"] = _failure_text(report)
-            fields["error_kind"] = report.error_kind or None
+            fields["error_kind"] = report.error_kind.value if report.error_kind else None
             fields["oom_killed"] = report.oom_killed
     if target is S.PENDING:
         fields["clear_placement"] = True
@@ -192,7 +229,9 @@ def _transition(task: Task, target: TaskStatus, report: AgentReport) -> list[Tas
         actor=Actor.AGENT,
         expected_status=task.status,
         report=True,
-        reason_code=report_reason(report.fact, task.status, target, report.error_kind),
+        reason_code=report_reason(
+            report.fact, task.status, target, report.error_kind.value if report.error_kind else ""
+        ),
         reason=f"agent: {report.fact.value}",
         **fields,
     )

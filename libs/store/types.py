@@ -7,6 +7,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from libs.domain.envelope import EventEnvelope
+
 
 @dataclass(frozen=True)
 class StoredEvent:
@@ -25,18 +27,18 @@ class StoredEvent:
 
     def envelope(self) -> dict[str, Any]:
         """The JSON shape published on the bus and exported by `events export`."""
-        return {
-            "event_id": str(self.event_id),
-            "position": self.position,
-            "stream_id": self.stream_id,
-            "stream_type": self.stream_type,
-            "version": self.version,
-            "type": self.type,
-            "schema_version": self.schema_version,
-            "occurred_at": self.occurred_at.isoformat(),
-            "payload": self.payload,
-            "metadata": self.metadata,
-        }
+        return EventEnvelope(
+            event_id=self.event_id,
+            position=self.position,
+            stream_id=self.stream_id,
+            stream_type=self.stream_type,
+            version=self.version,
+            type=self.type,
+            schema_version=self.schema_version,
+            occurred_at=self.occurred_at,
+            payload=self.payload,
+            metadata=self.metadata,
+        ).as_json()
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from libs.domain import commands
 from libs.domain.errors import Code, DomainError
 from libs.domain.history import retry_history
 from libs.domain.node import Node, NodeStatus
+from libs.domain.protocol import LogsReply, LogsRequest
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TERMINAL, TaskStatus
 from libs.domain.task import Task
@@ -105,7 +106,7 @@ async def fetch_logs(request: Request, task: Task, tail: int | None) -> dict[str
         )
     if nc is None:
         raise DomainError(Code.NODE_UNREACHABLE, "this gateway has no bus connection")
-    body = json.dumps({"task_id": task.id, "tail": tail}).encode()
+    body = LogsRequest(task_id=task.id, tail=tail).model_dump_json().encode()
     try:
         reply = await nc.request(
             node_logs_subject(task.node_id), body, timeout=LOG_REQUEST_TIMEOUT_S
@@ -115,12 +116,12 @@ async def fetch_logs(request: Request, task: Task, tail: int | None) -> dict[str
             Code.NODE_UNREACHABLE,
             f"node {task.node_id} holding the logs of {task.id} is unreachable",
         ) from None
-    data: dict[str, Any] = json.loads(reply.data)
-    if not data.get("found"):
+    logs = LogsReply.model_validate_json(reply.data)
+    if not logs.found:
         raise DomainError(
             Code.NOT_FOUND, f"node {task.node_id} has no logs for {task.id} (removed or never ran)"
         )
-    return data
+    return logs.model_dump(exclude={"schema_version"})
 
 
 def _lines_param(request: Request) -> int:

@@ -11,19 +11,19 @@ end: history is never back-filled.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import structlog
-from nats.aio.msg import Msg
 from prometheus_client import Counter
 from pydantic import Field
 
-from libs.bus.consume import consume
-from libs.bus.subjects import EVENTS_STREAM, EVENTS_SUBJECTS, NODE_PREFIX
+from libs.bus.broker import Handle, Routes, serve
+from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, NODE_PREFIX
 from libs.config import CommonSettings
+from libs.domain.envelope import EventEnvelope
+from libs.domain.telemetry import TelemetryBatch
 from libs.periodic import periodic
 from libs.service import ServiceContext
 from libs.store import inbox
@@ -52,13 +52,13 @@ class Timeline:
         self.retention = retention
         self.cap = cap
 
-    async def handle(self, msg: Msg) -> None:
-        envelope = json.loads(msg.data)
+    async def handle(self, event: EventEnvelope) -> None:
+        envelope = event.as_json()  # the rules read plain JSON, as `events export` writes it
         entries = entries_for(envelope)
         if envelope.get("type") in ("gpu_lost", "gpu_recovered"):
             entries += await self._card_holders(envelope, entries)
         if entries:
-            await self.write(entries, inbox.Receipt.of(CONSUMER, envelope))
+            await self.write(entries, inbox.Receipt(CONSUMER, event.event_id))
 
     async def _card_holders(self, env: dict[str, Any], base: Sequence[Entry]) -> list[Entry]:
         """The same card event on the timeline of each task holding that card."""
@@ -99,9 +99,6 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettin
     )
 
     sink = TelemetrySink(ctx.store)
-    telemetry_sub = await ctx.nc.subscribe(
-        f"{NODE_PREFIX}.*.telemetry", queue="telemetry", cb=sink.handle
-    )
 
     async def purge() -> None:
         await sink.purge(settings.timeline_retention_days)
@@ -110,27 +107,29 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: TimelineSettin
         if purged:
             log.info("timeline_purged", entries=purged)
 
-    try:
-        await _serve(
-            ctx,
-            stop,
-            timeline,
-            periodic("timeline_purge", purge, stop, settings.timeline_purge_interval_s),
-        )
-    finally:
-        await telemetry_sub.unsubscribe()
-
-
-async def _serve(ctx: ServiceContext, stop: asyncio.Event, timeline: Timeline, purge: Any) -> None:
     await asyncio.gather(
-        consume(
-            ctx.js,
-            stream=EVENTS_STREAM,
-            durable=CONSUMER,
-            filter_subject=EVENTS_SUBJECTS[0],
-            handler=timeline.handle,
-            stop=stop,
-            deliver_new=True,
-        ),
-        purge,
+        serve(ctx.nc, [routes(timeline.handle, sink.handle)], stop),
+        periodic("timeline_purge", purge, stop, settings.timeline_purge_interval_s),
     )
+
+
+def routes(events: Handle[EventEnvelope], telemetry: Handle[TelemetryBatch]) -> Routes:
+    """The timeline's subscribers (handlers as arguments: see heteroflow/asyncapi.py)."""
+    r = Routes("event-timeline")
+    r.durable(
+        EventEnvelope,
+        events,
+        stream=EVENTS_STREAM,
+        durable=CONSUMER,
+        subject=f"{EVENTS_PREFIX}.{{stream_type}}.{{stream_id}}.{{event_type}}",
+        description="Every committed event; the fault-tolerance transitions become entries.",
+        deliver_new=True,
+    )
+    r.core(
+        TelemetryBatch,
+        telemetry,
+        subject=f"{NODE_PREFIX}.{{node_id}}.telemetry",
+        queue="telemetry",
+        description="GPU samples (core NATS: a lost sample is a gap, not an error).",
+    )
+    return r

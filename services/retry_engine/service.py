@@ -9,17 +9,15 @@ not evidence of the current one.
 from __future__ import annotations
 
 import asyncio
-import json
-from datetime import datetime
 
 import structlog
-from nats.aio.msg import Msg
 from prometheus_client import Counter
 from pydantic import Field
 
-from libs.bus.consume import consume
-from libs.bus.subjects import EVENTS_STREAM, event_filter
+from libs.bus.broker import Handle, Routes, serve
+from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM
 from libs.config import CommonSettings
+from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import NotFound
 from libs.domain.events import Payload, TaskRetryDecided
 from libs.domain.node import Node, NodeStatus
@@ -65,10 +63,9 @@ class RetryEngine:
         self.store = store
         self.cfg = cfg
 
-    async def handle(self, msg: Msg) -> None:
-        envelope = json.loads(msg.data)
-        payload = envelope.get("payload", {})
-        if envelope.get("type") != "task_status_changed" or payload.get("to_status") != "failed":
+    async def handle(self, envelope: EventEnvelope) -> None:
+        payload = envelope.payload
+        if envelope.type != "task_status_changed" or payload.get("to_status") != "failed":
             return
         evidence = Evidence(
             exit_code=payload.get("exit_code"),
@@ -76,9 +73,9 @@ class RetryEngine:
             error_kind=payload.get("error_kind") or "",
             error=payload.get("error") or "",
             output=payload.get("result") or "",
-            failed_at=datetime.fromisoformat(envelope["occurred_at"]),
+            failed_at=envelope.occurred_at,
         )
-        version = int(envelope["version"])
+        version = envelope.version
         try:
             seen = await self.store.get_task(payload["task_id"], include_deleted=True)
         except NotFound:
@@ -101,7 +98,7 @@ class RetryEngine:
                 decide,
                 include_deleted=True,
                 metadata={"actor": "retry_engine"},
-                receipt=inbox.Receipt.of(CONSUMER, envelope),
+                receipt=inbox.Receipt(CONSUMER, envelope.event_id),
             )
         except NotFound:
             return
@@ -125,13 +122,20 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: RetrySettings)
         await inbox.purge(ctx.store, CONSUMER)
 
     await asyncio.gather(
-        consume(
-            ctx.js,
-            stream=EVENTS_STREAM,
-            durable=CONSUMER,
-            filter_subject=event_filter(stream_type="task", event_type="task_status_changed"),
-            handler=engine.handle,
-            stop=stop,
-        ),
+        serve(ctx.nc, [routes(engine.handle)], stop),
         periodic("inbox_purge", purge, stop, INBOX_PURGE_INTERVAL_S),
     )
+
+
+def routes(failures: Handle[EventEnvelope]) -> Routes:
+    """The retry engine's subscriber (handlers as arguments: see heteroflow/asyncapi.py)."""
+    r = Routes("retry-engine")
+    r.durable(
+        EventEnvelope,
+        failures,
+        stream=EVENTS_STREAM,
+        durable=CONSUMER,
+        subject=f"{EVENTS_PREFIX}.task.{{task_id}}.task_status_changed",
+        description="Decides retry or give-up for each task that failed.",
+    )
+    return r

@@ -7,17 +7,14 @@ redelivered until acknowledged, and the command's message id makes a resend a no
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import structlog
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from libs.bus.subjects import node_command_subject
+from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import NotFound
 from libs.domain.group import current_members, group_env
-from libs.domain.protocol import CommandKind, NodeCommand
+from libs.domain.protocol import CommandKind, NodeCommand, TaskRunSpec
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task
 from libs.store import groups as group_rows
@@ -40,15 +37,15 @@ KIND_FOR_STATUS: dict[TaskStatus, CommandKind] = {
 STOP_GRACE_S = 10.0
 
 
-def run_payload(task: Task) -> dict[str, Any]:
-    return {
-        "spec": task.spec.model_dump(mode="json"),
-        "gpu_ids": list(task.gpu_ids),
-        "qos": task.qos,
-        "tenant_id": task.tenant_id,
-        "group_id": task.group_id,
-        "rank": task.rank,
-    }
+def run_payload(task: Task) -> TaskRunSpec:
+    return TaskRunSpec(
+        spec=task.spec,
+        gpu_ids=task.gpu_ids,
+        qos=task.qos,
+        tenant_id=task.tenant_id,
+        group_id=task.group_id,
+        rank=task.rank,
+    )
 
 
 def command_for(task: Task, to: TaskStatus) -> NodeCommand | None:
@@ -103,11 +100,10 @@ class Dispatcher:
             vendor,
         )
 
-    async def handle(self, msg: Msg) -> None:
-        envelope = json.loads(msg.data)
-        if envelope.get("type") != "task_status_changed":
+    async def handle(self, envelope: EventEnvelope) -> None:
+        if envelope.type != "task_status_changed":
             return
-        payload = envelope["payload"]
+        payload = envelope.payload
         to = TaskStatus(payload["to_status"])
         if to not in KIND_FOR_STATUS:
             return
@@ -120,6 +116,6 @@ class Dispatcher:
             return
         if cmd.run is not None and task.group_id:
             env = await self.group_env(task)
-            cmd = cmd.model_copy(update={"run": cmd.run | {"group_env": env}})
+            cmd = cmd.model_copy(update={"run": cmd.run.model_copy(update={"group_env": env})})
         await send(self.js, cmd)
         log.info("command_sent", kind=cmd.kind.value, task_id=cmd.task_id, node_id=cmd.node_id)

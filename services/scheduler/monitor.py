@@ -14,10 +14,8 @@ from typing import Any
 
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from prometheus_client import Gauge
 
-from libs.bus.subjects import NODE_PREFIX
 from libs.controller import Controller, Term
 from libs.domain import commands
 from libs.domain.errors import Fenced
@@ -110,7 +108,7 @@ class NodeMonitor(Controller):
         self.interval_s = tick_s
         self.fence: Fence | None = None
         self._fenced: Fenced | None = None  # seen by a heartbeat's write; ends the term
-        self._sub: Any = None
+        self.leading = False  # beats arrive on every replica; only the leader acts on them
 
     async def elected(self, term: Term) -> None:
         self.fence, self._fenced = term.fence, None
@@ -118,7 +116,7 @@ class NodeMonitor(Controller):
         self.last_seen.clear()
         self.since = self.clock()
         await self.refresh()
-        self._sub = await self.nc.subscribe(f"{NODE_PREFIX}.*.heartbeat", cb=self._on_msg)
+        self.leading = True
 
     async def evaluate(self, term: Term) -> None:
         if self._fenced is not None:
@@ -127,9 +125,7 @@ class NodeMonitor(Controller):
 
     async def deposed(self) -> None:
         # The fence stays: a write still in flight carries the old token, never none.
-        if self._sub is not None:
-            sub, self._sub = self._sub, None
-            await sub.unsubscribe()
+        self.leading = False
 
     async def refresh(self) -> None:
         """Bring `nodes` up to the projection, parsing only the rows whose version moved."""
@@ -151,13 +147,16 @@ class NodeMonitor(Controller):
         GPUS_BY_STATE.labels("healthy").set(total - lost)
         GPUS_BY_STATE.labels("lost").set(lost)
 
-    async def _on_msg(self, msg: Msg) -> None:
+    async def heartbeat(self, hb: Heartbeat) -> None:
+        """The heartbeat subscriber's handler (see the scheduler's routes)."""
+        if not self.leading:
+            return
         try:
-            await self.on_heartbeat(Heartbeat.model_validate_json(msg.data))
+            await self.on_heartbeat(hb)
         except Fenced as exc:
             self._fenced = exc  # the next evaluation ends the term
         except Exception:
-            log.exception("heartbeat_rejected", subject=msg.subject)
+            log.exception("heartbeat_rejected", node_id=hb.node_id)
 
     async def on_heartbeat(self, hb: Heartbeat) -> None:
         self.last_seen[hb.node_id] = self.clock()

@@ -8,10 +8,7 @@ longer this node's (an agent back after its tasks migrated) is told to stop.
 
 from __future__ import annotations
 
-import json
-
 import structlog
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from libs.domain.errors import Conflict, NotFound
@@ -21,6 +18,7 @@ from libs.domain.protocol import (
     CommandKind,
     Fact,
     NodeCommand,
+    NodeReport,
     Registration,
     decide_reconcile,
     decide_report,
@@ -39,12 +37,11 @@ class ReportHandler:
         self.store = store
         self.js = js
 
-    async def handle(self, msg: Msg) -> None:
-        data = json.loads(msg.data)
-        if data.get("kind") == "register":
-            await self.register(Registration.model_validate(data))
+    async def handle(self, message: NodeReport) -> None:
+        if isinstance(message.root, Registration):
+            await self.register(message.root)
         else:
-            await self.report(AgentReport.model_validate(data))
+            await self.report(message.root)
 
     async def register(self, reg: Registration) -> None:
         def decide(node: Node | None) -> list[NodeRegistered]:

@@ -5,20 +5,18 @@ durable consumers)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Coroutine
 from typing import Any
 
 import structlog
-from nats.aio.msg import Msg
 from pydantic import Field
 
-from libs.bus.consume import consume
+from libs.bus.broker import serve
 from libs.bus.lease import Lease, open_lease_bucket
-from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, NODE_PREFIX, NODE_STREAM, event_filter
 from libs.config import CommonSettings
 from libs.controller import Controller, run_controller
+from libs.domain.envelope import EventEnvelope
 from libs.service import ServiceContext
 
 from .dispatch import Dispatcher
@@ -27,6 +25,7 @@ from .monitor import NodeMonitor
 from .placement import PlacementController, Placer, wakes_placement
 from .planner import DEFAULT_MAX_CANDIDATES
 from .reports import ReportHandler
+from .routes import routes
 
 log = structlog.get_logger(__name__)
 
@@ -53,23 +52,13 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
     kv = await open_lease_bucket(ctx.js, LEASE_TTL_S)
     wake = asyncio.Event()
 
-    async def on_task_event(msg: Msg) -> None:
-        try:
-            envelope = json.loads(msg.data)
-            if not wakes_placement(envelope.get("type", ""), envelope.get("payload") or {}):
-                return
-        except ValueError:
-            pass  # unreadable: wake anyway, a round costs little
+    async def on_task_event(envelope: EventEnvelope) -> None:
+        if wakes_placement(envelope.type, envelope.payload):
+            wake.set()
+
+    async def on_node_event(_envelope: EventEnvelope) -> None:
         wake.set()
 
-    async def on_node_event(_msg: Msg) -> None:
-        wake.set()
-
-    # Task or node events that may free or need capacity wake the placer (core, no ack).
-    subs = [
-        await ctx.nc.subscribe(f"{EVENTS_PREFIX}.task.>", cb=on_task_event),
-        await ctx.nc.subscribe(f"{EVENTS_PREFIX}.node.>", cb=on_node_event),
-    ]
     placer = Placer(
         ctx.store,
         ctx.store.clock,
@@ -109,25 +98,18 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         lead("scheduler", PlacementController(placer, wake)),
         lead("node-monitor", monitor),
         lead("group-controller", groups),
-        consume(
-            ctx.js,
-            stream=EVENTS_STREAM,
-            durable="scheduler-dispatch",
-            filter_subject=event_filter(stream_type="task", event_type="task_status_changed"),
-            handler=dispatcher.handle,
-            stop=stop,
-        ),
-        consume(
-            ctx.js,
-            stream=NODE_STREAM,
-            durable="scheduler-reports",
-            filter_subject=f"{NODE_PREFIX}.*.report",
-            handler=reports.handle,
-            stop=stop,
+        serve(
+            ctx.nc,
+            [
+                routes(
+                    dispatch=dispatcher.handle,
+                    reports=reports.handle,
+                    heartbeat=monitor.heartbeat,
+                    wake_on_task=on_task_event,
+                    wake_on_node=on_node_event,
+                )
+            ],
+            stop,
         ),
     ]
-    try:
-        await asyncio.gather(*jobs)
-    finally:
-        for sub in subs:
-            await sub.unsubscribe()
+    await asyncio.gather(*jobs)

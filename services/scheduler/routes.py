@@ -1,0 +1,65 @@
+"""What the scheduler consumes and publishes on the bus, as FastStream subscribers.
+
+Handlers come in as arguments so that the AsyncAPI document can be generated from these very
+declarations without a database (see heteroflow/asyncapi.py).
+"""
+
+from __future__ import annotations
+
+from libs.bus.broker import Handle, Routes
+from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, NODE_PREFIX, NODE_STREAM
+from libs.domain.envelope import EventEnvelope
+from libs.domain.protocol import Heartbeat, NodeCommand, NodeReport
+
+
+def routes(
+    *,
+    dispatch: Handle[EventEnvelope],
+    reports: Handle[NodeReport],
+    heartbeat: Handle[Heartbeat],
+    wake_on_task: Handle[EventEnvelope],
+    wake_on_node: Handle[EventEnvelope],
+) -> Routes:
+    r = Routes("scheduler")
+    r.durable(
+        EventEnvelope,
+        dispatch,
+        stream=EVENTS_STREAM,
+        durable="scheduler-dispatch",
+        subject=f"{EVENTS_PREFIX}.task.{{task_id}}.task_status_changed",
+        description="Turns committed task transitions into node commands.",
+    )
+    r.durable(
+        NodeReport,
+        reports,
+        stream=NODE_STREAM,
+        durable="scheduler-reports",
+        subject=f"{NODE_PREFIX}.{{node_id}}.report",
+        description="Applies agent reports and registrations through the store's CAS.",
+    )
+    # Core subscriptions (every replica, no ack): beats feed the node monitor while this
+    # replica leads it; task and node events wake the placer early.
+    r.core(
+        Heartbeat,
+        heartbeat,
+        subject=f"{NODE_PREFIX}.{{node_id}}.heartbeat",
+        description="Liveness beats (core NATS, not stored); the node monitor's input.",
+    )
+    r.core(
+        EventEnvelope,
+        wake_on_task,
+        subject=f"{EVENTS_PREFIX}.task.{{task_id}}.{{event_type}}",
+        description="Task events that may need or free capacity wake the placer.",
+    )
+    r.core(
+        EventEnvelope,
+        wake_on_node,
+        subject=f"{EVENTS_PREFIX}.node.{{node_id}}.{{event_type}}",
+        description="Node events wake the placer.",
+    )
+    r.publishes(
+        NodeCommand,
+        subject=f"{NODE_PREFIX}.{{node_id}}.cmd",
+        description=f"Commands for one agent (stream {NODE_STREAM}, one durable per agent).",
+    )
+    return r

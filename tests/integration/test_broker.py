@@ -1,0 +1,139 @@
+"""FastStream subscribers as the platform declares them (libs/bus/broker.py), against a real
+NATS server: typed messages, order within a batch, nak-and-retry, bad bodies, core replies."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client
+from nats.js.api import StreamConfig
+from pydantic import BaseModel
+
+from libs.bus.broker import Routes, serve
+from libs.bus.nats import connect, ensure_stream
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 20.0
+
+
+class Item(BaseModel):
+    n: int
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    client = await connect(nats_url, "test-broker")
+    yield client
+    await client.close()
+
+
+async def _until(check: object, what: str) -> None:
+    end = time.monotonic() + DEADLINE_S
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_durable_handles_in_order_naks_failures_and_skips_bad_bodies(nc: Client) -> None:
+    tag = uuid.uuid4().hex[:8]
+    stream, prefix = f"T{tag}", f"t{tag}"
+    js = nc.jetstream()
+    await ensure_stream(js, StreamConfig(name=stream, subjects=[f"{prefix}.>"]))
+    seen: list[int] = []
+    failed: list[int] = []
+
+    async def handle(item: Item) -> None:
+        if item.n == 7 and not failed:
+            failed.append(item.n)
+            raise RuntimeError("first delivery fails")
+        seen.append(item.n)
+
+    routes = Routes("test")
+    routes.durable(
+        Item,
+        handle,
+        stream=stream,
+        durable=f"d{tag}",
+        subject=f"{prefix}.{{key}}.item",
+        description="test",
+        nak_delay=0.2,
+    )
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(nc, [routes], stop))
+    try:
+        for i in range(300):
+            if i == 100:
+                await js.publish(f"{prefix}.k.item", b"not an item")
+            await js.publish(f"{prefix}.k{i % 3}.item", Item(n=i).model_dump_json().encode())
+        await _until(lambda: 7 in seen and len(seen) == 300, "every item")
+        assert [n for n in seen if n != 7] == [n for n in range(300) if n != 7]
+        assert failed == [7] and seen.index(7) > 7  # retried after the nak, not lost
+        info = await js.consumer_info(stream, f"d{tag}")
+        assert info.num_ack_pending == 1  # the bad body, nak'ed, waiting for its redelivery
+    finally:
+        stop.set()
+        await server
+        await js.delete_stream(stream)
+    assert nc.is_connected  # the broker ran on the process's client and left it open
+
+
+async def test_core_subscriber_answers_a_request_with_its_model(nc: Client) -> None:
+    subject = f"c{uuid.uuid4().hex[:8]}.{{node}}.ask"
+
+    async def double(item: Item) -> Item:
+        return Item(n=item.n * 2)
+
+    routes = Routes("test")
+    routes.core(Item, double, subject=subject, description="test", replies=True)
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(nc, [routes], stop))
+    try:
+        concrete = subject.replace("{node}", "n1")
+        end = time.monotonic() + DEADLINE_S
+        while True:
+            try:
+                reply = await nc.request(concrete, Item(n=21).model_dump_json().encode(), 0.5)
+                break
+            except Exception:
+                assert time.monotonic() < end, "no reply"
+        assert Item.model_validate_json(reply.data).n == 42
+    finally:
+        stop.set()
+        await server
+
+
+async def test_a_listener_on_a_stream_subject_leaves_the_publish_ack_alone(nc: Client) -> None:
+    """A core subscriber on a JetStream subject sees the publish's ack inbox as its reply
+    subject; unless it is declared to reply, it must not answer there."""
+    tag = uuid.uuid4().hex[:8]
+    stream, prefix = f"L{tag}", f"l{tag}"
+    js = nc.jetstream()
+    await ensure_stream(js, StreamConfig(name=stream, subjects=[f"{prefix}.>"]))
+    heard: list[int] = []
+
+    async def listen(item: Item) -> None:
+        heard.append(item.n)
+
+    routes = Routes("test")
+    routes.core(Item, listen, subject=f"{prefix}.{{key}}", description="test")
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(nc, [routes], stop))
+    try:
+        await _until(lambda: server.done() or _subscribed(nc, prefix), "the subscription")
+        for i in range(50):
+            ack = await js.publish(f"{prefix}.k", Item(n=i).model_dump_json().encode())
+            assert ack.stream == stream and ack.seq == i + 1
+        await _until(lambda: len(heard) == 50, "every message heard")
+    finally:
+        stop.set()
+        await server
+        await js.delete_stream(stream)
+
+
+def _subscribed(nc: Client, prefix: str) -> bool:
+    return any(sub.subject.startswith(prefix) for sub in nc._subs.values())
