@@ -176,7 +176,7 @@ class HistoryChecker:
 
     @property
     def clean(self) -> bool:
-        return not self.counts
+        return not any(self.counts.values())
 
     def report(self, violation: Violation) -> None:
         self.counts[violation.invariant] += 1
