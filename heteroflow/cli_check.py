@@ -14,6 +14,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,9 @@ async def check_history(
     were told were created (each must have its `task_created`)."""
     checker = HistoryChecker(max_reported)
     started = time.perf_counter()
-    async for page in history.log_pages(store):
-        checker.feed_all(page)
+    async with aclosing(history.log_pages(store)) as pages:  # the cursor closes on error too
+        async for page in pages:
+            checker.feed_all(page)
     checker.expect_created(acknowledged)
     entries, total = await timeline.unsourced(store, max_reported)
     for e in entries:

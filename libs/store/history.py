@@ -7,7 +7,7 @@ JSON text (the checker parses them with pydantic-core, as replay does).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from libs.domain.invariants import LoggedEvent
 
@@ -21,7 +21,7 @@ SELECT_LOG = (
 )
 
 
-async def log_pages(store: EventStore, page: int = PAGE) -> AsyncIterator[list[LoggedEvent]]:
+async def log_pages(store: EventStore, page: int = PAGE) -> AsyncGenerator[list[LoggedEvent], None]:
     """Every event, oldest position first, `page` at a time."""
     async with (
         store.pool.connection() as conn,
