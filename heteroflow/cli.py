@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from heteroflow.cli_check import register_check_commands
 from heteroflow.cli_ops import OPS, build_ops_parser
 from heteroflow.cli_user import register_user_commands
 from libs.logging import configure
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     service.add_argument("name", choices=SERVICES)
     service.set_defaults(func=_service)
+    register_check_commands(sub)
     register_user_commands(parser, sub)
     return parser
 

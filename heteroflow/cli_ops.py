@@ -70,6 +70,7 @@ async def _replay(args: argparse.Namespace) -> int:
                 "seconds": round(report.seconds, 3),
                 "events_per_second": round(report.events_per_second),
                 "differences": report.differences,
+                "timeline_unsourced": report.timeline_unsourced,
                 "dry_run": args.dry_run,
             },
             indent=2,
@@ -77,7 +78,8 @@ async def _replay(args: argparse.Namespace) -> int:
     )
     print(
         f"replayed {report.events} events in {report.seconds:.2f}s "
-        f"({report.events_per_second:,.0f} events/s); {diff_rows} row(s) differed",
+        f"({report.events_per_second:,.0f} events/s); {diff_rows} row(s) differed"
+        f" ({report.timeline_unsourced} timeline entries with no committed source event)",
         file=sys.stderr,
     )
     return 1 if diff_rows else 0

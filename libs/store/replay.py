@@ -6,6 +6,10 @@ Aggregates are evolved in memory from payloads parsed straight from JSON text an
 once with COPY; tenants and keys are applied event by event (they are few). The comparison is
 SQL `EXCEPT` both ways; unless it is a dry run the live tables are then replaced, with the
 projection tables locked so readers see either the old rows or the rebuilt ones.
+
+The timeline is not a projection (it is written by the event-timeline service and capped),
+so it is not rebuilt; it is compared: an entry that no committed event explains is reported
+under `timeline` and left in place (it is evidence, not a cache).
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from psycopg import AsyncConnection
 from libs.domain.catalog import PAYLOAD_TYPES
 from libs.domain.events import Payload
 
-from . import projections
+from . import projections, timeline
 from .eventstore import EventStore
 from .migrations import PROJECTION_TABLES
 from .types import StoredEvent
 
 BATCH = 20_000
+# Timeline entries listed by id at most (the count of all is in the report).
+TIMELINE_LISTED = 1_000
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class ReplayReport:
     events: int
     seconds: float
     differences: dict[str, list[str]]
+    timeline_unsourced: int = 0
 
     @property
     def events_per_second(self) -> float:
@@ -100,9 +107,13 @@ async def rebuild(store: EventStore, *, dry_run: bool = False) -> ReplayReport:
         count = await _fold(conn)
         differences = await _differences(conn)
         seconds = time.perf_counter() - started  # fold, write and compare
-        if not dry_run and differences:
+        rebuilt = bool(differences)
+        unsourced, total = await timeline.unsourced_in(conn, TIMELINE_LISTED)
+        if unsourced:
+            differences["timeline"] = [e.id for e in unsourced]
+        if not dry_run and rebuilt:
             for table in PROJECTION_TABLES:  # children first (foreign keys)
                 await conn.execute(f"DELETE FROM public.{table}")
             for table in reversed(PROJECTION_TABLES):
                 await conn.execute(f"INSERT INTO public.{table} SELECT * FROM pg_temp.{table}")
-    return ReplayReport(count, seconds, differences)
+    return ReplayReport(count, seconds, differences, total)

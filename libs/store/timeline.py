@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from . import inbox
@@ -27,6 +29,15 @@ TRIM = """
 DELETE FROM timeline WHERE id IN (
     SELECT id FROM timeline WHERE subject_type = %s AND subject_id = %s
     ORDER BY occurred_at DESC, id DESC OFFSET %s)
+"""
+# Entries no committed event explains: the source event is not in the log, or the entry's
+# time is not its source event's (entries copy it). Read by the history checker and replay.
+UNSOURCED = """
+SELECT t.id, t.subject_type, t.subject_id, t.kind, t.source_event::text AS source_event,
+       t.occurred_at, e.occurred_at AS event_occurred_at, count(*) OVER () AS total
+FROM timeline t LEFT JOIN events e ON e.event_id = t.source_event
+WHERE e.event_id IS NULL OR e.occurred_at <> t.occurred_at
+ORDER BY t.recorded_at, t.id LIMIT %s
 """
 # Subjects whose entries are capped; node entries are only purged by age.
 CAPPED = ("task", "group")
@@ -64,6 +75,36 @@ class TimelineEntry:
     message: str
     details: dict[str, Any]
     occurred_at: datetime
+
+
+@dataclass(frozen=True)
+class UnsourcedEntry:
+    """A timeline entry that no committed event explains (`event_occurred_at` None: its
+    source event is missing)."""
+
+    id: str
+    subject_type: str
+    subject_id: str
+    kind: str
+    source_event: str
+    occurred_at: datetime
+    event_occurred_at: datetime | None
+
+
+async def unsourced_in(conn: AsyncConnection[Any], limit: int) -> tuple[list[UnsourcedEntry], int]:
+    """At most `limit` unexplained entries, oldest written first, and how many there are."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(UNSOURCED, (limit,))
+        found = await cur.fetchall()
+    total = int(found[0].pop("total")) if found else 0
+    for r in found[1:]:
+        del r["total"]
+    return [UnsourcedEntry(**r) for r in found], total
+
+
+async def unsourced(store: EventStore, limit: int = 1000) -> tuple[list[UnsourcedEntry], int]:
+    async with store.pool.connection() as conn:
+        return await unsourced_in(conn, limit)
 
 
 async def write(
