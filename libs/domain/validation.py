@@ -34,6 +34,7 @@ VOLUMES_MAX = 32
 PATH_MAX = 1_024
 ANTI_AFFINITY_MAX = 32
 SHORT_TEXT_MAX = 253  # gpu_type, requested_node_id, one anti-affinity key
+REPORT_TEXT_MAX = 65_536  # `result` and `error` of an agent's or operator's status report
 # The whole specification as the relay encodes it (JSON, ASCII-escaped): a backstop for
 # non-ASCII text, whose escaped form can be up to 6 times its UTF-8 size.
 SPEC_MAX_BYTES = 256 * 1024

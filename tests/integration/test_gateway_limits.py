@@ -159,3 +159,10 @@ async def test_the_group_template_is_checked_too(api: Api) -> None:
     body = BASE | {"task_count": 2, "image": "busybox|sh"}
     r = await api.client.post("/api/v1/task-groups", json=body, headers=api.tenant)
     refused(r, 400, 40003, "image")
+
+
+async def test_a_report_with_an_oversized_result_is_400(api: Api) -> None:
+    created = (await api.client.post("/api/v1/tasks", json=BASE, headers=api.tenant)).json()
+    body = {"status": "failed", "result": "r" * (v.REPORT_TEXT_MAX + 1)}
+    r = await api.client.put(f"/api/v1/tasks/{created['id']}", json=body, headers=api.agent)
+    refused(r, 400, 40003, "result")
