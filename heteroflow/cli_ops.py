@@ -1,4 +1,5 @@
-"""Operator commands over the store itself: `heteroflow events replay|tail|export|republish`.
+"""Operator commands over the store itself:
+`heteroflow events replay|tail|export|republish|dead-letters`.
 
 They need the database (HETEROFLOW_DATABASE_URL, or the embedded one under HETEROFLOW_HOME)
 and, for `republish`, NATS (HETEROFLOW_NATS_URL or the embedded one's URL).
@@ -152,12 +153,28 @@ async def _republish(args: argparse.Namespace) -> int:
     return 0
 
 
-OPS = ("replay", "tail", "export", "republish")
+async def _dead_letters(args: argparse.Namespace) -> int:
+    """Events the relay could not publish, newest first, as JSON lines (one per event)."""
+    from libs.store.dead_letters import list_dead_letters
+    from libs.store.eventstore import EventStore
+
+    store = await EventStore.open(_database_url(CommonSettings()), max_size=1)
+    try:
+        letters = await list_dead_letters(store, args.limit)
+    finally:
+        await store.close()
+    for letter in letters:
+        print(json.dumps(letter.as_dict(), default=str))
+    print(f"{len(letters)} dead-lettered event(s)", file=sys.stderr)
+    return 0
+
+
+OPS = ("replay", "tail", "export", "republish", "dead-letters")
 
 
 def build_ops_parser() -> argparse.ArgumentParser:
-    """`heteroflow events replay|tail|export|republish` (`heteroflow events TASK_ID` is the
-    user command showing a task's timeline)."""
+    """`heteroflow events replay|tail|export|republish|dead-letters` (`heteroflow events
+    TASK_ID` is the user command showing a task's timeline)."""
     parser = argparse.ArgumentParser(
         prog="heteroflow events", description="operate on the event store"
     )
@@ -181,4 +198,7 @@ def build_ops_parser() -> argparse.ArgumentParser:
     rep.add_argument("--to", help="last position")
     rep.add_argument("--stream", action="append")
     rep.set_defaults(func=lambda a: asyncio.run(_republish(a)))
+    dead = ops.add_parser("dead-letters", help="events the relay could not publish (newest first)")
+    dead.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    dead.set_defaults(func=lambda a: asyncio.run(_dead_letters(a)))
     return parser

@@ -38,6 +38,12 @@ class GatewaySettings(CommonSettings):
         description="host_path prefixes a task volume may use",
     )
     db_pool_max: int = 10
+    max_body_bytes: int = Field(
+        default=1024 * 1024, gt=0, description="largest request body accepted; larger: 413"
+    )
+    max_json_depth: int = Field(
+        default=32, ge=2, le=256, description="deepest JSON nesting accepted in a body; deeper: 400"
+    )
     carbon_intensity_g_per_kwh: float = Field(
         default=475.0, ge=0, description="grid carbon factor for energy estimates"
     )

@@ -20,6 +20,9 @@ class Code(IntEnum):
     FORBIDDEN = 40301
     NOT_FOUND = 40401
     CAS_CONFLICT = 40901
+    # Not in SPEC §2's table, which has no code for these statuses (docs/api.md lists them).
+    PAYLOAD_TOO_LARGE = 41301
+    UNSUPPORTED_MEDIA_TYPE = 41501
     SCHEDULING_FAILURE = 50001
     NODE_UNREACHABLE = 50002
 
@@ -35,6 +38,8 @@ HTTP_STATUS: dict[Code, int] = {
     Code.FORBIDDEN: 403,
     Code.NOT_FOUND: 404,
     Code.CAS_CONFLICT: 409,
+    Code.PAYLOAD_TOO_LARGE: 413,
+    Code.UNSUPPORTED_MEDIA_TYPE: 415,
     Code.SCHEDULING_FAILURE: 500,
     Code.NODE_UNREACHABLE: 502,
 }

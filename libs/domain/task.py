@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import Code, DomainError
 from .reasons import ReasonCode
 from .states import TaskStatus
+from .validation import check_task_spec
 
 TaskId = NewType("TaskId", str)
 TenantId = NewType("TenantId", str)
@@ -334,6 +335,7 @@ def parse_create(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = (
     except ValidationError as exc:
         raise _validation_error(exc) from None
     _check_strict_types(data)
+    spec = check_task_spec(spec)
     _check_semantics(spec, tenant=tenant, volume_allow_list=volume_allow_list)
     return spec
 

@@ -203,6 +203,27 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX consumer_inbox_handled ON consumer_inbox (consumer, handled_at);
         """,
     ),
+    (
+        7,
+        """
+        -- Events JetStream refused for good (too large): the relay records them here and goes
+        -- on instead of retrying one event forever (libs/store/dead_letters.py).
+        CREATE TABLE relay_dead_letters (
+            relay       text        NOT NULL,
+            event_id    uuid        NOT NULL,
+            position    bigint      NOT NULL,
+            stream_id   text        NOT NULL,
+            stream_type text        NOT NULL,
+            type        text        NOT NULL,
+            subject     text        NOT NULL,
+            size_bytes  integer     NOT NULL,
+            error       text        NOT NULL,
+            dead_at     timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (relay, event_id)
+        );
+        CREATE INDEX relay_dead_letters_dead_at ON relay_dead_letters (dead_at);
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).

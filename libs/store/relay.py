@@ -16,18 +16,21 @@ Delivery: each event is published with ``Nats-Msg-Id`` = event_id; the checkpoin
 past events whose publish JetStream acknowledged. A crash between the ack and the checkpoint
 write republishes a batch, which JetStream drops as duplicates inside its window (2 minutes);
 past the window consumers see it twice, so they are idempotent (see docs/events.md).
+
+No poison pills: an event JetStream refuses for good (larger than the server's payload limit,
+or than the stream's message size) is recorded in `relay_dead_letters`
+(libs/store/dead_letters.py), counted and logged, and the checkpoint moves past it; a refusal
+that would hit every event (a stream missing or misnamed, a server down) is not permanent and
+holds the relay, which retries. `heteroflow_relay_lag_events` counts the committed events past
+the checkpoint, after every round, failed ones included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
-from uuid import UUID
 
 import psycopg
 import structlog
@@ -40,6 +43,32 @@ from libs.bus import subjects as s
 from libs.bus.broker import Routes
 from libs.domain.envelope import EventEnvelope
 
+from .dead_letters import DeadLetter, record
+from .outbox import (
+    Checkpoint,
+    OutboxEvent,
+    envelope_of,
+    headers_of,
+    in_stream_order,
+    is_permanent,
+    message_size,
+    subject_of,
+)
+
+# Re-exported: callers and tests import the message helpers from here.
+__all__ = [
+    "Checkpoint",
+    "OutboxEvent",
+    "OutboxRelay",
+    "RelayPublishError",
+    "envelope_of",
+    "headers_of",
+    "in_stream_order",
+    "message_size",
+    "routes",
+    "subject_of",
+]
+
 log = structlog.get_logger(__name__)
 
 PUBLISHED = Counter(
@@ -50,7 +79,12 @@ FAILURES = Counter(
 )
 LAG = Gauge(
     "heteroflow_relay_lag_events",
-    "Highest event position in the store minus the relay checkpoint position",
+    "Committed events past the relay checkpoint (not yet published or dead-lettered)",
+    ["relay"],
+)
+DEAD_LETTERS = Counter(
+    "heteroflow_relay_dead_letters",
+    "Events JetStream refused for good, recorded in relay_dead_letters and skipped",
     ["relay"],
 )
 
@@ -66,6 +100,11 @@ ORDER BY tx_id, position
 LIMIT %(limit)s
 """
 
+# What the lag gauge shows: committed events not yet published nor dead-lettered.
+_LAG = """
+SELECT count(*) FROM events WHERE (tx_id, position) > (%(tx)s::xid8, %(pos)s)
+"""
+
 # Monotonic: a stale relay instance finishing late cannot move the checkpoint backwards.
 _SAVE_CHECKPOINT = """
 INSERT INTO relay_checkpoints (name, tx_id, position, updated_at)
@@ -74,64 +113,6 @@ ON CONFLICT (name) DO UPDATE
 SET tx_id = EXCLUDED.tx_id, position = EXCLUDED.position, updated_at = EXCLUDED.updated_at
 WHERE (relay_checkpoints.tx_id, relay_checkpoints.position) < (EXCLUDED.tx_id, EXCLUDED.position)
 """
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    tx_id: int
-    position: int
-
-
-@dataclass(frozen=True)
-class OutboxEvent:
-    """One row of `events` as the relay reads it."""
-
-    position: int
-    event_id: UUID
-    stream_id: str
-    stream_type: str
-    version: int
-    type: str
-    schema_version: int
-    payload: Any
-    metadata: Any
-    occurred_at: datetime
-    tx_id: str
-
-    @property
-    def checkpoint(self) -> Checkpoint:
-        return Checkpoint(int(self.tx_id), self.position)
-
-
-def subject_of(event: OutboxEvent) -> str:
-    return s.event_subject(event.stream_type, event.stream_id, event.type)
-
-
-def headers_of(event: OutboxEvent) -> dict[str, str]:
-    return {
-        s.HDR_MSG_ID: str(event.event_id),
-        s.HDR_EVENT_TYPE: event.type,
-        s.HDR_STREAM_ID: event.stream_id,
-        s.HDR_VERSION: str(event.version),
-        s.HDR_POSITION: str(event.position),
-    }
-
-
-def envelope_of(event: OutboxEvent) -> bytes:
-    """The message body: the event with its store metadata (`EventEnvelope`), compact JSON."""
-    # model_construct: the row comes from our own table, validating it again costs throughput.
-    return EventEnvelope.model_construct(
-        event_id=event.event_id,
-        position=event.position,
-        stream_id=event.stream_id,
-        stream_type=event.stream_type,
-        version=event.version,
-        type=event.type,
-        schema_version=event.schema_version,
-        occurred_at=event.occurred_at,
-        payload=event.payload,
-        metadata=event.metadata,
-    ).body()
 
 
 def routes() -> Routes:
@@ -148,20 +129,6 @@ def routes() -> Routes:
         description=f"Committed domain events, Nats-Msg-Id = event id (stream {s.EVENTS_STREAM}).",
     )
     return r
-
-
-def in_stream_order(events: Sequence[OutboxEvent]) -> list[OutboxEvent]:
-    """`events` with each stream's events put back in version order, in the same slots.
-
-    (tx_id, position) order can invert two versions of one stream: a transaction that took
-    its id early (it wrote another stream first) may append version n+1 after a younger
-    transaction committed version n. Both are final by the time either is read, so they
-    arrive in one batch unless a backlog cuts it between them.
-    """
-    queues: dict[str, deque[OutboxEvent]] = {}
-    for event in sorted(events, key=lambda e: e.version):
-        queues.setdefault(event.stream_id, deque()).append(event)
-    return [queues[event.stream_id].popleft() for event in events]
 
 
 class RelayPublishError(RuntimeError):
@@ -188,6 +155,7 @@ class OutboxRelay:
         max_backoff: float = 5.0,
         single_active: bool = True,
         expected_stream: str | None = s.EVENTS_STREAM,
+        max_message_bytes: int | None = None,
     ) -> None:
         self.database_url = database_url
         self.js = js
@@ -198,6 +166,8 @@ class OutboxRelay:
         self.max_backoff = max_backoff
         self.single_active = single_active
         self.expected_stream = expected_stream
+        # None: the connected server's max_payload (read on each round: it can change).
+        self.max_message_bytes = max_message_bytes
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._listen: psycopg.AsyncConnection[Any] | None = None
         self._checkpoint: Checkpoint | None = None
@@ -232,14 +202,15 @@ class OutboxRelay:
             self._checkpoint = await self._load_checkpoint(conn)
         total = 0
         while True:
-            published = await self._relay_batch(conn)
+            handled, published = await self._relay_batch(conn)
             total += published
-            if published < self.batch_size:
+            if handled < self.batch_size:
                 break
         await self._update_lag(conn)
         return total
 
-    async def _relay_batch(self, conn: psycopg.AsyncConnection[Any]) -> int:
+    async def _relay_batch(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
+        """One batch: (events handled, i.e. published or dead-lettered; events published)."""
         assert self._checkpoint is not None
         cp = self._checkpoint
         async with conn.cursor(row_factory=class_row(OutboxEvent)) as cur:
@@ -248,23 +219,105 @@ class OutboxRelay:
             )
             events = await cur.fetchall()
         if not events:
-            return 0
+            return 0, 0
         order = in_stream_order(events)
-        acked = await self._publish(order)
-        if acked:
-            done = {e.event_id for e in order[:acked]}
-            # The checkpoint covers the longest run, in (tx_id, position) order, of acked events.
+        handled, published = await self._deliver(conn, order)
+        if handled:
+            done = {e.event_id for e in order[:handled]}
+            # The checkpoint covers the longest run, in (tx_id, position) order, of handled
+            # events.
             upto = next((i for i, e in enumerate(events) if e.event_id not in done), len(events))
-            await self._after_publish(order[:acked])
+            await self._after_publish(published)
             if upto:
                 await self._save_checkpoint(conn, events[upto - 1].checkpoint)
-            PUBLISHED.labels(relay=self.name).inc(acked)
-        if acked < len(events):
+            PUBLISHED.labels(relay=self.name).inc(len(published))
+        if handled < len(events):
             raise RelayPublishError(
-                f"{len(events) - acked} of {len(events)} events unacknowledged "
-                f"from position {order[acked].position}"
+                f"{len(events) - handled} of {len(events)} events unacknowledged "
+                f"from position {order[handled].position}"
             )
-        return acked
+        return handled, len(published)
+
+    async def _deliver(
+        self, conn: psycopg.AsyncConnection[Any], events: Sequence[OutboxEvent]
+    ) -> tuple[int, list[OutboxEvent]]:
+        """Publish `events` in order, dead-lettering those refused for good; return how long a
+        prefix is handled and which of its events JetStream acknowledged."""
+        limit = self._max_message_bytes()
+        sizes = [message_size(e, self.expected_stream) for e in events]
+        published: list[OutboxEvent] = []
+        i = 0
+        while i < len(events):
+            # Pipeline up to the next event the server would refuse by size (it would close
+            # the connection rather than answer), then learn why the stop happened.
+            end = next((k for k in range(i, len(events)) if sizes[k] > limit), len(events))
+            acked = await self._publish(events[i:end])
+            published.extend(events[i : i + acked])
+            i += acked
+            if i == len(events):
+                break
+            if i < end:
+                refusal = await self._publish_alone(events[i])
+                if refusal is None:
+                    published.append(events[i])
+                    i += 1
+                    continue
+                if not is_permanent(refusal):
+                    break
+                error = f"{type(refusal).__name__}: {refusal}"
+            else:
+                error = f"message of {sizes[i]} bytes exceeds the server's max_payload {limit}"
+            await self._dead_letter(conn, events[i], sizes[i], error)
+            i += 1
+        return i, published
+
+    async def _publish_alone(self, event: OutboxEvent) -> BaseException | None:
+        """Publish one event and wait for its answer: None when acknowledged, else the error
+        (the pipelined publish cannot tell a refusal from a timeout)."""
+        try:
+            await self.js.publish(
+                subject_of(event),
+                envelope_of(event),
+                timeout=self.publish_timeout,
+                stream=self.expected_stream,
+                headers=headers_of(event),
+            )
+        except Exception as exc:  # noqa: BLE001 - classified by the caller
+            return exc
+        return None
+
+    async def _dead_letter(
+        self, conn: psycopg.AsyncConnection[Any], event: OutboxEvent, size: int, error: str
+    ) -> None:
+        letter = DeadLetter(
+            relay=self.name,
+            event_id=event.event_id,
+            position=event.position,
+            stream_id=event.stream_id,
+            stream_type=event.stream_type,
+            type=event.type,
+            subject=subject_of(event),
+            size_bytes=size,
+            error=error[:2000],
+        )
+        await record(conn, letter)
+        DEAD_LETTERS.labels(relay=self.name).inc()
+        log.error(
+            "relay_dead_letter",
+            relay=self.name,
+            event_id=str(event.event_id),
+            position=event.position,
+            stream_id=event.stream_id,
+            type=event.type,
+            size_bytes=size,
+            error=error,
+        )
+
+    def _max_message_bytes(self) -> int:
+        if self.max_message_bytes is not None:
+            return self.max_message_bytes
+        # nats-py exposes the server's INFO max_payload only on the client.
+        return int(self.js._nc.max_payload)
 
     async def _publish(self, events: Sequence[OutboxEvent]) -> int:
         """Publish pipelined; return the length of the acknowledged prefix."""
@@ -320,11 +373,20 @@ class OutboxRelay:
         self._checkpoint = cp
 
     async def _update_lag(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        cur = await conn.execute("SELECT coalesce(max(position), 0) FROM events")
+        """Count, not subtract: positions have gaps and the checkpoint is (tx_id, position)."""
+        cp = self._checkpoint or await self._load_checkpoint(conn)
+        cur = await conn.execute(_LAG, {"tx": str(cp.tx_id), "pos": cp.position})
         row = await cur.fetchone()
-        head = int(row[0]) if row else 0
-        done = self._checkpoint.position if self._checkpoint else 0
-        LAG.labels(relay=self.name).set(max(0, head - done))
+        LAG.labels(relay=self.name).set(int(row[0]) if row else 0)
+
+    async def _update_lag_after_failure(self) -> None:
+        """A failed round still tells how far behind it is (best effort: the database may be
+        what failed)."""
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            return
+        with contextlib.suppress(Exception):
+            await self._update_lag(conn)
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -344,6 +406,7 @@ class OutboxRelay:
                 except Exception as exc:
                     FAILURES.labels(relay=self.name).inc()
                     log.warning("relay_round_failed", relay=self.name, error=repr(exc))
+                    await self._update_lag_after_failure()
                     await self._drop_broken()
                     await _sleep_unless(stop, backoff)
                     backoff = min(backoff * 2, self.max_backoff)

@@ -14,7 +14,7 @@ from libs.config import GatewaySettings
 from libs.store import pool
 from libs.store.eventstore import EventStore
 
-from . import errors, gpu, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
+from . import errors, gpu, limits, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
 
 API_TITLE = "HeteroFlow API"
 API_VERSION = "1.0.0"
@@ -48,6 +48,8 @@ def create_app(
     app.include_router(routes_groups.router)
     app.include_router(routes_tenants.router)
 
+    # Inside the metrics middleware, so refused bodies are counted too.
+    app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)
     metrics.install(app)
 
     @app.get("/healthz", tags=["health"])

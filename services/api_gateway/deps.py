@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -10,6 +9,8 @@ from fastapi import Depends, Request
 from libs import auth
 from libs.domain.errors import Code, DomainError
 from libs.store.eventstore import EventStore
+
+from .limits import read_json_object
 
 
 def get_store(request: Request) -> EventStore:
@@ -36,20 +37,7 @@ Principal = Annotated[auth.Principal, Depends(get_principal)]
 Store = Annotated[EventStore, Depends(get_store)]
 
 
-async def json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        raise DomainError(Code.INVALID_VALUE, "request body is empty; a JSON object is expected")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DomainError(Code.INVALID_VALUE, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
-    return data
-
-
-Body = Annotated[dict[str, Any], Depends(json_object)]
+Body = Annotated[dict[str, Any], Depends(read_json_object)]
 
 
 def require_operator(principal: auth.Principal) -> None:

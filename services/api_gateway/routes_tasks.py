@@ -24,6 +24,7 @@ from libs.domain.task import (
     parse_create,
     parse_update,
 )
+from libs.domain.validation import REPORT_TEXT_MAX
 from libs.store import tasks as task_rows
 from libs.store import tenants
 from libs.store.types import TaskQuery
@@ -213,6 +214,12 @@ async def _report(store: Store, task_id: str, principal: PrincipalT, body: dict[
         if body.get(name) is not None:
             if not isinstance(body[name], kind) or isinstance(body[name], bool):
                 raise DomainError(Code.INVALID_VALUE, f"{name} must be {kind.__name__}", [name])
+            if kind is str and len(body[name]) > REPORT_TEXT_MAX:
+                raise DomainError(
+                    Code.INVALID_VALUE,
+                    f"{name} is longer than {REPORT_TEXT_MAX} characters",
+                    [name],
+                )
             fields[name] = body[name]
     actor = actor_of(principal)
     return await store.execute(

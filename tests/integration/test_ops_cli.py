@@ -90,3 +90,23 @@ def test_export_and_tail(database_url: str, tmp_path: Path) -> None:
     tail.terminate()
     got = [json.loads(x) for x in tail.communicate(timeout=10)[0].splitlines()]
     assert [e["position"] for e in got] == [60, 61, 62]
+
+
+def test_dead_letters_lists_what_the_relay_skipped(database_url: str) -> None:
+    asyncio.run(seed(database_url))
+    with psycopg.connect(database_url) as conn:
+        position, event_id = conn.execute(
+            "SELECT position, event_id::text FROM events ORDER BY position LIMIT 1"
+        ).fetchone() or (0, "")
+        conn.execute(
+            "INSERT INTO relay_dead_letters (relay, event_id, position, stream_id, stream_type,"
+            " type, subject, size_bytes, error) VALUES ('outbox', %s, %s, 's', 'task', 't',"
+            " 'hf.evt.task.s.t', 9000000, 'too large')",
+            (event_id, position),
+        )
+    done = ops(database_url, "dead-letters")
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    letter = json.loads(line)
+    assert letter["event_id"] == event_id and letter["position"] == position
+    assert letter["error"] == "too large" and letter["size_bytes"] == 9000000

@@ -10,6 +10,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -304,3 +305,99 @@ async def test_a_second_relay_waits_as_standby_and_takes_over(
     assert standby.published == later
     stops[1].set()
     await asyncio.wait_for(second, 2.0)
+
+
+# --- no poison pills ------------------------------------------------------------------------
+
+
+def insert_sized(db: str, stream_type: str, stream_id: str, version: int, size: int) -> str:
+    """An event whose payload alone is about `size` bytes (as the gateway could once write)."""
+    event_id = str(uuid.uuid4())
+    with psycopg.connect(db) as conn:
+        conn.execute(
+            "INSERT INTO events (event_id, stream_id, stream_type, version, type, payload,"
+            " occurred_at) VALUES (%s, %s, %s, %s, %s, %s, now())",
+            (event_id, stream_id, stream_type, version, "thing_happened", Jsonb({"x": "y" * size})),
+        )
+    return event_id
+
+
+def dead_letters(db: str, relay: str) -> list[tuple[str, str]]:
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT event_id::text, error FROM relay_dead_letters WHERE relay = %s"
+            " ORDER BY position",
+            (relay,),
+        ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def metric(name: str, relay: str) -> float:
+    return REGISTRY.get_sample_value(name, {"relay": relay}) or 0.0
+
+
+async def test_an_event_over_max_payload_is_dead_lettered_and_the_others_go_out(
+    db: str, nc: Client, js: JetStreamContext, stream_type: str
+) -> None:
+    name = "r-" + stream_type
+    before = insert_committed(db, stream_type, "task-a", [1])
+    # Over the server's max_payload by its headers alone: the server would close the
+    # connection for it rather than answer, again and again.
+    body_only = nc.max_payload - 150
+    poisoned = insert_sized(db, stream_type, "task-b", 1, body_only)
+    huge = insert_sized(db, stream_type, "task-c", 1, nc.max_payload + 1)
+    after = insert_committed(db, stream_type, "task-d", [1, 2])  # another tenant's work
+    async with OutboxRelay(db, js, name=name) as relay:
+        assert await relay.run_once() == 3
+        assert await relay.run_once() == 0
+    assert [e for e, _ in dead_letters(db, name)] == [poisoned, huge]
+    assert all("max_payload" in error for _, error in dead_letters(db, name))
+    assert metric("heteroflow_relay_dead_letters_total", name) == 2
+    assert metric("heteroflow_relay_lag_events", name) == 0
+    assert msg_ids(await stored(js, stream_type)) == before + after
+    assert nc.is_connected
+
+
+async def test_an_event_the_stream_refuses_is_dead_lettered(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    name = "r-" + stream_type
+    info = await js.stream_info(s.EVENTS_STREAM)
+    config = info.config
+    limited = replace(config, max_msg_size=64 * 1024)
+    refused = insert_sized(db, stream_type, "task-a", 1, 100 * 1024)
+    after = insert_committed(db, stream_type, "task-b", [1])
+    await js.update_stream(limited)
+    try:
+        async with OutboxRelay(db, js, name=name, publish_timeout=1.0) as relay:
+            assert await relay.run_once() == 1
+    finally:
+        await js.update_stream(config)
+    [(event_id, error)] = dead_letters(db, name)
+    assert event_id == refused and "err_code=10054" in error
+    assert msg_ids(await stored(js, stream_type)) == after
+
+
+async def test_a_stream_wide_refusal_is_not_a_dead_letter_and_the_lag_tells_the_truth(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    name = "r-" + stream_type
+    async with OutboxRelay(db, js, name=name) as relay:
+        await relay.run_once()  # catch up with what earlier tests left
+    insert_committed(db, stream_type, "task-a", [1, 2, 3])
+    failing = OutboxRelay(
+        db, js, name=name, expected_stream="HF_NOWHERE", publish_timeout=0.3, max_backoff=0.3
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(failing.run(stop))
+    try:
+        for _ in range(100):  # a deadline of 10 s, polled
+            if metric("heteroflow_relay_lag_events", name) == 3:
+                break
+            await asyncio.sleep(0.1)
+        assert metric("heteroflow_relay_lag_events", name) == 3
+        assert metric("heteroflow_relay_failures_total", name) >= 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5.0)
+    assert dead_letters(db, name) == []

@@ -1,0 +1,116 @@
+"""The outbox relay's messages: one committed event as JetStream carries it (subject,
+headers, JSON envelope), its size as the server counts it, which refusals are for good, and the
+per-stream version order of a batch. Shared by the relay and `heteroflow events republish`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from nats.errors import MaxPayloadError
+from nats.js.errors import APIError
+
+from libs.bus import subjects as s
+from libs.domain.envelope import EventEnvelope
+
+# JetStream error codes that belong to one message, not to the stream or the server:
+# 10054 = message size exceeds the stream's maximum.
+PERMANENT_ERR_CODES = frozenset({10054})
+# NATS header block framing: "NATS/1.0\r\n" ... "\r\n", and per header "key: value\r\n".
+_HEADER_FRAMING = 12
+_HEADER_LINE_FRAMING = 4
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    tx_id: int
+    position: int
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """One row of `events` as the relay reads it."""
+
+    position: int
+    event_id: UUID
+    stream_id: str
+    stream_type: str
+    version: int
+    type: str
+    schema_version: int
+    payload: Any
+    metadata: Any
+    occurred_at: datetime
+    tx_id: str
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(int(self.tx_id), self.position)
+
+
+def subject_of(event: OutboxEvent) -> str:
+    return s.event_subject(event.stream_type, event.stream_id, event.type)
+
+
+def headers_of(event: OutboxEvent) -> dict[str, str]:
+    return {
+        s.HDR_MSG_ID: str(event.event_id),
+        s.HDR_EVENT_TYPE: event.type,
+        s.HDR_STREAM_ID: event.stream_id,
+        s.HDR_VERSION: str(event.version),
+        s.HDR_POSITION: str(event.position),
+    }
+
+
+def envelope_of(event: OutboxEvent) -> bytes:
+    """The message body: the event with its store metadata (`EventEnvelope`), compact JSON."""
+    # model_construct: the row comes from our own table, validating it again costs throughput.
+    return EventEnvelope.model_construct(
+        event_id=event.event_id,
+        position=event.position,
+        stream_id=event.stream_id,
+        stream_type=event.stream_type,
+        version=event.version,
+        type=event.type,
+        schema_version=event.schema_version,
+        occurred_at=event.occurred_at,
+        payload=event.payload,
+        metadata=event.metadata,
+    ).body()
+
+
+def message_size(event: OutboxEvent, expected_stream: str | None = None) -> int:
+    """Bytes the server counts against its max_payload: headers and body together."""
+    headers = headers_of(event)
+    if expected_stream is not None:
+        headers["Nats-Expected-Stream"] = expected_stream
+    header_bytes = _HEADER_FRAMING + sum(
+        len(k) + len(v.encode()) + _HEADER_LINE_FRAMING for k, v in headers.items()
+    )
+    return header_bytes + len(envelope_of(event))
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """A refusal of this one message that retrying can never change."""
+    if isinstance(exc, MaxPayloadError):
+        return True
+    return isinstance(exc, APIError) and exc.err_code in PERMANENT_ERR_CODES
+
+
+def in_stream_order(events: Sequence[OutboxEvent]) -> list[OutboxEvent]:
+    """`events` with each stream's events put back in version order, in the same slots.
+
+    (tx_id, position) order can invert two versions of one stream: a transaction that took
+    its id early (it wrote another stream first) may append version n+1 after a younger
+    transaction committed version n. Both are final by the time either is read, so they
+    arrive in one batch unless a backlog cuts it between them.
+    """
+    queues: dict[str, deque[OutboxEvent]] = {}
+    for event in sorted(events, key=lambda e: e.version):
+        queues.setdefault(event.stream_id, deque()).append(event)
+    return [queues[event.stream_id].popleft() for event in events]

@@ -1,0 +1,132 @@
+"""Limits at the edge: the request body size, media type, encoding and JSON shape.
+
+`BodyLimit` is plain ASGI middleware: it refuses a declared `Content-Length` over the limit
+before a byte of the body is read, and counts the bytes of a body sent without one (chunked),
+so no request body larger than the limit is ever held in memory. `read_json_object` is what
+every endpoint taking a body uses: JSON only (415 otherwise), UTF-8 only, bounded nesting, no
+NUL; each refusal in the error shape of SPEC §2.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from libs.domain.errors import Code, DomainError
+from libs.domain.validation import check_json_document
+
+JSON_MEDIA_TYPE = "application/json"
+
+
+class BodyTooLarge(DomainError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            Code.PAYLOAD_TOO_LARGE, f"request body is larger than {limit} bytes", ["body"]
+        )
+
+
+class BodyLimit:
+    """Refuse request bodies over `max_bytes` (413) and NUL in the path or query (400)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await JSONResponse(_body(refusal), refusal.http_status)(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # Raised inside the handler reading the body: its error handler answers.
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _refusal(self, scope: Scope) -> DomainError | None:
+        if "\x00" in scope.get("path", "") or b"\x00" in unquote_to_bytes(
+            scope.get("query_string", b"")
+        ):
+            return DomainError(Code.INVALID_VALUE, "NUL character in the URL", ["url"])
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                if not value.isdigit():
+                    return DomainError(
+                        Code.INVALID_VALUE, "Content-Length is not a number", ["content-length"]
+                    )
+                if int(value) > self.max_bytes:
+                    return BodyTooLarge(self.max_bytes)
+        return None
+
+
+def _body(exc: DomainError) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": exc.message, "code": int(exc.code)}
+    if exc.fields:
+        body["fields"] = exc.fields
+    return body
+
+
+def check_media_type(request: Request) -> None:
+    """JSON bodies only: `application/json` (or a `+json` type), UTF-8 if a charset is named."""
+    header = request.headers.get("content-type")
+    if header is None:
+        raise DomainError(
+            Code.UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Type is missing; send {JSON_MEDIA_TYPE}",
+            ["content-type"],
+        )
+    media, *params = (p.strip().lower() for p in header.split(";"))
+    charset = next((p.partition("=")[2].strip('"') for p in params if p.startswith("charset=")), "")
+    if not (media == JSON_MEDIA_TYPE or media.endswith("+json")) or charset not in (
+        "",
+        "utf-8",
+        "utf8",
+    ):
+        raise DomainError(
+            Code.UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Type {header!r} is not accepted; send {JSON_MEDIA_TYPE} (UTF-8)",
+            ["content-type"],
+        )
+
+
+async def read_json_object(request: Request) -> dict[str, Any]:
+    """The body as a JSON object, or a DomainError naming what is wrong with it."""
+    check_media_type(request)
+    raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DomainError(
+            Code.INVALID_VALUE, f"request body is not valid UTF-8 (byte {exc.start})", ["body"]
+        ) from None
+    if not text.strip():
+        raise DomainError(Code.INVALID_VALUE, "request body is empty; a JSON object is expected")
+    depth = request.app.state.settings.max_json_depth
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise DomainError(
+            Code.INVALID_VALUE, f"JSON nesting is deeper than {depth} levels", ["body"]
+        ) from None
+    except ValueError as exc:
+        raise DomainError(Code.INVALID_VALUE, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
+    check_json_document(data, depth)
+    return data
