@@ -6,7 +6,7 @@ Rows are written only by the append path (`eventstore` + `projections`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from libs.domain.node import Node, NodeStatus
@@ -34,6 +34,15 @@ async def by_ids(store: EventStore, ids: Sequence[str]) -> list[Node]:
     return _nodes(
         await rows(store, "SELECT doc FROM nodes WHERE id = ANY(%s) ORDER BY id", [list(ids)])
     )
+
+
+async def each_by_ids(store: EventStore, ids: Sequence[str]) -> Iterator[Node]:
+    """The named nodes, parsed one at a time as the caller iterates.
+
+    For the scheduler's view of a large fleet: it keeps a small summary of each node, so
+    holding every parsed document at once (about 10 KB each) would only raise the peak."""
+    found = await rows(store, "SELECT doc FROM nodes WHERE id = ANY(%s) ORDER BY id", [list(ids)])
+    return (Node.model_validate(r["doc"]) for r in found)
 
 
 async def versions(store: EventStore) -> dict[str, int]:

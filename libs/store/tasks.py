@@ -7,7 +7,7 @@ transaction of the events they fold; this module is where every read of them liv
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -81,6 +81,12 @@ async def task_stats(store: EventStore, tenant_id: str | None) -> dict[str, int]
 async def by_ids(store: EventStore, ids: Sequence[str]) -> list[Task]:
     """The named tasks (deleted ones included), in no particular order."""
     return _tasks(await rows(store, "SELECT doc FROM tasks WHERE id = ANY(%s)", [list(ids)]))
+
+
+async def each_by_ids(store: EventStore, ids: Sequence[str]) -> Iterator[Task]:
+    """The named tasks, parsed one at a time as the caller iterates (see `nodes.each_by_ids`)."""
+    found = await rows(store, "SELECT doc FROM tasks WHERE id = ANY(%s)", [list(ids)])
+    return (Task.model_validate(r["doc"]) for r in found)
 
 
 async def pending(store: EventStore, limit: int) -> list[Task]:

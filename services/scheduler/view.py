@@ -141,7 +141,7 @@ class ClusterView:
         for i in gone:
             del self._nodes[i]
         if stale:
-            for doc in await node_rows.by_ids(store, stale):
+            for doc in await node_rows.each_by_ids(store, stale):
                 self._nodes[doc.id] = (doc.version, to_node(doc))
         self.nodes = tuple(n for _, (_, n) in sorted(self._nodes.items()))
         self._gpus = {g.id: g for n in self.nodes for g in n.gpus}
@@ -154,7 +154,7 @@ class ClusterView:
             del self._held[i]
         stale = [i for i, v in listed.items() if self._held.get(i, (None,))[0] != v]
         if stale:
-            self.learn(await task_rows.by_ids(store, stale))
+            self.learn(await task_rows.each_by_ids(store, stale))
         if nodes_moved:
             for i, (_, _, task) in list(self._held.items()):
                 if task is not None:
