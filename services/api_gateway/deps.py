@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, Request
 
 from libs import auth
@@ -12,7 +13,9 @@ from libs.domain.errors import Code, DomainError
 from libs.store.eventstore import EventStore
 
 
-def get_store(request: Request) -> EventStore:
+async def get_store(request: Request) -> EventStore:
+    # async: FastAPI runs a plain `def` dependency in a worker thread, a thread hand-off
+    # per request for an attribute read.
     store: EventStore = request.app.state.store
     return store
 
@@ -28,7 +31,10 @@ async def get_principal(
         )
     secret = request.app.state.settings.jwt_secret
     return await auth.authenticate(
-        store, token.strip(), secret.get_secret_value() if secret else None
+        store,
+        token.strip(),
+        secret.get_secret_value() if secret else None,
+        request.app.state.auth_cache,
     )
 
 
@@ -41,9 +47,16 @@ async def json_object(request: Request) -> dict[str, Any]:
     if not raw.strip():
         raise DomainError(Code.INVALID_VALUE, "request body is empty; a JSON object is expected")
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DomainError(Code.INVALID_VALUE, f"request body is not valid JSON: {exc}") from None
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        # orjson is stricter than the standard parser (NaN, integers past 64 bits, lone
+        # surrogates): what it refuses gets the standard parser's answer, as before.
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise DomainError(
+                Code.INVALID_VALUE, f"request body is not valid JSON: {exc}"
+            ) from None
     if not isinstance(data, dict):
         raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
     return data
