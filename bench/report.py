@@ -33,6 +33,12 @@ def against(metric: str, value: float, unit: str, floor: Row, note: str = "") ->
     return Row(metric, value, unit, floor.metric, ratio, note)
 
 
+def target(metric: str, value: float, goal: float, unit: str, lower_is_better: bool = False) -> Row:
+    """`<metric>.target`: ratio >= 1 means met (measured/goal, or goal/measured for a time)."""
+    num, den = (goal, value) if lower_is_better else (value, goal)
+    return Row(f"{metric}.target", goal, unit, metric, num / den if den else None)
+
+
 def _value(v: float) -> str:
     if v != v:  # NaN: nothing was measured
         return "-"

@@ -23,6 +23,7 @@ def _run_until_signal(
     name: str,
     main: Callable[[asyncio.Event], Awaitable[None]],
     probe: tuple[int, Callable[[], Awaitable[list[str]]]] | None = None,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> None:
     """Run `main` until SIGINT/SIGTERM (or, in a child of `up --processes`, until the parent
     is gone), serving the probe port (/readyz, /metrics) meanwhile when one is given."""
@@ -46,7 +47,8 @@ def _run_until_signal(
             await main(stop)
         orphan_guard.cancel()
 
-    asyncio.run(runner())
+    with asyncio.Runner(loop_factory=loop_factory) as loop_runner:
+        loop_runner.run(runner())
 
 
 async def _nothing_missing() -> list[str]:
@@ -93,6 +95,7 @@ def _agent(_: argparse.Namespace) -> int:
 
 
 def _service(args: argparse.Namespace) -> int:
+    from heteroflow.gateway import fast_loop
     from heteroflow.platform import (
         Platform,
         PlatformSettings,
@@ -132,7 +135,9 @@ def _service(args: argparse.Namespace) -> int:
             await platform.store.close()
 
     unmet = readiness(CONSUMERS[args.name], lambda: platform.store)
-    _run_until_signal(args.name, main, (settings.metrics_port, unmet))
+    # The gateway process serves HTTP only: it runs on uvloop (heteroflow/gateway.py).
+    loop = fast_loop if args.name == "api-gateway" else None
+    _run_until_signal(args.name, main, (settings.metrics_port, unmet), loop)
     return 0
 
 

@@ -17,16 +17,16 @@ import os
 import secrets
 import signal
 import socket
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
-import uvicorn
 from pydantic import Field, SecretStr
 
 from agent.service import AgentSettings, run_agent
+from heteroflow import gateway
 from heteroflow.processes import Supervisor, children
 from libs import auth
 from libs.bus.nats import connect, ensure_streams
@@ -38,7 +38,6 @@ from libs.service import ServiceContext
 from libs.store import tenants
 from libs.store.eventstore import EventStore
 from libs.store.relay import OutboxRelay
-from services.api_gateway.app import create_app
 from services.event_timeline import service as timeline_service
 from services.event_timeline.service import TimelineSettings
 from services.retry_engine import service as retry_service
@@ -159,29 +158,24 @@ def _saved_or_free_port(saved: Path, preferred: int) -> int:
     return port
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the platform owns shutdown order."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
 async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
+    """The api-gateway: in this process, or as HETEROFLOW_GATEWAY_WORKERS processes."""
     s = platform.settings
     settings = s.model_copy(update={"jwt_secret": platform.jwt_secret()})
+    if settings.gateway_workers > 1:
+        workers = gateway.Workers(settings, platform.database_url, platform.nats_url)
+        READINESS.require("api-gateway: workers serving", lambda: workers.ready)
+        await workers.run(stop)
+        return
+    assert platform.store is not None
     nc = await connect(platform.nats_url, "api-gateway")
-    app = create_app(settings, platform.store, nc)
-    server = _Server(
-        uvicorn.Config(app, host=s.host, port=s.port, log_config=None, access_log=False)
-    )
+    listening = asyncio.Event()
     READINESS.require("api-gateway: nats connected", lambda: nc.is_connected)
-    READINESS.require("api-gateway: http listening", lambda: server.started)
-    task = asyncio.create_task(server.serve())
-    await stop.wait()
-    server.should_exit = True
-    await task
-    await nc.drain()
+    READINESS.require("api-gateway: http listening", listening.is_set)
+    try:
+        await gateway.serve_here(settings, platform.store, nc, stop, started=listening.set)
+    finally:
+        await nc.drain()
 
 
 async def run_relay(platform: Platform, stop: asyncio.Event) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -135,21 +137,86 @@ def decode_jwt(token: str, secret: str, issuer: str = "heteroflow") -> dict[str,
     return claims
 
 
-async def authenticate(store: EventStore, token: str, jwt_secret: str | None) -> Principal:
+class CredentialCache:
+    """Positive credential and tenant lookups, each kept `ttl_s` seconds (0: no caching).
+
+    A gateway answers every request after a lookup of its key; with the cache a busy caller
+    costs one lookup per TTL instead of one per request. Only what was found is kept, so a
+    new key or tenant works at once; a revoked key stops working at most `ttl_s` later (on
+    each gateway worker, since each holds its own cache). Keys are the SHA-256 digests the
+    store holds, never the tokens themselves.
+    """
+
+    def __init__(
+        self,
+        ttl_s: float,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: dict[str, tuple[float, Any]] = {}
+
+    def get(self, key: str) -> Any:
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        if found[0] <= self.clock():
+            del self._entries[key]
+            return None
+        return found[1]
+
+    def put(self, key: str, value: Any) -> None:
+        if self.ttl_s <= 0:
+            return
+        if len(self._entries) >= self.max_entries:
+            # Drop the oldest insertion (dicts keep insertion order): a flood of distinct
+            # keys cannot grow the cache without bound.
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = (self.clock() + self.ttl_s, value)
+
+
+NO_CACHE = CredentialCache(0)
+
+
+async def tenant_exists(
+    store: EventStore, tenant_id: str, cache: CredentialCache = NO_CACHE
+) -> bool:
+    """Whether the tenant exists (tenants are never deleted, so a hit may be cached)."""
+    key = "tenant:" + tenant_id
+    if cache.get(key):
+        return True
+    found = await tenants.get_tenant(store, tenant_id) is not None
+    if found:
+        cache.put(key, True)
+    return found
+
+
+async def authenticate(
+    store: EventStore,
+    token: str,
+    jwt_secret: str | None,
+    cache: CredentialCache = NO_CACHE,
+) -> Principal:
     """Resolve a bearer token to a principal, or raise 40101."""
     if token.startswith("hf_"):
         digest = hash_key(token)
-        sys = await tenants.find_system_credential(store, digest)
-        if sys is not None:
-            return Principal(Role(sys.role), sys.id)
-        key = await tenants.find_api_key(store, digest)
-        if key is not None:
-            return Principal(Role.TENANT_KEY, key.id, key.tenant_id)
-        raise DomainError(Code.UNAUTHENTICATED, "unknown or revoked key")
+        principal: Principal | None = cache.get(digest)
+        if principal is not None:
+            return principal
+        found = await tenants.find_credential(store, digest)
+        if isinstance(found, tenants.SystemCredential):
+            principal = Principal(Role(found.role), found.id)
+        elif isinstance(found, tenants.KeyOwner):
+            principal = Principal(Role.TENANT_KEY, found.id, found.tenant_id)
+        else:
+            raise DomainError(Code.UNAUTHENTICATED, "unknown or revoked key")
+        cache.put(digest, principal)
+        return principal
     if token.count(".") == 2 and jwt_secret:
         claims = decode_jwt(token, jwt_secret)
-        tenant = await tenants.get_tenant(store, str(claims["tenant_id"]))
-        if tenant is None:
+        if not await tenant_exists(store, str(claims["tenant_id"]), cache):
             raise DomainError(Code.UNAUTHENTICATED, "token names an unknown tenant")
         return Principal(Role.TENANT_USER, str(claims["sub"]), str(claims["tenant_id"]))
     raise DomainError(Code.UNAUTHENTICATED, "unrecognised bearer token")

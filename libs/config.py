@@ -44,6 +44,14 @@ class GatewaySettings(CommonSettings):
     max_json_depth: int = Field(
         default=32, ge=2, le=256, description="deepest JSON nesting accepted in a body; deeper: 400"
     )
+    gateway_workers: int = Field(
+        default=1, ge=1, le=64, description="gateway processes sharing the port (1: in-process)"
+    )
+    auth_cache_ttl_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="seconds a key or tenant lookup is reused; a revoked key works this long",
+    )
     carbon_intensity_g_per_kwh: float = Field(
         default=475.0, ge=0, description="grid carbon factor for energy estimates"
     )

@@ -183,8 +183,11 @@ class EventStore:
         *,
         metadata: dict[str, Any] | None = None,
     ) -> list[Task]:
-        """Create tasks in one transaction (batched append). Items: tenant, spec, group, rank."""
-        async with self.pool.connection() as conn, conn.transaction():
+        """Create tasks in one transaction (batched append). Items: tenant, spec, group, rank.
+
+        Pipelined: BEGIN, the event inserts, the projection upserts and COMMIT go to the
+        server together, one round trip for an API create instead of four."""
+        async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
             return await self._create_in(conn, items, metadata or {})
 
     async def _create_in(

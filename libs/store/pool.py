@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -42,10 +43,20 @@ class StorePool(AsyncConnectionPool):
 
 
 async def rows(store: EventStore, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-    """Every row of a read, as dicts (for the store modules)."""
-    async with store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql, params)
-        return list(await cur.fetchall())
+    """Every row of a read, as dicts (for the store modules).
+
+    One statement in autocommit: without it psycopg wraps the read in BEGIN ... COMMIT,
+    three round trips instead of one (and a read alone needs no transaction)."""
+    async with store.pool.connection() as conn:
+        await conn.set_autocommit(True)  # a flag on an idle connection: no round trip
+        try:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(sql, params)
+                return list(await cur.fetchall())
+        finally:
+            # A broken connection is discarded by the pool; only a live one goes back.
+            if conn.info.transaction_status == TransactionStatus.IDLE:
+                await conn.set_autocommit(False)
 
 
 async def one(store: EventStore, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:

@@ -83,20 +83,24 @@ async def list_api_keys(store: EventStore, tenant_id: str) -> list[ApiKey]:
     return [ApiKey(**r) for r in found]
 
 
-async def find_api_key(store: EventStore, key_hash: str) -> KeyOwner | None:
-    row = await one(
+async def find_credential(store: EventStore, key_hash: str) -> SystemCredential | KeyOwner | None:
+    """Who holds a key: a system credential, else a live tenant API key (one round trip)."""
+    found = await rows(
         store,
-        "SELECT id, tenant_id, name FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
-        [key_hash],
+        "SELECT 0 AS rank, id, role, NULL AS tenant_id, name FROM system_credentials"
+        " WHERE key_hash = %s"
+        " UNION ALL"
+        " SELECT 1, id, NULL, tenant_id, name FROM api_keys"
+        " WHERE key_hash = %s AND revoked_at IS NULL"
+        " ORDER BY rank LIMIT 1",
+        [key_hash, key_hash],
     )
-    return KeyOwner(**row) if row else None
-
-
-async def find_system_credential(store: EventStore, key_hash: str) -> SystemCredential | None:
-    row = await one(
-        store, "SELECT id, role, name FROM system_credentials WHERE key_hash = %s", [key_hash]
-    )
-    return SystemCredential(**row) if row else None
+    if not found:
+        return None
+    row = found[0]
+    if row["rank"] == 0:
+        return SystemCredential(row["id"], row["role"], row["name"])
+    return KeyOwner(row["id"], row["tenant_id"], row["name"])
 
 
 async def has_operator(store: EventStore) -> bool:

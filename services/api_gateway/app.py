@@ -10,11 +10,13 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from nats.aio.client import Client
 
+from libs import auth
 from libs.config import GatewaySettings
 from libs.store import pool
 from libs.store.eventstore import EventStore
 
 from . import errors, gpu, limits, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
+from .responses import FastJSONResponse
 
 API_TITLE = "HeteroFlow API"
 API_VERSION = "1.0.0"
@@ -41,6 +43,7 @@ def create_app(
     app.state.settings = settings
     app.state.store = store
     app.state.nc = nc
+    app.state.auth_cache = auth.CredentialCache(settings.auth_cache_ttl_s)
     errors.install(app)
     app.include_router(routes_tasks.router)
     app.include_router(routes_ops.router)
@@ -61,7 +64,7 @@ def create_app(
         try:
             await pool.ping(app.state.store)
         except Exception as exc:  # noqa: BLE001 - readiness reports any failure
-            return JSONResponse({"status": "unavailable", "error": str(exc)}, 503)
-        return JSONResponse({"status": "ok"})
+            return FastJSONResponse({"status": "unavailable", "error": str(exc)}, 503)
+        return FastJSONResponse({"status": "ok"})
 
     return app

@@ -13,7 +13,9 @@ from libs.store.eventstore import EventStore
 from .limits import read_json_object
 
 
-def get_store(request: Request) -> EventStore:
+async def get_store(request: Request) -> EventStore:
+    # async: FastAPI runs a plain `def` dependency in a worker thread, a thread hand-off
+    # per request for an attribute read.
     store: EventStore = request.app.state.store
     return store
 
@@ -29,7 +31,10 @@ async def get_principal(
         )
     secret = request.app.state.settings.jwt_secret
     return await auth.authenticate(
-        store, token.strip(), secret.get_secret_value() if secret else None
+        store,
+        token.strip(),
+        secret.get_secret_value() if secret else None,
+        request.app.state.auth_cache,
     )
 
 

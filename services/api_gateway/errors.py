@@ -16,6 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from libs.domain.errors import Code, DomainError
 
+from .responses import FastJSONResponse
+
 log = structlog.get_logger(__name__)
 
 INTERNAL_ERROR = 50000
@@ -31,22 +33,24 @@ def error_body(message: str, code: int, fields: list[str] | None = None) -> dict
 def install(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.code, exc.fields), exc.http_status)
+        return FastJSONResponse(error_body(exc.message, exc.code, exc.fields), exc.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         fields = [".".join(str(p) for p in e["loc"][1:]) or "body" for e in exc.errors()]
         msgs = "; ".join(f"{f}: {e['msg']}" for f, e in zip(fields, exc.errors(), strict=True))
-        return JSONResponse(error_body(f"invalid value: {msgs}", Code.INVALID_VALUE, fields), 400)
+        return FastJSONResponse(
+            error_body(f"invalid value: {msgs}", Code.INVALID_VALUE, fields), 400
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         mapping = {401: Code.UNAUTHENTICATED, 403: Code.FORBIDDEN, 404: Code.NOT_FOUND}
         code = mapping.get(exc.status_code, exc.status_code * 100)
-        return JSONResponse(error_body(str(exc.detail), code), exc.status_code)
+        return FastJSONResponse(error_body(str(exc.detail), code), exc.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug: logged with its stack, answered without internals.
         log.exception("unhandled_error", path=request.url.path, error=str(exc))
-        return JSONResponse(error_body("internal error", INTERNAL_ERROR), 500)
+        return FastJSONResponse(error_body("internal error", INTERNAL_ERROR), 500)

@@ -13,6 +13,7 @@ import json
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -82,6 +83,17 @@ def _body(exc: DomainError) -> dict[str, Any]:
     return body
 
 
+def _standard_loads(text: str, depth: int) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise DomainError(
+            Code.INVALID_VALUE, f"JSON nesting is deeper than {depth} levels", ["body"]
+        ) from None
+    except ValueError as exc:
+        raise DomainError(Code.INVALID_VALUE, f"request body is not valid JSON: {exc}") from None
+
+
 def check_media_type(request: Request) -> None:
     """JSON bodies only: `application/json` (or a `+json` type), UTF-8 if a charset is named."""
     header = request.headers.get("content-type")
@@ -119,13 +131,11 @@ async def read_json_object(request: Request) -> dict[str, Any]:
         raise DomainError(Code.INVALID_VALUE, "request body is empty; a JSON object is expected")
     depth = request.app.state.settings.max_json_depth
     try:
-        data = json.loads(text)
-    except RecursionError:
-        raise DomainError(
-            Code.INVALID_VALUE, f"JSON nesting is deeper than {depth} levels", ["body"]
-        ) from None
-    except ValueError as exc:
-        raise DomainError(Code.INVALID_VALUE, f"request body is not valid JSON: {exc}") from None
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        # orjson is stricter than the standard parser (NaN, integers past 64 bits, lone
+        # surrogates, nesting past 1024): what it refuses gets the standard parser's answer.
+        data = _standard_loads(text, depth)
     if not isinstance(data, dict):
         raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
     check_json_document(data, depth)

@@ -36,6 +36,7 @@ from libs.store.projections import GROUPS
 
 from . import timeline
 from .deps import Body, Principal, Store, tenant_scope
+from .responses import FastJSONResponse
 from .routes_tasks import actor_of, tenant_for_create
 from .views import task_view
 
@@ -105,7 +106,7 @@ async def create_group(
         GROUPS, group_id, decide, metadata={"principal": principal.subject}
     )
     assert group is not None
-    return JSONResponse(group_view(group, tasks), status_code=201)
+    return FastJSONResponse(group_view(group, tasks), status_code=201)
 
 
 @router.get("")

@@ -27,6 +27,7 @@ from libs.store.eventstore import EventStore, payload_of
 
 from . import timeline
 from .deps import Principal, Store, require_operator, tenant_scope
+from .responses import FastJSONResponse
 from .routes_tasks import actor_of
 from .views import task_view
 
@@ -67,7 +68,7 @@ async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONRes
             ),
             tenant_id=scope,
         )
-        return JSONResponse({"id": task_id, "status": "rescheduling"}, status_code=202)
+        return FastJSONResponse({"id": task_id, "status": "rescheduling"}, status_code=202)
     await store.execute(
         task_id,
         lambda t: commands.decide_transition(
@@ -82,8 +83,8 @@ async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONRes
     )
     task = await _wait_for(store, task_id, {S.RUNNING}, WAKE_WAIT_S)
     if task.status is S.RUNNING:
-        return JSONResponse(task_view(task) | {"message": "task woke up"})
-    return JSONResponse({"id": task_id, "status": task.status.value}, status_code=202)
+        return FastJSONResponse(task_view(task) | {"message": "task woke up"})
+    return FastJSONResponse({"id": task_id, "status": task.status.value}, status_code=202)
 
 
 async def _wait_for(
@@ -151,7 +152,7 @@ async def task_logs(
     task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
     if not follow:
         data = await fetch_logs(request, task, lines)
-        return JSONResponse({"task_id": task_id, "logs": data["lines"]})
+        return FastJSONResponse({"task_id": task_id, "logs": data["lines"]})
     first = await fetch_logs(request, task, None)  # errors surface before the stream starts
     return StreamingResponse(
         _follow(request, store, task, first["lines"], lines), media_type="text/event-stream"

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from libs import auth
 from libs.auth import Principal as PrincipalT
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError
@@ -26,10 +27,10 @@ from libs.domain.task import (
 )
 from libs.domain.validation import REPORT_TEXT_MAX
 from libs.store import tasks as task_rows
-from libs.store import tenants
 from libs.store.types import TaskQuery
 
 from .deps import Body, Principal, Store, tenant_scope
+from .responses import FastJSONResponse
 from .views import task_view
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
@@ -73,7 +74,7 @@ async def create_task(
 ) -> JSONResponse:
     settings = request.app.state.settings
     tenant_id = tenant_for_create(principal, request)
-    if await tenants.get_tenant(store, tenant_id) is None:
+    if not await auth.tenant_exists(store, tenant_id, request.app.state.auth_cache):
         raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
     spec = parse_create(
         body, tenant=principal.is_tenant, volume_allow_list=settings.volume_allow_list
@@ -81,7 +82,7 @@ async def create_task(
     task = await store.create_task(
         TenantId(tenant_id), spec, metadata={"principal": principal.subject}
     )
-    return JSONResponse(task_view(task), status_code=201)
+    return FastJSONResponse(task_view(task), status_code=201)
 
 
 def _int_param(params: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:

@@ -34,6 +34,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker, req
 
 CHILDREN = {"relay", "scheduler", "retry-engine", "event-timeline", "api-gateway", "agent"}
 HAPPY_PATH = ["pending", "scheduled", "starting", "running", "completed"]
+# A report the killed scheduler had fetched but not acknowledged comes back only after the
+# consumer's ack wait; the new scheduler may meanwhile apply the next report of the same task
+# (`running` while the task is still `scheduled`, a reconciliation the whitelist allows). The
+# task then skips `starting` in its history, and still ran once: one placement, one run.
+SKIPPED_STARTING = ["pending", "scheduled", "running", "completed"]
 TIMEOUT = httpx.Timeout(10.0, connect=2.0)
 
 
@@ -178,7 +183,7 @@ def test_split_processes_run_a_task_and_survive_a_killed_scheduler(split: Split)
         views = {t: api.get(f"/api/v1/tasks/{t}").json() for t in tasks}
 
     for task_id in tasks:  # exactly once: one placement, one run, one completion
-        assert split.history(task_id) == HAPPY_PATH, task_id
+        assert split.history(task_id) in (HAPPY_PATH, SKIPPED_STARTING), task_id
         assert views[task_id]["retry_count"] == 0
         assert _containers(task_id) == 1, task_id
 
