@@ -85,7 +85,7 @@ def standard_message(raw: bytes) -> str:
 
 @pytest.mark.parametrize(
     "raw",
-    # (Bytes that are not UTF-8 are refused before parsing: tests/integration/test_gateway_limits.py.)
+    # Bytes that are not UTF-8 are refused before parsing (test_gateway_limits.py).
     [b'{"name": }', b"{'name': 'x'}", b'{"name": "x",}'],
     ids=["missing value", "single quotes", "trailing comma"],
 )
