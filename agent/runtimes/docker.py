@@ -494,16 +494,21 @@ class DockerRuntime(Runtime):
         labels = [f"{LABEL_MANAGED}=true"]
         if self.owner:
             labels.append(f"{LABEL_NODE}={self.owner}")
-        found = self.client.containers.list(all=True, filters={"label": labels})
+        # The low-level list: one call. `containers.list` inspects each container after
+        # listing, and fails with NotFound when one is removed in between.
+        found = self.client.api.containers(all=True, filters={"label": labels})
         handles = []
         for c in found:
+            tags = c.get("Labels") or {}
             try:
-                attempt = int(c.labels.get(LABEL_ATTEMPT, ""))
+                attempt = int(tags.get(LABEL_ATTEMPT, ""))
             except ValueError:
                 continue
-            task_id = c.labels.get(LABEL_TASK_ID)
+            task_id = tags.get(LABEL_TASK_ID)
             if task_id:
-                handles.append(Handle(runtime=self.name, id=c.id, task_id=task_id, attempt=attempt))
+                handles.append(
+                    Handle(runtime=self.name, id=c["Id"], task_id=task_id, attempt=attempt)
+                )
         return handles
 
     async def list_managed(self) -> list[Handle]:
