@@ -122,9 +122,14 @@ GPU_OOM_ON_SMALL = (
 
 def test_gpu_oom_moves_to_a_node_with_more_vram(cluster: Cluster) -> None:
     cluster.start_agent("small", "process", HETEROFLOW_DECLARED_GPUS="nvidia:T4:8192")
-    t = cluster.create(command=GPU_OOM_ON_SMALL, gpu_required=1, retry_delay=0)
+    # The first attempt fails only once the bigger node is online: the retry engine must see
+    # it when it decides (a fixed delay raced the second agent's start on a loaded machine).
+    flag = cluster.root / "big-online"
+    wait_for_big = f'while [ ! -e "{flag}" ]; do sleep 0.1; done; '
+    t = cluster.create(command=wait_for_big + GPU_OOM_ON_SMALL, gpu_required=1, retry_delay=0)
     cluster.wait_status(t["id"], "running")
     cluster.start_agent("big", "process", HETEROFLOW_DECLARED_GPUS="nvidia:A10:24576")
+    flag.touch()
     done = settle(cluster, t["id"])
     assert done["status"] == "completed" and done["node_id"] == "big"
     (decided,) = decisions(cluster, t["id"])
