@@ -211,7 +211,7 @@ class EventStore:
                     1,
                     ev.type,
                     ev.schema_version,
-                    Jsonb(ev.model_dump(mode="json")),
+                    projections.as_jsonb(ev),
                     Jsonb(meta),
                     at,
                 )
@@ -330,7 +330,7 @@ class EventStore:
             meta = Jsonb(self._meta(metadata, fence))
             for ev in events:
                 version = task.version + 1
-                data = Jsonb(ev.model_dump(mode="json"))
+                data = projections.as_jsonb(ev)
                 rows.append(
                     (uuid.uuid4(), task.id, ev.stream_type, version, ev.type)
                     + (ev.schema_version, data, meta, at)
@@ -539,9 +539,10 @@ async def _lock_tasks(
         else:
             stale.append(task_id)
     if stale:
-        cur = await conn.execute("SELECT doc FROM tasks WHERE id = ANY(%s)", (stale,))
+        cur = await conn.execute("SELECT doc::text FROM tasks WHERE id = ANY(%s)", (stale,))
         for (doc,) in await cur.fetchall():
-            found[doc["id"]] = Task.model_validate(doc)
+            task = Task.model_validate_json(doc)
+            found[task.id] = task
     return found
 
 
