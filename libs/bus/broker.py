@@ -11,6 +11,10 @@ handler nak'ed with a delay, `max_deliver` attempts, then a max-deliveries advis
 subscribers on purpose: a fetched batch is handled in order, one message after the other (the
 plain pull subscriber runs a batch's messages concurrently, and an agent must see a task's
 `start` before its `stop`, the scheduler a `starting` report before `running`).
+
+`durable_batches` hands the handler the whole fetched batch instead, in order, and takes back
+one outcome per message (acked, or nak'ed alone): a hot consumer then decides a batch together
+and commits it in one transaction, keeping the order within it.
 """
 
 import asyncio
@@ -40,6 +44,9 @@ log = structlog.get_logger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 Handle = Callable[[M], Awaitable[None]]
+# A batch handler: the batch in delivery order in, one outcome per message out (None: done,
+# ack; an exception: nak that message alone).
+HandleBatch = Callable[[list[M]], Awaitable[Sequence[BaseException | None]]]
 
 HANDLED = Counter(
     "heteroflow_consumer_messages_total",
@@ -101,9 +108,61 @@ class Routes:
         `handle` must be idempotent (a lost ack redelivers). It raising naks the message with
         `nak_delay`; so does a body that is not a `model`.
         """
+
+        async def each(raws: list[Msg], batch: list[BaseModel]) -> None:
+            for raw, item in zip(raws, batch, strict=True):
+                await _handle(raw, item, handle, durable, nak_delay)
+
+        self._subscribe(
+            model, each, stream, durable, subject, description, batch, window_s, nak_delay
+        )
         self.durables.append(
             Durable(stream, durable, _filter(subject), ack_wait, max_deliver, deliver_new)
         )
+
+    def durable_batches(
+        self,
+        model: type[M],
+        handle: HandleBatch[M],
+        *,
+        stream: str,
+        durable: str,
+        subject: str,
+        description: str,
+        batch: int = 256,
+        window_s: float = BATCH_WINDOW_S,
+        ack_wait: float = 30.0,
+        max_deliver: int = 8,
+        nak_delay: float = 1.0,
+        deliver_new: bool = False,
+    ) -> None:
+        """Like `durable`, but `handle` gets each fetched batch whole, in delivery order, and
+        returns one outcome per message: None acks it, an exception naks it alone. `handle`
+        raising naks the whole batch."""
+
+        async def whole(raws: list[Msg], items: list[BaseModel]) -> None:
+            await _handle_batch(raws, items, handle, durable, nak_delay)
+
+        self._subscribe(
+            model, whole, stream, durable, subject, description, batch, window_s, nak_delay
+        )
+        self.durables.append(
+            Durable(stream, durable, _filter(subject), ack_wait, max_deliver, deliver_new)
+        )
+
+    def _subscribe(
+        self,
+        model: type[M],
+        run: Callable[[list[Msg], list[BaseModel]], Awaitable[None]],
+        stream: str,
+        durable: str,
+        subject: str,
+        description: str,
+        batch: int,
+        window_s: float,
+        nak_delay: float,
+    ) -> None:
+        """The FastStream batch pull subscriber behind `durable` and `durable_batches`."""
 
         async def decode(message: NatsBatchMessage) -> list[BaseModel]:
             # Validated one by one, so one bad body does not take its batch down with it.
@@ -121,8 +180,7 @@ class Routes:
         async def consume(batch: list[Any], message: NatsBatchMessage = Context("message")) -> None:
             # `decode` settled the bad ones: what is left pairs with `batch` in order.
             pending = [raw for raw in message.raw_message if not raw.is_acked]
-            for raw, item in zip(pending, batch, strict=True):
-                await _handle(raw, item, handle, durable, nak_delay)
+            await run(pending, batch)
 
         # The model in the annotation is what FastStream documents for this channel.
         consume.__annotations__["batch"] = list[model]  # type: ignore[valid-type]
@@ -203,6 +261,38 @@ async def _handle(
     HANDLED.labels(durable, "ok").inc()
     with contextlib.suppress(Exception):
         await raw.ack()
+
+
+async def _handle_batch(
+    raws: list[Msg], items: list[BaseModel], handle: HandleBatch[Any], durable: str, delay: float
+) -> None:
+    for raw in raws:
+        if raw.metadata.num_delivered > 1:
+            REDELIVERED.labels(durable).inc()
+    outcomes: Sequence[BaseException | None]
+    try:
+        outcomes = await handle(items)
+        if len(outcomes) != len(items):
+            raise RuntimeError(f"{len(outcomes)} outcomes for a batch of {len(items)}")
+    except Exception as exc:
+        log.exception("consumer_batch_failed", consumer=durable, messages=len(items))
+        outcomes = [exc] * len(items)
+    for raw, outcome in zip(raws, outcomes, strict=True):
+        if outcome is None:
+            HANDLED.labels(durable, "ok").inc()
+            with contextlib.suppress(Exception):
+                await raw.ack()
+            continue
+        log.warning(
+            "consumer_message_failed",
+            consumer=durable,
+            subject=raw.subject,
+            delivered=raw.metadata.num_delivered,
+            error=repr(outcome),
+        )
+        HANDLED.labels(durable, "error").inc()
+        with contextlib.suppress(Exception):
+            await raw.nak(delay=delay)
 
 
 class SharedBroker(NatsBroker):
@@ -298,4 +388,12 @@ async def serve(nc: Client, routes: Sequence[Routes], stop: asyncio.Event) -> No
         await broker.stop()
 
 
-__all__ = ["HANDLED", "REDELIVERED", "Durable", "Routes", "broker_for", "serve"]
+__all__ = [
+    "HANDLED",
+    "REDELIVERED",
+    "Durable",
+    "HandleBatch",
+    "Routes",
+    "broker_for",
+    "serve",
+]

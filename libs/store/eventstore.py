@@ -46,6 +46,7 @@ APPENDED = Counter("heteroflow_events_appended_total", "Events appended to the s
 Clock = Callable[[], datetime]
 Decide = Callable[[Task], Sequence[Payload]]
 NewTask = tuple[TenantId, TaskSpec, str | None, int | None]
+Step = tuple[str, Decide, dict[str, Any] | None]  # task id, its command, the events' metadata
 
 INSERT_EVENT = """
 INSERT INTO events (event_id, stream_id, stream_type, version, type, schema_version,
@@ -213,7 +214,7 @@ class EventStore:
                     1,
                     ev.type,
                     ev.schema_version,
-                    Jsonb(ev.model_dump(mode="json")),
+                    projections.as_jsonb(ev),
                     Jsonb(meta),
                     at,
                 )
@@ -270,59 +271,83 @@ class EventStore:
         metadata: dict[str, Any] | None = None,
         fence: Fence | None = None,
         receipt: Receipt | None = None,
+        known: dict[str, Task] | None = None,
     ) -> tuple[dict[str, Task], dict[str, DomainError]]:
         """Many task commands in one transaction (the scheduler's batched commit).
 
         Rows are locked in id order (no deadlock between batches); a command whose decide
-        raises is left out and reported, the others commit together.
+        raises is left out and reported, the others commit together. `known` are documents
+        the caller read before: one whose version is still the row's is used as it is
+        instead of being read and parsed again (the lock and the CAS are the same).
         """
         done: dict[str, Task] = {}
         refused: dict[str, DomainError] = {}
-        meta = Jsonb(self._meta(metadata, fence))
         async with self.pool.connection() as conn, conn.transaction():
             if not await self._guard(conn, fence, receipt):
                 return done, refused
-            cur = await conn.execute(
-                "SELECT doc FROM tasks WHERE id = ANY(%s) AND deleted_at IS NULL"
-                " ORDER BY id FOR UPDATE",
-                (list(decisions),),
-            )
-            found = {r[0]["id"]: Task.model_validate(r[0]) for r in await cur.fetchall()}
-            at = self.clock()
-            rows: list[tuple[Any, ...]] = []
-            for task_id, decide in decisions.items():
-                task = found.get(task_id)
-                if task is None:
-                    refused[task_id] = NotFound("task")
-                    continue
-                try:
-                    events = list(decide(task))
-                except DomainError as exc:
-                    refused[task_id] = exc
-                    continue
-                for ev in events:
-                    version = task.version + 1
-                    rows.append(
-                        (
-                            uuid.uuid4(),
-                            task.id,
-                            ev.stream_type,
-                            version,
-                            ev.type,
-                            ev.schema_version,
-                            Jsonb(ev.model_dump(mode="json")),
-                            meta,
-                            at,
-                        )
-                    )
-                    task = evolve_task(task, ev, at, version)
-                    APPENDED.labels(ev.type).inc()
-                done[task_id] = task
-            if rows:
-                async with conn.cursor() as c:
-                    await c.executemany(INSERT_EVENT_NO_RETURN, rows)
-                await projections.upsert_tasks(conn, done.values())
+            steps = [(task_id, decide, metadata) for task_id, decide in decisions.items()]
+            outcomes = await self._steps(conn, steps, fence, known or {}, include_deleted=False)
+            for (task_id, _, _), outcome in zip(steps, outcomes, strict=True):
+                if isinstance(outcome, DomainError):
+                    refused[task_id] = outcome
+                else:
+                    done[task_id] = outcome
         return done, refused
+
+    async def execute_steps(
+        self, steps: Sequence[Step], *, fence: Fence | None = None
+    ) -> list[Task | DomainError]:
+        """Many task commands in one transaction, in order, each with its own metadata (a
+        batch of agent reports). Several steps may name one task: each decides on the task
+        as the steps before it left it. A step whose decide raises (a CAS miss) is refused
+        alone, with its error in its place in the result; the rest commit together. Deleted
+        tasks are included (an agent still reports on them)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await self._guard(conn, fence, None)
+            return await self._steps(conn, steps, fence, {}, include_deleted=True)
+
+    async def _steps(
+        self,
+        conn: AsyncConnection[Any],
+        steps: Sequence[Step],
+        fence: Fence | None,
+        known: dict[str, Task],
+        *,
+        include_deleted: bool,
+    ) -> list[Task | DomainError]:
+        current = await _lock_tasks(conn, {s[0] for s in steps}, known, include_deleted)
+        at = self.clock()
+        rows: list[tuple[Any, ...]] = []
+        changed: dict[str, Task] = {}
+        out: list[Task | DomainError] = []
+        for task_id, decide, metadata in steps:
+            task = current.get(task_id)
+            if task is None:
+                out.append(NotFound("task"))
+                continue
+            try:
+                events = list(decide(task))
+            except DomainError as exc:
+                out.append(exc)
+                continue
+            meta = Jsonb(self._meta(metadata, fence))
+            for ev in events:
+                version = task.version + 1
+                data = projections.as_jsonb(ev)
+                rows.append(
+                    (uuid.uuid4(), task.id, ev.stream_type, version, ev.type)
+                    + (ev.schema_version, data, meta, at)
+                )
+                task = evolve_task(task, ev, at, version)
+                APPENDED.labels(ev.type).inc()
+            if events:
+                current[task_id] = changed[task_id] = task
+            out.append(task)
+        if rows:
+            async with conn.cursor() as c:
+                await c.executemany(INSERT_EVENT_NO_RETURN, rows)
+            await projections.upsert_tasks(conn, changed.values())
+        return out
 
     async def execute_with_tasks(
         self,
@@ -496,6 +521,32 @@ async def _visible_task(
     if row[1] is not None and not include_deleted:
         raise NotFound("task")
     return Task.model_validate(row[2])
+
+
+async def _lock_tasks(
+    conn: AsyncConnection[Any], ids: set[str], known: dict[str, Task], include_deleted: bool
+) -> dict[str, Task]:
+    """Lock the rows of `ids` (in id order: no deadlock between batches) and return their
+    tasks; a `known` task whose version is the row's is taken as it is, the others are read."""
+    visible = "" if include_deleted else " AND deleted_at IS NULL"
+    cur = await conn.execute(
+        f"SELECT id, version FROM tasks WHERE id = ANY(%s){visible} ORDER BY id FOR UPDATE",
+        (sorted(ids),),
+    )
+    found: dict[str, Task] = {}
+    stale: list[str] = []
+    for task_id, version in await cur.fetchall():
+        task = known.get(task_id)
+        if task is not None and task.version == version:
+            found[task_id] = task
+        else:
+            stale.append(task_id)
+    if stale:
+        cur = await conn.execute("SELECT doc::text FROM tasks WHERE id = ANY(%s)", (stale,))
+        for (doc,) in await cur.fetchall():
+            task = Task.model_validate_json(doc)
+            found[task.id] = task
+    return found
 
 
 def payload_of(stored: StoredEvent) -> Payload:

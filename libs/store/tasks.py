@@ -27,6 +27,12 @@ def _tasks(found: list[dict[str, Any]]) -> list[Task]:
     return [Task.model_validate(r["doc"]) for r in found]
 
 
+def _parsed(found: list[dict[str, Any]]) -> list[Task]:
+    """Documents read as text (`doc::text AS doc`): pydantic parses JSON text into a model
+    about twice as fast as `json.loads` and then validating the dict (the hot reads)."""
+    return [Task.model_validate_json(r["doc"]) for r in found]
+
+
 async def list_tasks(store: EventStore, q: TaskQuery) -> tuple[list[Task], int]:
     """A page of GET /tasks and the total that matches."""
     where = ["deleted_at IS NULL"]
@@ -80,7 +86,8 @@ async def task_stats(store: EventStore, tenant_id: str | None) -> dict[str, int]
 
 async def by_ids(store: EventStore, ids: Sequence[str]) -> list[Task]:
     """The named tasks (deleted ones included), in no particular order."""
-    return _tasks(await rows(store, "SELECT doc FROM tasks WHERE id = ANY(%s)", [list(ids)]))
+    found = await rows(store, "SELECT doc::text AS doc FROM tasks WHERE id = ANY(%s)", [list(ids)])
+    return _parsed(found)
 
 
 async def each_by_ids(store: EventStore, ids: Sequence[str]) -> Iterator[Task]:
@@ -93,16 +100,17 @@ async def pending(store: EventStore, limit: int) -> list[Task]:
     """The scheduler's queue: highest priority first, then oldest (the partial index)."""
     found = await rows(
         store,
-        "SELECT doc FROM tasks WHERE status = 'pending' AND deleted_at IS NULL"
+        "SELECT doc::text AS doc FROM tasks WHERE status = 'pending' AND deleted_at IS NULL"
         " ORDER BY priority DESC, created_at LIMIT %s",
         [limit],
     )
-    return _tasks(found)
+    return _parsed(found)
 
 
 async def holding(store: EventStore) -> list[Task]:
     """Every task that holds (or is about to hold) GPUs on a node."""
-    return _tasks(await rows(store, "SELECT doc FROM tasks WHERE status = ANY(%s)", [HOLDING]))
+    sql = "SELECT doc::text AS doc FROM tasks WHERE status = ANY(%s)"
+    return _parsed(await rows(store, sql, [HOLDING]))
 
 
 async def holding_versions(store: EventStore) -> dict[str, int]:

@@ -3,12 +3,21 @@
 The scheduler commits `pending → scheduled`; the relay publishes that event; this consumer
 sends `start` to the node. A crash between any two steps loses nothing: the event is
 redelivered until acknowledged, and the command's message id makes a resend a no-op.
+
+Events come in fetched batches (`handle_batch`): the tasks of a batch are read in one query,
+and the commands published pipelined (all in flight, acks awaited together). A batch's
+commands leave in the order of its events, on one connection, so the commands of one task
+reach its node's stream in order.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+
 import structlog
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 
 from libs.bus.subjects import node_command_subject
 from libs.domain.envelope import EventEnvelope
@@ -18,6 +27,7 @@ from libs.domain.protocol import CommandKind, NodeCommand, TaskRunSpec
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task
 from libs.store import groups as group_rows
+from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 
 from . import view
@@ -73,6 +83,42 @@ async def send(js: JetStreamContext, cmd: NodeCommand) -> None:
     )
 
 
+PUBLISH_TIMEOUT_S = 5.0
+
+
+async def send_all(
+    js: JetStreamContext, cmds: Sequence[NodeCommand], ack_wait_s: float = PUBLISH_TIMEOUT_S
+) -> list[BaseException | None]:
+    """Publish `cmds` pipelined, in order; one outcome per command (None: acknowledged)."""
+    futures: list[asyncio.Future[PubAck] | BaseException] = []
+    for cmd in cmds:
+        try:
+            futures.append(
+                await js.publish_async(
+                    node_command_subject(cmd.node_id),
+                    cmd.model_dump_json().encode(),
+                    wait_stall=ack_wait_s,
+                    headers={"Nats-Msg-Id": cmd.msg_id},
+                )
+            )
+        except Exception as exc:  # stalled or closed: this one did not go out
+            futures.append(exc)
+    pending = [f for f in futures if isinstance(f, asyncio.Future)]
+    if pending:
+        # nats-py never resolves the future of a publish the server refused: bound the wait.
+        await asyncio.wait(pending, timeout=ack_wait_s)
+    return [_outcome(f) for f in futures]
+
+
+def _outcome(f: asyncio.Future[PubAck] | BaseException) -> BaseException | None:
+    if isinstance(f, BaseException):
+        return f
+    if not f.done():
+        f.cancel()
+        return TimeoutError("no acknowledgement from JetStream")
+    return f.exception()
+
+
 class Dispatcher:
     def __init__(self, store: EventStore, js: JetStreamContext) -> None:
         self.store = store
@@ -100,6 +146,34 @@ class Dispatcher:
             vendor,
         )
 
+    async def handle_batch(self, envelopes: list[EventEnvelope]) -> list[BaseException | None]:
+        """Commands for a batch of events: one read of their tasks, one pipelined publish."""
+        wanted = [(i, _target(e)) for i, e in enumerate(envelopes)]
+        ids = sorted({envelopes[i].payload["task_id"] for i, to in wanted if to is not None})
+        tasks = {t.id: t for t in await task_rows.by_ids(self.store, ids)} if ids else {}
+        cmds: list[tuple[int, NodeCommand]] = []
+        for i, to in wanted:
+            task = tasks.get(envelopes[i].payload["task_id"])
+            cmd = command_for(task, to) if task is not None and to is not None else None
+            if task is not None and cmd is not None:
+                cmds.append((i, await self.with_group_env(task, cmd)))
+        outcomes: list[BaseException | None] = [None] * len(envelopes)
+        sent = await send_all(self.js, [cmd for _, cmd in cmds])
+        for (i, cmd), failed in zip(cmds, sent, strict=True):
+            outcomes[i] = failed
+            if failed is None:
+                log.info(
+                    "command_sent", kind=cmd.kind.value, task_id=cmd.task_id, node_id=cmd.node_id
+                )
+        return outcomes
+
+    async def with_group_env(self, task: Task, cmd: NodeCommand) -> NodeCommand:
+        """A group member's start carries the group's distributed environment."""
+        if cmd.run is None or not task.group_id:
+            return cmd
+        env = await self.group_env(task)
+        return cmd.model_copy(update={"run": cmd.run.model_copy(update={"group_env": env})})
+
     async def handle(self, envelope: EventEnvelope) -> None:
         if envelope.type != "task_status_changed":
             return
@@ -114,8 +188,13 @@ class Dispatcher:
         cmd = command_for(task, to)
         if cmd is None:
             return
-        if cmd.run is not None and task.group_id:
-            env = await self.group_env(task)
-            cmd = cmd.model_copy(update={"run": cmd.run.model_copy(update={"group_env": env})})
-        await send(self.js, cmd)
+        await send(self.js, await self.with_group_env(task, cmd))
         log.info("command_sent", kind=cmd.kind.value, task_id=cmd.task_id, node_id=cmd.node_id)
+
+
+def _target(envelope: EventEnvelope) -> TaskStatus | None:
+    """The status a transition event moves to, when that status asks for a command."""
+    if envelope.type != "task_status_changed":
+        return None
+    to = TaskStatus(envelope.payload["to_status"])
+    return to if to in KIND_FOR_STATUS else None

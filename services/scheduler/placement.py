@@ -117,7 +117,9 @@ class Placer:
         UNPLACED.clear()
         for reason, n in by_reason.items():
             UNPLACED.labels(reason).set(n)
-        done, refused = await self.store.execute_batch(decisions, fence=self.fence)
+        # The round read these tasks a moment ago: the store reuses each one whose version
+        # is unchanged under the lock instead of reading and parsing it again.
+        done, refused = await self.store.execute_batch(decisions, fence=self.fence, known=pending)
         self.cluster.learn(done.values())
         if victims:
             v_done, v_refused = await self.store.execute_batch(victims, fence=self.fence)

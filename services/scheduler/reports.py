@@ -4,14 +4,22 @@ A stale report (its expected status is no longer the task's) is refused like any
 and logged; the same fact is then applied from the current status, so an exit after a stop
 request records `stopped`, never `completed`. A container running for a task that is no
 longer this node's (an agent back after its tasks migrated) is told to stop.
+
+Reports arrive in batches (`handle_batch`): the task reports of a batch are decided together
+and committed in one transaction, in delivery order (a task's `starting` before its
+`running`), each with its own compare-and-set; the stop commands for orphans go out
+pipelined. Registrations, rare, are applied one by one where they stand in the batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import Any
+
 import structlog
 from nats.js import JetStreamContext
 
-from libs.domain.errors import Conflict, NotFound
+from libs.domain.errors import Conflict, DomainError, NotFound
 from libs.domain.node import Node, NodeRegistered
 from libs.domain.protocol import (
     AgentReport,
@@ -24,10 +32,13 @@ from libs.domain.protocol import (
     decide_report,
 )
 from libs.domain.states import TaskStatus
-from libs.store.eventstore import EventStore
+from libs.domain.task import Task
+from libs.store.eventstore import EventStore, Step
 from libs.store.projections import NODES
 
-from .dispatch import send
+from .dispatch import send, send_all
+
+Outcome = BaseException | None
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +47,44 @@ class ReportHandler:
     def __init__(self, store: EventStore, js: JetStreamContext) -> None:
         self.store = store
         self.js = js
+
+    async def handle_batch(self, messages: list[NodeReport]) -> list[Outcome]:
+        """A fetched batch in order: runs of task reports in one transaction each, the
+        registrations between them alone. One outcome per message (None: done)."""
+        outcomes: list[Outcome] = []
+        run: list[AgentReport] = []
+        for message in messages:
+            if isinstance(message.root, Registration):
+                outcomes += await self.reports(run)
+                run = []
+                outcomes.append(await _outcome(self.register(message.root)))
+            else:
+                run.append(message.root)
+        outcomes += await self.reports(run)
+        return outcomes
+
+    async def reports(self, reps: list[AgentReport]) -> list[Outcome]:
+        """Task reports in one transaction, each its own compare-and-set (a miss is applied
+        from the current status, as `report` does), then orphans told to stop."""
+        if not reps:
+            return []
+        results = await self.store.execute_steps([_step(rep) for rep in reps])
+        orphans: list[NodeCommand] = []
+        for rep, result in zip(reps, results, strict=True):
+            if isinstance(result, NotFound):
+                log.warning("report_for_unknown_task", task_id=rep.task_id, node_id=rep.node_id)
+            elif isinstance(result, Task):
+                orphans += _orphan_stop(result, rep)
+        failed = await send_all(self.js, orphans)
+        by_task = {cmd.task_id: exc for cmd, exc in zip(orphans, failed, strict=True) if exc}
+        # A report whose orphan stop did not go out is handled again (the stop is resent).
+        outcomes: list[Outcome] = []
+        for rep, result in zip(reps, results, strict=True):
+            if isinstance(result, DomainError) and not isinstance(result, NotFound):
+                outcomes.append(result)  # not a CAS miss (those reconcile): try again
+            else:
+                outcomes.append(by_task.get(rep.task_id))
+        return outcomes
 
     async def handle(self, message: NodeReport) -> None:
         if isinstance(message.root, Registration):
@@ -76,17 +125,43 @@ class ReportHandler:
                 metadata=meta,
                 include_deleted=True,
             )
-        orphan = task.node_id != rep.node_id or task.retry_count != rep.attempt
-        if orphan and rep.fact in (Fact.STARTING, Fact.RUNNING, Fact.RESUMED, Fact.PAUSED):
-            log.warning("orphan_container_stopped", task_id=rep.task_id, node_id=rep.node_id)
-            await send(
-                self.js,
-                NodeCommand(
-                    kind=CommandKind.STOP,
-                    node_id=rep.node_id,
-                    task_id=rep.task_id,
-                    attempt=rep.attempt,
-                    status=TaskStatus.STOPPING,
-                    grace_s=5.0,
-                ),
-            )
+        for cmd in _orphan_stop(task, rep):
+            await send(self.js, cmd)
+
+
+def _step(rep: AgentReport) -> Step:
+    def decide(task: Task) -> list[Any]:
+        try:
+            return list(decide_report(task, rep))
+        except Conflict as exc:
+            log.info("stale_report_refused", task_id=rep.task_id, error=exc.message)
+            return list(decide_reconcile(task, rep))
+
+    return rep.task_id, decide, {"node_id": rep.node_id, "fact": rep.fact.value}
+
+
+def _orphan_stop(task: Task, rep: AgentReport) -> list[NodeCommand]:
+    """A stop for a container that runs for a task no longer this node's (or attempt's)."""
+    orphan = task.node_id != rep.node_id or task.retry_count != rep.attempt
+    if not orphan or rep.fact not in (Fact.STARTING, Fact.RUNNING, Fact.RESUMED, Fact.PAUSED):
+        return []
+    log.warning("orphan_container_stopped", task_id=rep.task_id, node_id=rep.node_id)
+    return [
+        NodeCommand(
+            kind=CommandKind.STOP,
+            node_id=rep.node_id,
+            task_id=rep.task_id,
+            attempt=rep.attempt,
+            status=TaskStatus.STOPPING,
+            grace_s=5.0,
+        )
+    ]
+
+
+async def _outcome(work: Awaitable[Any]) -> Outcome:
+    try:
+        await work
+    except Exception as exc:
+        log.exception("registration_failed")
+        return exc
+    return None

@@ -6,7 +6,7 @@ declarations without a database (see heteroflow/asyncapi.py).
 
 from __future__ import annotations
 
-from libs.bus.broker import Handle, Routes
+from libs.bus.broker import Handle, HandleBatch, Routes
 from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, NODE_PREFIX, NODE_STREAM
 from libs.domain.envelope import EventEnvelope
 from libs.domain.protocol import Heartbeat, NodeCommand, NodeReport
@@ -14,14 +14,16 @@ from libs.domain.protocol import Heartbeat, NodeCommand, NodeReport
 
 def routes(
     *,
-    dispatch: Handle[EventEnvelope],
-    reports: Handle[NodeReport],
+    dispatch: HandleBatch[EventEnvelope],
+    reports: HandleBatch[NodeReport],
     heartbeat: Handle[Heartbeat],
     wake_on_task: Handle[EventEnvelope],
     wake_on_node: Handle[EventEnvelope],
 ) -> Routes:
     r = Routes("scheduler")
-    r.durable(
+    # Both hot consumers take whole batches: one read and one pipelined publish per batch of
+    # transitions, one transaction per batch of reports.
+    r.durable_batches(
         EventEnvelope,
         dispatch,
         stream=EVENTS_STREAM,
@@ -29,7 +31,7 @@ def routes(
         subject=f"{EVENTS_PREFIX}.task.{{task_id}}.task_status_changed",
         description="Turns committed task transitions into node commands.",
     )
-    r.durable(
+    r.durable_batches(
         NodeReport,
         reports,
         stream=NODE_STREAM,

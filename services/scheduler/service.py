@@ -102,8 +102,8 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
             ctx.nc,
             [
                 routes(
-                    dispatch=dispatcher.handle,
-                    reports=reports.handle,
+                    dispatch=dispatcher.handle_batch,
+                    reports=reports.handle_batch,
                     heartbeat=monitor.heartbeat,
                     wake_on_task=on_task_event,
                     wake_on_node=on_node_event,
