@@ -26,6 +26,7 @@ def routes(
     *,
     command: Handle[NodeCommand],
     logs: Callable[[LogsRequest], Awaitable[LogsReply]],
+    max_in_flight: int = 32,
 ) -> Routes:
     r = Routes("agent")
     r.durable(
@@ -34,8 +35,11 @@ def routes(
         stream=NODE_STREAM,
         durable=durable,
         subject=f"{NODE_PREFIX}.{node}.cmd",
-        description="Commands for this node (start, stop, pause, resume), in order.",
-        batch=32,
+        description="Commands for this node (start, stop, pause, resume): in order per task, "
+        "different tasks' concurrently.",
+        batch=max(32, max_in_flight),
+        lane=_task_of,
+        max_in_flight=max_in_flight,
     )
     r.core(
         LogsRequest,
@@ -66,3 +70,7 @@ def routes(
         description="GPU samples of the cards running tasks hold (core NATS).",
     )
     return r
+
+
+def _task_of(cmd: NodeCommand) -> str:
+    return cmd.task_id

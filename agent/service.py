@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from pydantic import Field
 
 from libs.bus.broker import serve
 from libs.bus.subjects import (
@@ -29,9 +26,7 @@ from libs.bus.subjects import (
     node_report_subject,
     node_telemetry_subject,
 )
-from libs.config import CommonSettings
 from libs.domain.failure import ErrorKind
-from libs.domain.node import GpuCard, NodeInventory
 from libs.domain.protocol import (
     AgentReport,
     CommandKind,
@@ -48,49 +43,16 @@ from libs.periodic import periodic
 
 from .boost import boost_memory
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
+from .reporter import Reporter
+from .retention import Retention
 from .routes import routes
 from .runtimes.base import LABEL_NODE, ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
+from .settings import AgentSettings as AgentSettings
+from .settings import declared, node_inventory
 from .telemetry import holders_of, sample
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
-
-
-class AgentSettings(CommonSettings):
-    node_id: str = Field(default_factory=socket.gethostname)
-    runtime: str = Field(default="auto", description="auto | docker | process | simulated")
-    declared_gpus: str = Field(default="", description='e.g. "amd:MI300X:196608x2"')
-    detect_nvidia: bool = True
-    node_labels: dict[str, str] = Field(default_factory=dict)
-    address: str = "127.0.0.1"
-    heartbeat_interval_s: float = 2.0
-    telemetry_interval_s: float = Field(default=10.0, description="NVML sampling period")
-    state_dir: Path | None = None
-
-    def resolved_state_dir(self) -> Path:
-        return self.state_dir or self.home / "agents" / self.node_id
-
-
-def node_inventory(inv: Inventory, address: str) -> NodeInventory:
-    return NodeInventory(
-        hostname=inv.hostname,
-        address=address,
-        memory_mb=inv.memory_mb,
-        cpu_cores=inv.cpu_cores,
-        labels=inv.labels,
-        runtime=inv.runtime,
-        gpus=tuple(
-            GpuCard(
-                id=g.uuid,
-                index=g.index,
-                vendor=g.vendor,
-                model=g.model,
-                vram_mb=g.vram_mb,
-                mig_capable=g.mig_capable,
-            )
-            for g in inv.gpus
-        ),
-    )
 
 
 @dataclass
@@ -111,8 +73,16 @@ class Agent:
     runtime: Runtime
     inventory: Inventory
     tracked: dict[str, Tracked] = field(default_factory=dict)
-    finished: dict[str, Handle] = field(default_factory=dict)
     seq: int = 0
+
+    def __post_init__(self) -> None:
+        self.reporter = Reporter(self.js)
+        self.retention = Retention(
+            self.runtime.remove,
+            keep=self.settings.finished_keep,
+            keep_s=self.settings.finished_keep_s,
+            enabled=self.settings.remove_finished,
+        )
 
     @property
     def node_id(self) -> str:
@@ -128,17 +98,27 @@ class Agent:
             f"agent-{self.node_id}",
             command=self.on_command,
             logs=self.on_logs,
+            max_in_flight=self.settings.agent_max_concurrent_commands,
         )
         try:
             await asyncio.gather(
                 self._heartbeats(stop),
                 self._telemetry(stop),
+                self._retention(stop),
+                self.reporter.run(stop),
                 serve(self.nc, [mine], stop),
             )
         finally:
             for t in self.tracked.values():
                 if t.waiter:
                     t.waiter.cancel()
+
+    async def _retention(self, stop: asyncio.Event) -> None:
+        """Remove finished attempts past their age (the count is applied at each exit)."""
+        keep_s = self.settings.finished_keep_s
+        if keep_s <= 0 or not self.settings.remove_finished:
+            return
+        await periodic("retention", self.retention.prune, stop, min(60.0, max(1.0, keep_s / 10)))
 
     async def register(self) -> None:
         reg = Registration(
@@ -163,7 +143,7 @@ class Agent:
                     continue
                 self.tracked[handle.task_id] = Tracked(handle, S.RUNNING)
                 log.info("container_readopted", task_id=handle.task_id, state=state.value)
-                await self.report(handle, Fact.RUNNING, S.RUNNING)
+                self.report(handle, Fact.RUNNING, S.RUNNING)  # sent once the reporter runs
                 self._watch(handle.task_id)
             except Exception:  # one bad container must not keep the agent from starting
                 log.exception("readopt_failed", task_id=handle.task_id)
@@ -258,7 +238,9 @@ class Agent:
         if boost_line:
             log.info(boost_line, task_id=cmd.task_id)
         pseudo = Handle(runtime=self.runtime.name, id="", task_id=cmd.task_id, attempt=cmd.attempt)
-        await self.report(pseudo, Fact.STARTING, S.SCHEDULED)
+        # Queued, not awaited: the process starts while the report is on its way (the
+        # reporter keeps it ahead of this task's next report).
+        self.report(pseudo, Fact.STARTING, S.SCHEDULED)
         try:
             handle = await self.runtime.start(run)
         except RuntimeStartError as exc:
@@ -269,8 +251,11 @@ class Agent:
         self.tracked[cmd.task_id] = Tracked(
             handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids
         )
-        await self.report(handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb)
+        running = self.report(handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb)
         self._watch(cmd.task_id)
+        # The command is acknowledged once its reports are on the stream: a crash before
+        # that redelivers it, and the runtime's idempotent start finds the process.
+        await running
 
     def _watch(self, task_id: str) -> None:
         tracked = self.tracked[task_id]
@@ -295,8 +280,8 @@ class Agent:
             log.exception("wait_failed", task_id=task_id)
             result = ExitReport(exit_code=None, error=f"ContainerRuntimeError: {exc}")
         self.tracked.pop(task_id, None)
-        self.finished[task_id] = tracked.handle
         await self._report_exit(tracked, result)
+        await self.retention.finished(tracked.handle)
 
     async def _report_exit(self, tracked: Tracked, result: ExitReport) -> None:
         kind, _, detail = (result.error or "").partition(": ")
@@ -349,7 +334,10 @@ class Agent:
 
     # --- reports and logs --------------------------------------------------------------
 
-    async def report(self, handle: Handle, fact: Fact, expected: TaskStatus, **fields: Any) -> None:
+    def report(
+        self, handle: Handle, fact: Fact, expected: TaskStatus, **fields: Any
+    ) -> asyncio.Future[None]:
+        """Queue a report; the future resolves when the stream has it (see reporter.py)."""
         rep = AgentReport(
             node_id=self.node_id,
             task_id=handle.task_id,
@@ -360,11 +348,11 @@ class Agent:
             at=_now(),
             **fields,
         )
-        await self.js.publish(node_report_subject(self.node_id), rep.model_dump_json().encode())
+        return self.reporter.put(node_report_subject(self.node_id), rep.model_dump_json().encode())
 
     def _handle_for(self, task_id: str) -> Handle | None:
         tracked = self.tracked.get(task_id)
-        return tracked.handle if tracked else self.finished.get(task_id)
+        return tracked.handle if tracked else self.retention.handle_for(task_id)
 
     async def on_logs(self, req: LogsRequest) -> LogsReply:
         try:
@@ -406,7 +394,7 @@ async def run_agent(
     runtime = runtime or create_runtime(
         kind, state_dir=state_dir, docker_options={"owner": settings.node_id}
     )
-    inventory = await asyncio.to_thread(
+    detected = await asyncio.to_thread(
         detect_inventory,
         settings.node_id,
         declared=settings.declared_gpus or None,
@@ -414,7 +402,7 @@ async def run_agent(
         detect=settings.detect_nvidia,
         runtime=kind,
     )
-    agent = Agent(settings, nc, js, runtime, inventory)
+    agent = Agent(settings, nc, js, runtime, declared(detected, settings))
     try:
         await agent.run(stop)
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from heteroflow.cli_check import register_check_commands
 from heteroflow.cli_ops import OPS, build_ops_parser
 from heteroflow.cli_user import register_user_commands
+from heteroflow.settings_help import SettingsHelpParser, agent_settings, up_settings
 from libs.logging import configure
 
 SERVICES = ("api-gateway", "scheduler", "retry-engine", "event-timeline", "relay")
@@ -55,9 +57,33 @@ async def _nothing_missing() -> list[str]:
     return []
 
 
+# Options that declare the local node's resources: each sets the agent setting it names, so
+# `up --processes` children and an in-process agent read the same value.
+RESOURCE_OPTIONS = (
+    ("--cpus", "HETEROFLOW_NODE_CPU_CORES", int, "CPU cores the node offers (default: detected)"),
+    ("--memory-mb", "HETEROFLOW_NODE_MEMORY_MB", int, "memory the node offers in MB"),
+    ("--gpus", "HETEROFLOW_DECLARED_GPUS", str, 'declared cards, e.g. "amd:MI300X:196608x2"'),
+    ("--labels", "HETEROFLOW_NODE_LABELS", str, 'node labels as a JSON map, e.g. \'{"zone":"a"}\''),
+    ("--runtime", "HETEROFLOW_RUNTIME", str, "auto | docker | process | simulated"),
+)
+
+
+def _add_resource_options(parser: argparse.ArgumentParser) -> None:
+    for flag, env, kind, text in RESOURCE_OPTIONS:
+        parser.add_argument(flag, type=kind, default=None, help=f"{text} ({env})")
+
+
+def _apply_resource_options(args: argparse.Namespace) -> None:
+    for flag, env, _, _ in RESOURCE_OPTIONS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is not None:
+            os.environ[env] = str(value)
+
+
 def _up(args: argparse.Namespace) -> int:
     from heteroflow.platform import PlatformSettings, serve
 
+    _apply_resource_options(args)
     settings = PlatformSettings()
     if args.processes:
         settings.processes = True
@@ -66,12 +92,13 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _agent(_: argparse.Namespace) -> int:
+def _agent(args: argparse.Namespace) -> int:
     from agent.service import AgentSettings, run_agent
     from heteroflow.probe import agent_consumers, readiness
     from libs.bus.nats import connect, ensure_streams
     from libs.health import READINESS
 
+    _apply_resource_options(args)
     settings = AgentSettings()
     configure(settings.log_level, settings.log_format)
     if settings.nats_url is None:
@@ -142,13 +169,17 @@ def _service(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SettingsHelpParser(
         prog="heteroflow", description="Run GPU container work on heterogeneous fleets."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser(
-        "up", help="start the platform (embedded NATS + PostgreSQL unless URLs are configured)"
+        "up",
+        help="start the platform (embedded NATS + PostgreSQL unless URLs are configured)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    up.settings_help = up_settings
+    _add_resource_options(up)
     up.add_argument(
         "--processes",
         action="store_true",
@@ -156,7 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(also HETEROFLOW_PROCESSES=true)",
     )
     up.set_defaults(func=_up)
-    agent = sub.add_parser("agent", help="run a node agent (HETEROFLOW_NODE_ID, _NATS_URL, ...)")
+    agent = sub.add_parser(
+        "agent",
+        help="run a node agent (HETEROFLOW_NODE_ID, _NATS_URL, ...)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    agent.settings_help = agent_settings
+    _add_resource_options(agent)
     agent.set_defaults(func=_agent)
     service = sub.add_parser(
         "service",

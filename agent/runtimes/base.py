@@ -56,7 +56,7 @@ class RunSpec(BaseModel):
 
     task_id: str
     attempt: int = Field(ge=0)
-    image: str = Field(min_length=1)
+    image: str = ""  # empty: no image (the process runtime ignores it; docker refuses it)
     command: str = ""  # run with `sh -c`; empty = the image's own entrypoint/cmd
     env: dict[str, str] = Field(default_factory=dict)
     volumes: tuple[VolumeMount, ...] = ()

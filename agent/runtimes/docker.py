@@ -298,6 +298,13 @@ class DockerRuntime(Runtime):
             raise RuntimeStartError(classify_api_error(e), str(e)) from e
 
     def _start_sync(self, spec: RunSpec) -> Handle:
+        if not spec.image:
+            # The scheduler places image-less tasks on process nodes only; this is the guard
+            # behind it (an old scheduler, a node whose runtime changed).
+            raise RuntimeStartError(
+                ErrorKind.INVALID_CONFIG,
+                "the task has no image: it runs only on a node with the process runtime",
+            )
         try:
             container = self._create_sync(spec)
             fresh = container.status == "created"

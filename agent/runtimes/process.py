@@ -112,6 +112,9 @@ _OOM_TEXT = re.compile(
 )
 _GPU_OOM_TEXT = re.compile(r"cuda|gpu|hip|cublas|cudnn|nccl|xpu", re.IGNORECASE)
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# How long a supervisor may take between writing exit.json and exiting before we stop
+# waiting for it (it is then collected by the next `reap_finished`).
+REAP_WITHIN_S = 5.0
 
 
 def looks_like_cpu_oom(exit_code: int | None, output: list[str]) -> bool:
@@ -209,6 +212,26 @@ class ProcessRuntime(Runtime):
         child = self._children.get(key)
         if child is not None and child.poll() is not None:
             del self._children[key]
+
+    async def _reap_after_exit(self, key: str) -> None:
+        """Collect the supervisor once the job has ended.
+
+        The supervisor writes exit.json and exits right after, so `_state` sees EXITED while
+        the supervisor may still be running; nothing polls it after that, and a child that is
+        never waited for stays a zombie until the agent exits. Poll it to its end here."""
+        deadline = time.monotonic() + REAP_WITHIN_S
+        while key in self._children and time.monotonic() < deadline:
+            self._reap(key)
+            if key in self._children:
+                await asyncio.sleep(min(self.poll_s, 0.05))
+        if key in self._children:
+            log.warning("supervisor still running after its job ended", attempt_dir=key)
+
+    def reap_finished(self) -> int:
+        """Wait for every supervisor that has ended; return how many are still running."""
+        for key in list(self._children):
+            self._reap(key)
+        return len(self._children)
 
     def _state(self, d: Path) -> RunState:
         self._reap(d.name)
@@ -355,6 +378,7 @@ class ProcessRuntime(Runtime):
         return handle.model_copy(update={"id": reply[1]})
 
     async def start(self, spec: RunSpec) -> Handle:
+        self.reap_finished()  # a backstop for supervisors whose wait() was cancelled
         return await asyncio.to_thread(self._start_sync, spec)
 
     # -- wait and report ------------------------------------------------------------------
@@ -389,6 +413,7 @@ class ProcessRuntime(Runtime):
     async def wait(self, handle: Handle) -> ExitReport:
         d = self._existing(handle)
         await self._until(d, None)
+        await self._reap_after_exit(d.name)
         if self._state(d) is RunState.MISSING:
             raise HandleNotFound(handle)
         return await asyncio.to_thread(self._report, d)

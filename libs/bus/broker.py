@@ -38,6 +38,7 @@ from pydantic import BaseModel, ValidationError
 
 from libs.health import READINESS
 
+from .lanes import LanePool
 from .nats import ensure_durable_consumer
 
 log = structlog.get_logger(__name__)
@@ -86,6 +87,7 @@ class Routes:
     owner: str  # the process, as channel titles show it
     router: NatsRouter = field(default_factory=NatsRouter)
     durables: list[Durable] = field(default_factory=list)
+    pools: list[LanePool] = field(default_factory=list)
 
     def durable(
         self,
@@ -102,16 +104,31 @@ class Routes:
         max_deliver: int = 8,
         nak_delay: float = 1.0,
         deliver_new: bool = False,
+        lane: Callable[[M], str] | None = None,
+        max_in_flight: int = 1,
     ) -> None:
         """Consume `subject` through the durable `durable`, each message as a `model`.
 
         `handle` must be idempotent (a lost ack redelivers). It raising naks the message with
-        `nak_delay`; so does a body that is not a `model`.
+        `nak_delay`; so does a body that is not a `model`. With `lane`, messages are handled
+        in order per `lane(message)` key and concurrently across keys, at most
+        `max_in_flight` at a time (libs/bus/lanes.py); without, strictly one after the other.
         """
+
+        pool = LanePool(max_in_flight) if lane is not None else None
+        if pool is not None:
+            self.pools.append(pool)
 
         async def each(raws: list[Msg], batch: list[BaseModel]) -> None:
             for raw, item in zip(raws, batch, strict=True):
-                await _handle(raw, item, handle, durable, nak_delay)
+                if pool is None or lane is None:
+                    await _handle(raw, item, handle, durable, nak_delay)
+                    continue
+
+                async def job(raw: Msg = raw, item: Any = item) -> None:
+                    await _handle(raw, item, handle, durable, nak_delay)
+
+                await pool.submit(lane(item), job)  # type: ignore[arg-type]
 
         self._subscribe(
             model, each, stream, durable, subject, description, batch, window_s, nak_delay
@@ -386,6 +403,8 @@ async def serve(nc: Client, routes: Sequence[Routes], stop: asyncio.Event) -> No
         for name in durables:
             READINESS.consumer_stopped(name)
         await broker.stop()
+        for pool in (p for r in routes for p in r.pools):
+            await pool.close()  # what is still queued is redelivered, unacknowledged
 
 
 __all__ = [

@@ -58,6 +58,7 @@ class ReasonCode(StrEnum):
     PINNED_ELSEWHERE = "pinned_elsewhere"
     NODE_OFFLINE = "node_offline"
     NODE_EXCLUDED = "node_excluded"
+    RUNTIME_UNAVAILABLE = "runtime_unavailable"
     GPU_TYPE_UNAVAILABLE = "gpu_type_unavailable"
     INSUFFICIENT_VRAM = "insufficient_vram"
     INSUFFICIENT_GPUS = "insufficient_gpus"
@@ -110,6 +111,8 @@ TEXT: dict[ReasonCode, str] = {
     R.PINNED_ELSEWHERE: "pinned to another node",
     R.NODE_OFFLINE: "the node is offline",
     R.NODE_EXCLUDED: "the node is excluded for this attempt",
+    R.RUNTIME_UNAVAILABLE: "the node's runtime cannot run it (a task without image needs a "
+    "process node)",
     R.GPU_TYPE_UNAVAILABLE: "no card of the requested type",
     R.INSUFFICIENT_VRAM: "no card with enough memory",
     R.INSUFFICIENT_GPUS: "not enough free cards",
@@ -128,6 +131,7 @@ PLACEMENT_REASONS: tuple[ReasonCode, ...] = (
     R.PINNED_ELSEWHERE,
     R.NODE_OFFLINE,
     R.NODE_EXCLUDED,
+    R.RUNTIME_UNAVAILABLE,
     R.GPU_TYPE_UNAVAILABLE,
     R.INSUFFICIENT_VRAM,
     R.INSUFFICIENT_GPUS,

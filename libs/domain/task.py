@@ -64,7 +64,8 @@ class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, max_length=NAME_MAX)
-    image: str = Field(min_length=1, max_length=512)
+    # Empty: no image, the task runs as a plain process and only on a `process` node.
+    image: str = Field(default="", max_length=512)
     command: str = ""
     gpu_required: int = Field(default=0, ge=0, le=64)
     gpu_type: str = ""
@@ -89,11 +90,18 @@ class TaskSpec(BaseModel):
     backoff_multiplier: float | None = Field(default=None, ge=1, le=10)
     oom_memory_limit: int | None = Field(default=None, gt=0)
 
-    @field_validator("name", "image")
+    @field_validator("name")
     @classmethod
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("must not be blank")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if v and not v.strip():
+            raise ValueError("must not be blank (omit it to run a plain process)")
         return v
 
     @field_validator("env", mode="before")
@@ -111,6 +119,11 @@ class TaskSpec(BaseModel):
     @property
     def is_fractional(self) -> bool:
         return self.gpu_memory_mb > 0 or self.gpu_compute_ratio > 0
+
+    @property
+    def needs_runtime(self) -> str:
+        """The node runtime this task requires: `process` without an image, else any ("")."""
+        return "" if self.image else "process"
 
 
 class Task(BaseModel):
@@ -194,7 +207,8 @@ REPORT_FIELDS: frozenset[str] = frozenset(
     {"status", "result", "exit_code", "error", "node_id", "container_id", "finished_at"}
 )
 
-# Fields whose null means "the configured default" (name/image: null is reported as missing).
+# Fields whose null means "the configured default" (name: null is reported as missing; image:
+# null is no image, like an omitted one).
 NULLABLE: frozenset[str] = frozenset(
     {"name", "image", "retry_delay", "backoff_multiplier", "oom_memory_limit"}
 )
@@ -330,6 +344,8 @@ def parse_create(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = (
     for key, value in data.items():
         if value is None and key not in NULLABLE:
             raise DomainError(Code.INVALID_VALUE, f"{key} must not be null", [key])
+    if data.get("image", "") is None:
+        del data["image"]
     try:
         spec = TaskSpec.model_validate(data, strict=False)
     except ValidationError as exc:

@@ -151,7 +151,8 @@ def check_task_spec(spec: TaskSpec) -> TaskSpec:
     """The per-field limits of a create or update, each refusal naming its field; returns the
     spec with its mount points normalised. Applied at entry only (`parse_create`), never when
     stored events are loaded, so tightening a limit cannot make history unreadable."""
-    if (why := image_reference_error(spec.image)) is not None:
+    # No image: the task runs as a plain process on a `process` node (docs/api.md).
+    if spec.image and (why := image_reference_error(spec.image)) is not None:
         _refuse("image", f"image {why}")
     if len(spec.command) > COMMAND_MAX:
         _refuse("command", f"command is longer than {COMMAND_MAX} characters")

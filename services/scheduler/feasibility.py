@@ -37,6 +37,7 @@ NODE_STAGE_ORDER: tuple[Reason, ...] = (
     Reason.PINNED_ELSEWHERE,
     Reason.NODE_OFFLINE,
     Reason.NODE_EXCLUDED,
+    Reason.RUNTIME_UNAVAILABLE,
     Reason.GPU_TYPE_UNAVAILABLE,
     Reason.INSUFFICIENT_VRAM,
     Reason.INSUFFICIENT_GPUS,
@@ -185,6 +186,18 @@ def check_excluded(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
             Reason.NODE_EXCLUDED, f"node {node.id!r} is excluded for this task (earlier failure)"
         )
     return PASS
+
+
+def check_runtime(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    """A task that names a runtime (no image: `process`) goes only to nodes running it."""
+    wanted = task.requirement.runtime
+    if not wanted or node.runtime == wanted:
+        return PASS
+    return reject(
+        Reason.RUNTIME_UNAVAILABLE,
+        f"node {node.id!r} runs the {node.runtime or 'unknown'} runtime; a task without an "
+        f"image needs a {wanted} node",
+    )
 
 
 def check_gpu_type(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
@@ -363,6 +376,7 @@ STATIC_STAGES: tuple[Stage, ...] = (
     check_pin,
     check_online,
     check_excluded,
+    check_runtime,
     check_gpu_type,
     check_vram,
 )
@@ -372,7 +386,8 @@ _NO_USAGE = NodeUsage()
 
 
 def check_static(task: PendingTask, node: Node) -> Verdict:
-    """The stages that depend only on the node itself (pin, online, exclusion, type, VRAM)."""
+    """The stages that depend only on the node itself (pin, online, exclusion, runtime, type,
+    VRAM)."""
     for stage in STATIC_STAGES:
         verdict = stage(task, node, _NO_USAGE)
         if not verdict.ok:

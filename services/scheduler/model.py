@@ -88,6 +88,7 @@ class Node:
     cpu_cores: float
     gpus: tuple[Gpu, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    runtime: str = ""  # the agent's runtime: docker, process, simulated ("" = not reported)
     # Memo for cards_for: the answer depends only on the (immutable) cards, and the planner
     # asks once per task and node. Not part of the value.
     _cards_memo: dict[tuple[str, int, int], CardSets] = field(
@@ -133,6 +134,7 @@ class Requirement:
     cpu_cores: float = 1.0
     requested_node_id: str = ""
     anti_affinity: tuple[str, ...] = ()
+    runtime: str = ""  # the node runtime required; "" = any (see TaskSpec.needs_runtime)
 
     @property
     def is_fractional(self) -> bool:
@@ -153,6 +155,7 @@ class Requirement:
             cpu_cores=spec.cpu_cores,
             requested_node_id=spec.requested_node_id,
             anti_affinity=tuple(spec.anti_affinity),
+            runtime=spec.needs_runtime,
         )
 
 

@@ -47,6 +47,7 @@ def to_node(doc: NodeDoc) -> Node:
             for g in inv.gpus
         ),
         labels=dict(inv.labels),
+        runtime=inv.runtime,
     )
 
 

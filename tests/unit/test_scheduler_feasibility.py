@@ -75,6 +75,11 @@ def mk_task(
     return PendingTask(task_id, tenant, req, created_at=NOW, **extra)
 
 
+def process_only(task: PendingTask) -> PendingTask:
+    """The task as a create without `image` makes it: runnable on process nodes only."""
+    return replace(task, requirement=replace(task.requirement, runtime="process"))
+
+
 def mk_alloc(
     task_id: str,
     gpu_ids: tuple[str, ...] = (),
@@ -261,6 +266,23 @@ NODE_CASES: list[tuple[PendingTask, Node, list[Allocation], Quota | None, Reason
         Reason.NODE_EXCLUDED,
         "excluded-node",
     ),
+    (
+        process_only(mk_task()),
+        replace(mk_node(gpus=0), runtime="docker"),
+        [],
+        None,
+        Reason.RUNTIME_UNAVAILABLE,
+        "no-image-on-docker-node",
+    ),
+    (
+        process_only(mk_task()),
+        replace(mk_node(gpus=0), runtime="process"),
+        [],
+        None,
+        None,
+        "no-image-on-process-node",
+    ),
+    (mk_task(), replace(mk_node(gpus=0), runtime="docker"), [], None, None, "image-on-docker"),
     (
         mk_task(gpus=1, gpu_type="H100"),
         mk_node(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -132,6 +133,12 @@ REASON_CASES: list[tuple[ClusterSnapshot, list[PendingTask], Reason, str]] = [
         [mk_task("t", gpus=1, excluded_node_ids=frozenset({"n1"}))],
         Reason.NODE_EXCLUDED,
         "excluded",
+    ),
+    (
+        snap(replace(mk_node("n1"), runtime="docker")),
+        [replace(t := mk_task("t"), requirement=replace(t.requirement, runtime="process"))],
+        Reason.RUNTIME_UNAVAILABLE,
+        "no-image-on-docker",
     ),
     (
         snap(mk_node("n1"), mk_node("n2", vendor="amd", model="MI300X")),

@@ -1,0 +1,87 @@
+"""The node agent's settings (prefix `HETEROFLOW_`) and the inventory it registers.
+
+Declared resources override what the agent detects: `node_cpu_cores` and `node_memory_mb`
+replace the host's counts, `declared_gpus` adds cards pynvml cannot see, `node_labels` are the
+node's labels. `heteroflow up` passes the same settings to its local agent.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import Field
+
+from libs.config import CommonSettings
+from libs.domain.node import GpuCard, NodeInventory
+
+from .inventory import Inventory
+
+
+class AgentSettings(CommonSettings):
+    node_id: str = Field(default_factory=socket.gethostname, description="default: host name")
+    runtime: str = Field(default="auto", description="auto | docker | process | simulated")
+    declared_gpus: str = Field(
+        default="", description='cards pynvml cannot see, e.g. "amd:MI300X:196608x2"'
+    )
+    detect_nvidia: bool = Field(default=True, description="ask pynvml for NVIDIA cards")
+    node_labels: dict[str, str] = Field(default_factory=dict, description="JSON map")
+    node_cpu_cores: int | None = Field(
+        default=None, ge=1, description="CPU cores to offer; unset = the host's count"
+    )
+    node_memory_mb: int | None = Field(
+        default=None, ge=1, description="memory (MB) to offer; unset = the host's total"
+    )
+    address: str = Field(default="127.0.0.1", description="address other members reach")
+    heartbeat_interval_s: float = 2.0
+    telemetry_interval_s: float = Field(default=10.0, description="NVML sampling period")
+    state_dir: Path | None = Field(
+        default=None, description="process-runtime state; default $HETEROFLOW_HOME/agents/<node>"
+    )
+    agent_max_concurrent_commands: int = Field(
+        default=32, ge=1, description="commands applied at once; one task's stay in order"
+    )
+    finished_keep: int = Field(
+        default=100, ge=0, description="finished attempts whose logs stay (task dir/container)"
+    )
+    finished_keep_s: float = Field(
+        default=3600.0, ge=0, description="and none kept longer than this; 0 = no age limit"
+    )
+    remove_finished: bool = Field(
+        default=True, description="false: keep every finished task dir and container"
+    )
+
+    def resolved_state_dir(self) -> Path:
+        return self.state_dir or self.home / "agents" / self.node_id
+
+
+def declared(inv: Inventory, settings: AgentSettings) -> Inventory:
+    """`inv` with the declared CPU and memory in place of the detected ones."""
+    update: dict[str, int] = {}
+    if settings.node_cpu_cores is not None:
+        update["cpu_cores"] = settings.node_cpu_cores
+    if settings.node_memory_mb is not None:
+        update["memory_mb"] = settings.node_memory_mb
+    return inv.model_copy(update=update) if update else inv
+
+
+def node_inventory(inv: Inventory, address: str) -> NodeInventory:
+    return NodeInventory(
+        hostname=inv.hostname,
+        address=address,
+        memory_mb=inv.memory_mb,
+        cpu_cores=inv.cpu_cores,
+        labels=inv.labels,
+        runtime=inv.runtime,
+        gpus=tuple(
+            GpuCard(
+                id=g.uuid,
+                index=g.index,
+                vendor=g.vendor,
+                model=g.model,
+                vram_mb=g.vram_mb,
+                mig_capable=g.mig_capable,
+            )
+            for g in inv.gpus
+        ),
+    )
