@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncGenerator, Mapping
 from datetime import UTC, datetime
@@ -199,6 +200,8 @@ class ProcessRuntime(Runtime):
         self.shell = shell
         self.poll_s = poll_s
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._supervisor_lock = threading.Lock()
+        self._supervisor_written = False
 
     # -- files ----------------------------------------------------------------------------
 
@@ -297,11 +300,16 @@ class ProcessRuntime(Runtime):
     def _supervisor(self) -> Path:
         """The supervisor script, kept as a file so `ps` shows a readable command line."""
         path = self.tasks_dir.parent / "supervisor.py"
-        if not path.exists() or path.read_text() != _SUPERVISOR:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(_SUPERVISOR)
-            os.replace(tmp, path)
+        # Starts run in threads, concurrently: one writes the script, the others wait for it
+        # (they would otherwise race on the temporary file).
+        with self._supervisor_lock:
+            if not self._supervisor_written or not path.exists():
+                if not path.exists() or path.read_text() != _SUPERVISOR:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                    tmp.write_text(_SUPERVISOR)
+                    os.replace(tmp, path)
+                self._supervisor_written = True
         return path
 
     def _user(self) -> tuple[int, int]:

@@ -336,3 +336,13 @@ def test_read_tail(tmp_path: Path) -> None:
     assert read_tail(path, 0) == []
     assert read_tail(tmp_path / "missing", 5) == []
     assert len(read_tail(path, 20000)) == 10000
+
+
+async def test_concurrent_starts_on_a_fresh_runtime_all_start(tmp_path: Path) -> None:
+    # The agent applies commands concurrently: the first starts on a new node race to write
+    # the supervisor script, and none may fail for it.
+    for round_ in range(5):
+        rt = ProcessRuntime(tmp_path / f"state{round_}", poll_s=0.05)
+        handles = await asyncio.gather(*(rt.start(spec("true")) for _ in range(12)))
+        reports = await asyncio.gather(*(rt.wait(h) for h in handles))
+        assert [r.exit_code for r in reports] == [0] * 12
