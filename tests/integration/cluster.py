@@ -21,6 +21,8 @@ import httpx
 
 from libs.embedded import EmbeddedNats
 
+from . import web
+
 BIN = Path(sys.executable).parent / "heteroflow"
 TERMINAL = {"completed", "failed", "cancelled", "stopped"}
 
@@ -66,7 +68,7 @@ class Cluster:
         while time.monotonic() < deadline:
             assert self.control.poll() is None, self.log("control")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                if web.get(f"{self.url}/readyz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -105,7 +107,7 @@ class Cluster:
         proc.wait(10)
 
     def nodes(self) -> list[dict[str, Any]]:
-        r = httpx.get(f"{self.url}/api/v1/nodes", headers=self.operator)
+        r = web.get(f"{self.url}/api/v1/nodes", headers=self.operator)
         return list(r.json()["nodes"])
 
     @property
@@ -122,12 +124,12 @@ class Cluster:
 
     def create(self, **body: Any) -> dict[str, Any]:
         body = {"name": "t", "image": "busybox:latest"} | body
-        r = httpx.post(f"{self.url}/api/v1/tasks", json=body, headers=self.tenant)
+        r = web.post(f"{self.url}/api/v1/tasks", json=body, headers=self.tenant)
         assert r.status_code == 201, r.text
         return dict(r.json())
 
     def task(self, task_id: str) -> dict[str, Any]:
-        r = httpx.get(f"{self.url}/api/v1/tasks/{task_id}", headers=self.tenant)
+        r = web.get(f"{self.url}/api/v1/tasks/{task_id}", headers=self.tenant)
         assert r.status_code == 200, r.text
         return dict(r.json())
 

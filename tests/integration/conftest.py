@@ -17,6 +17,7 @@ from libs.embedded import EmbeddedNats
 from libs.store.eventstore import EventStore
 from services.api_gateway.app import create_app
 
+from . import web
 from .cluster import Cluster
 from .helpers import Api, bearer
 
@@ -36,7 +37,9 @@ async def api(database_url: str) -> AsyncIterator[Api]:
     _, other = await auth.issue_api_key(store, "globex", "ci")
     app = create_app(settings, store)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://gw", timeout=web.REQUEST
+    ) as client:
         yield Api(client, store, bearer(op), bearer(key), bearer(other), bearer(agent), settings)
     await store.close()
 

@@ -10,6 +10,7 @@ import httpx
 import psutil
 import pytest
 
+from . import web
 from .cluster import Cluster
 from .conftest import requires_docker
 
@@ -20,7 +21,7 @@ MANY = 200
 
 
 def count(cluster: Cluster, status: str) -> int:
-    r = httpx.get(
+    r = web.get(
         f"{cluster.url}/api/v1/tasks",
         params={"status": status, "per_page": 1},
         headers=cluster.tenant,
@@ -46,9 +47,7 @@ def zombies(pid: int) -> list[int]:
 
 
 def logs(cluster: Cluster, task_id: str) -> httpx.Response:
-    return httpx.get(
-        f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant, timeout=10
-    )
+    return web.get(f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant, timeout=10)
 
 
 def check_logs_within_retention(cluster: Cluster, ids: list[str]) -> None:

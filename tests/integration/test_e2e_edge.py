@@ -11,11 +11,11 @@ import sys
 import uuid
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from . import web
 from .cluster import Cluster
 
 pytestmark = pytest.mark.integration
@@ -23,9 +23,9 @@ BIN = Path(sys.executable).parent / "heteroflow"
 
 
 def other_tenant(cluster: Cluster) -> dict[str, str]:
-    r = httpx.post(f"{cluster.url}/api/v1/tenants", json={"id": "globex"}, headers=cluster.operator)
+    r = web.post(f"{cluster.url}/api/v1/tenants", json={"id": "globex"}, headers=cluster.operator)
     assert r.status_code == 201, r.text
-    r = httpx.post(
+    r = web.post(
         f"{cluster.url}/api/v1/tenants/globex/api-keys",
         json={"name": "ci"},
         headers=cluster.operator,
@@ -39,7 +39,7 @@ def test_a_10_mb_create_and_an_oversized_event_stop_no_one(cluster: Cluster) -> 
     globex = other_tenant(cluster)
 
     big = json.dumps({"name": "big", "image": "busybox", "command": "x" * 10_000_000})
-    r = httpx.post(
+    r = web.post(
         f"{cluster.url}/api/v1/tasks",
         content=big,
         headers=cluster.tenant | {"content-type": "application/json"},
@@ -55,7 +55,7 @@ def test_a_10_mb_create_and_an_oversized_event_stop_no_one(cluster: Cluster) -> 
             (poison, Jsonb({"x": "y" * (9 * 1024 * 1024)})),
         )
 
-    r = httpx.post(
+    r = web.post(
         f"{cluster.url}/api/v1/tasks",
         json={"name": "after", "image": "busybox", "command": "echo fine"},
         headers=globex,
@@ -64,7 +64,7 @@ def test_a_10_mb_create_and_an_oversized_event_stop_no_one(cluster: Cluster) -> 
     task_id = r.json()["id"]
     cluster.wait(
         lambda: (
-            httpx.get(f"{cluster.url}/api/v1/tasks/{task_id}", headers=globex).json()["status"]
+            web.get(f"{cluster.url}/api/v1/tasks/{task_id}", headers=globex).json()["status"]
             == "completed"
         ),
         f"{task_id} completed behind the poisoned event",
@@ -77,5 +77,5 @@ def test_a_10_mb_create_and_an_oversized_event_stop_no_one(cluster: Cluster) -> 
     )
     assert done.returncode == 0, done.stderr
     assert [json.loads(line)["event_id"] for line in done.stdout.splitlines()] == [poison]
-    metrics = httpx.get(f"{cluster.url}/metrics").text
+    metrics = web.get(f"{cluster.url}/metrics").text
     assert 'heteroflow_relay_dead_letters_total{relay="outbox"} 1.0' in metrics

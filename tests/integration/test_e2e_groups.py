@@ -7,10 +7,10 @@ import os
 import signal
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
+from . import web
 from .cluster import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -24,13 +24,13 @@ ENV_PROBE = (
 
 def create_group(cluster: Cluster, **body: Any) -> dict[str, Any]:
     body = {"name": "grp", "image": "busybox:latest"} | body
-    r = httpx.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
+    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
     assert r.status_code == 201, r.text
     return dict(r.json())
 
 
 def get_group(cluster: Cluster, group_id: str) -> dict[str, Any]:
-    r = httpx.get(f"{cluster.url}/api/v1/task-groups/{group_id}", headers=cluster.tenant)
+    r = web.get(f"{cluster.url}/api/v1/task-groups/{group_id}", headers=cluster.tenant)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -53,7 +53,7 @@ def recoveries(cluster: Cluster, group_id: str) -> list[str]:
 
 
 def logs(cluster: Cluster, task_id: str) -> list[str]:
-    r = httpx.get(f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant)
+    r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant)
     assert r.status_code == 200, r.text
     return list(r.json()["logs"])
 
@@ -181,13 +181,13 @@ def test_inference_group_rebuilt_at_priority_100_at_most_five_times(cluster: Clu
 
 
 def test_group_api_validation_and_membership(cluster: Cluster) -> None:
-    r = httpx.post(
+    r = web.post(
         f"{cluster.url}/api/v1/tasks",
         headers=cluster.tenant,
         json={"name": "x", "image": "busybox", "group_id": "grp-1", "rank": 1},
     )
     assert r.status_code == 400 and r.json()["code"] == 40002
-    r = httpx.post(
+    r = web.post(
         f"{cluster.url}/api/v1/task-groups",
         headers=cluster.tenant,
         json={"name": "x", "image": "busybox", "task_count": 2, "parallelism": "x"},
@@ -195,30 +195,30 @@ def test_group_api_validation_and_membership(cluster: Cluster) -> None:
     assert r.status_code == 400 and r.json()["code"] == 40003
     g = create_group(cluster, task_count=3, command="sleep 30")
     assert [t["rank"] for t in g["tasks"]] == [0, 1, 2]
-    r = httpx.put(
+    r = web.put(
         f"{cluster.url}/api/v1/task-groups/{g['id']}",
         headers=cluster.tenant,
         json={"idle_timeout_minutes": 12},
     )
     assert r.status_code == 200 and r.json()["template"]["idle_timeout_minutes"] == 12
     assert {t["idle_timeout_minutes"] for t in r.json()["tasks"]} == {12}
-    r = httpx.put(
+    r = web.put(
         f"{cluster.url}/api/v1/task-groups/{g['id']}",
         headers=cluster.tenant,
         json={"image": "other"},
     )
     assert r.status_code == 400 and r.json()["fields"] == ["image"]
-    listed = httpx.get(f"{cluster.url}/api/v1/task-groups", headers=cluster.tenant).json()
+    listed = web.get(f"{cluster.url}/api/v1/task-groups", headers=cluster.tenant).json()
     assert listed["total"] == 1 and listed["groups"][0]["id"] == g["id"]
-    r = httpx.post(f"{cluster.url}/api/v1/task-groups/{g['id']}/stop", headers=cluster.tenant)
+    r = web.post(f"{cluster.url}/api/v1/task-groups/{g['id']}/stop", headers=cluster.tenant)
     assert r.status_code == 200 and len(r.json()["changed"]) == 3
     assert (
-        httpx.delete(
+        web.delete(
             f"{cluster.url}/api/v1/task-groups/{g['id']}", headers=cluster.tenant
         ).status_code
         == 200
     )
     assert (
-        httpx.get(f"{cluster.url}/api/v1/task-groups/{g['id']}", headers=cluster.tenant).status_code
+        web.get(f"{cluster.url}/api/v1/task-groups/{g['id']}", headers=cluster.tenant).status_code
         == 404
     )

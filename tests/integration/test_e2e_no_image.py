@@ -3,9 +3,9 @@ only docker nodes exist."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
+from . import web
 from .cluster import Cluster
 from .conftest import requires_docker
 
@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def create_without_image(cluster: Cluster, **body: object) -> dict[str, object]:
-    r = httpx.post(
+    r = web.post(
         f"{cluster.url}/api/v1/tasks",
         json={"name": "plain", "command": "echo plain"} | body,
         headers=cluster.tenant,
@@ -42,5 +42,5 @@ def test_no_image_waits_for_a_process_node_then_runs_there(cluster: Cluster) -> 
     cluster.start_agent("p1", "process")
     done = cluster.wait_status(tid, "completed")
     assert done["node_id"] == "p1"
-    r = httpx.get(f"{cluster.url}/api/v1/tasks/{tid}/logs", headers=cluster.tenant)
+    r = web.get(f"{cluster.url}/api/v1/tasks/{tid}/logs", headers=cluster.tenant)
     assert r.json()["logs"] == ["plain"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import psycopg
 import pytest
 
+from . import web
 from .cluster import Cluster
 from .conftest import requires_docker
 
@@ -44,7 +44,7 @@ def test_agent_sigkill_restarts_keep_containers_and_readopt(cluster: Cluster) ->
         assert container.attrs["State"]["StartedAt"] == started_at
     assert cluster.task(t["id"])["status"] == "running"
     # Re-adopted: the restarted agent can still stop what its predecessor started.
-    r = httpx.post(f"{cluster.url}/api/v1/tasks/{t['id']}/stop", headers=cluster.tenant)
+    r = web.post(f"{cluster.url}/api/v1/tasks/{t['id']}/stop", headers=cluster.tenant)
     assert r.status_code == 200
     assert cluster.wait_status(t["id"], "stopped", "failed")["status"] == "stopped"
     container.reload()

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
+from . import web
 from .cluster import Cluster
 from .conftest import requires_docker
 
@@ -19,7 +19,7 @@ ALLOCATE_20MB = "x=$(head -c 20000000 /dev/zero | tr '\\0' a); echo allocated ${
 
 
 def retries(cluster: Cluster, task_id: str) -> dict[str, Any]:
-    r = httpx.get(f"{cluster.url}/api/v1/tasks/{task_id}/retries", headers=cluster.tenant)
+    r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/retries", headers=cluster.tenant)
     assert r.status_code == 200, r.text
     return dict(r.json())
 

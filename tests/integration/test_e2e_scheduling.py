@@ -8,6 +8,7 @@ import httpx
 import psutil
 import pytest
 
+from . import web
 from .cluster import Cluster
 from .conftest import requires_docker
 
@@ -24,7 +25,7 @@ def test_task_runs_to_completion_with_logs(cluster: Cluster, runtime: str) -> No
     assert done["status"] == "completed", done
     assert done["exit_code"] == 0 and done["node_id"] == "n1"
     assert cluster.statuses(t["id"]) == ["pending", "scheduled", "starting", "running", "completed"]
-    r = httpx.get(f"{cluster.url}/api/v1/tasks/{t['id']}/logs?lines=10", headers=cluster.tenant)
+    r = web.get(f"{cluster.url}/api/v1/tasks/{t['id']}/logs?lines=10", headers=cluster.tenant)
     assert r.status_code == 200, r.text
     assert r.json()["logs"][-2:] == ["hello-from-task", "second line"]
 
@@ -43,11 +44,11 @@ def test_stop_ends_stopped_and_late_success_gets_409(cluster: Cluster, runtime: 
     cluster.start_agent("n1", runtime)
     t = cluster.create(command="sleep 60")
     cluster.wait_status(t["id"], "running")
-    r = httpx.post(f"{cluster.url}/api/v1/tasks/{t['id']}/stop", headers=cluster.tenant)
+    r = web.post(f"{cluster.url}/api/v1/tasks/{t['id']}/stop", headers=cluster.tenant)
     assert r.status_code == 200 and r.json()["status"] == "stopping"
     done = cluster.wait_status(t["id"], "stopped", "completed", "failed")
     assert done["status"] == "stopped"
-    late = httpx.put(
+    late = web.put(
         f"{cluster.url}/api/v1/tasks/{t['id']}",
         headers=cluster.agent_key,
         json={"status": "completed", "expected_status": "running", "exit_code": 0},
@@ -72,16 +73,16 @@ def test_sleep_pauses_and_wake_resumes(cluster: Cluster, runtime: str) -> None:
     t = cluster.create(command="while true; do sleep 0.2; done")
     running = cluster.wait_status(t["id"], "running")
     handle = running["container_id"]
-    r = httpx.post(f"{cluster.url}/api/v1/tasks/{t['id']}/sleep", headers=cluster.tenant)
+    r = web.post(f"{cluster.url}/api/v1/tasks/{t['id']}/sleep", headers=cluster.tenant)
     assert r.status_code == 200 and r.json()["status"] == "sleeping"
     cluster.wait(lambda: _paused(runtime, handle), "container paused")
-    r = httpx.post(f"{cluster.url}/api/v1/tasks/{t['id']}/wake", headers=cluster.tenant, timeout=30)
+    r = web.post(f"{cluster.url}/api/v1/tasks/{t['id']}/wake", headers=cluster.tenant, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "running"
     assert not _paused(runtime, handle)
-    r = httpx.post(f"{cluster.url}/api/v1/tasks/{t['id']}/sleep", headers=cluster.tenant)
+    r = web.post(f"{cluster.url}/api/v1/tasks/{t['id']}/sleep", headers=cluster.tenant)
     assert r.status_code == 200
-    r = httpx.post(f"{cluster.url}/api/v1/tasks/{t['id']}/sleep", headers=cluster.tenant)
+    r = web.post(f"{cluster.url}/api/v1/tasks/{t['id']}/sleep", headers=cluster.tenant)
     assert r.status_code == 400 and r.json()["code"] == 40030 and "sleeping" in r.json()["error"]
 
 
@@ -125,7 +126,7 @@ def test_logs_of_a_gone_node_are_a_clear_error(cluster: Cluster) -> None:
     t = cluster.create(command="echo bye")
     cluster.wait_status(t["id"], "completed")
     cluster.kill_agent("n1")
-    r = httpx.get(f"{cluster.url}/api/v1/tasks/{t['id']}/logs", headers=cluster.tenant, timeout=15)
+    r = web.get(f"{cluster.url}/api/v1/tasks/{t['id']}/logs", headers=cluster.tenant, timeout=15)
     assert r.status_code == 502 and r.json()["code"] == 50002
     assert "n1" in r.json()["error"]
 
@@ -161,10 +162,9 @@ def test_delete_of_running_task_stops_it(cluster: Cluster) -> None:
     cluster.start_agent("n1", "process")
     t = cluster.create(command="sleep 60")
     cluster.wait_status(t["id"], "running")
-    r = httpx.delete(f"{cluster.url}/api/v1/tasks/{t['id']}", headers=cluster.tenant)
+    r = web.delete(f"{cluster.url}/api/v1/tasks/{t['id']}", headers=cluster.tenant)
     assert r.status_code == 200
     assert (
-        httpx.get(f"{cluster.url}/api/v1/tasks/{t['id']}", headers=cluster.tenant).status_code
-        == 404
+        web.get(f"{cluster.url}/api/v1/tasks/{t['id']}", headers=cluster.tenant).status_code == 404
     )
     cluster.wait(lambda: cluster.statuses(t["id"])[-1] == "stopped", "stopped after delete")

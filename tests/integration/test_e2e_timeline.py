@@ -8,20 +8,20 @@ import json
 import time
 from functools import partial
 
-import httpx
 import nats
 import psycopg
 import pytest
 
 from libs.bus.subjects import event_subject
 
+from . import web
 from .cluster import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def timeline(cluster: Cluster, task_id: str) -> list[dict[str, object]]:
-    r = httpx.get(f"{cluster.url}/api/v1/tasks/{task_id}/events", headers=cluster.tenant)
+    r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/events", headers=cluster.tenant)
     assert r.status_code == 200, r.text
     return list(r.json()["events"])
 

@@ -19,6 +19,8 @@ from libs.domain.task import TenantId
 from libs.store.eventstore import EventStore
 from services.api_gateway.app import create_app
 
+from . import web
+
 pytestmark = pytest.mark.integration
 
 BODY = {"name": "x", "image": "busybox:latest"}
@@ -37,7 +39,7 @@ def client_for(store: EventStore, ttl_s: float) -> httpx.AsyncClient:
         jwt_secret=SecretStr("test-secret-0123456789abcdef0123456789"), auth_cache_ttl_s=ttl_s
     )
     transport = httpx.ASGITransport(app=create_app(settings, store))
-    return httpx.AsyncClient(transport=transport, base_url="http://gw")
+    return httpx.AsyncClient(transport=transport, base_url="http://gw", timeout=web.REQUEST)
 
 
 async def revoke(store: EventStore, key_id: str) -> None:

@@ -20,6 +20,7 @@ import pytest
 from libs import auth
 from libs.store.eventstore import EventStore
 
+from . import web
 from .cluster import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -51,7 +52,7 @@ def workers_of(parent: psutil.Process) -> set[int]:
 
 def answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return web.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -110,7 +111,7 @@ def test_two_workers_serve_restart_and_stop(
     assert len(first) == 2
     assert all(listens(pid, port) for pid in first)
     for _ in range(10):  # a fresh connection each time: the kernel hands them to either
-        r = httpx.post(f"{url}/api/v1/tasks", json=BODY, headers=headers, timeout=10)
+        r = web.post(f"{url}/api/v1/tasks", json=BODY, headers=headers, timeout=10)
         assert r.status_code == 201, r.text
 
     victim = min(first)
@@ -119,7 +120,7 @@ def test_two_workers_serve_restart_and_stop(
     wait_for(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), "ready again")
     second = workers_of(parent)
     assert victim not in second and len(second) == 2
-    r = httpx.post(f"{url}/api/v1/tasks", json=BODY, headers=headers, timeout=10)
+    r = web.post(f"{url}/api/v1/tasks", json=BODY, headers=headers, timeout=10)
     assert r.status_code == 201, r.text
 
     proc.send_signal(signal.SIGTERM)

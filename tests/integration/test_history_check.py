@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from . import web
 from .cluster import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -45,7 +45,7 @@ def busy_history(cluster: Cluster) -> list[str]:
     retried = cluster.create(command="exit 3", max_retries=1, retry_delay=0)["id"]
     stopped = cluster.create(command="sleep 120")["id"]
     cluster.wait_status(stopped, "running", timeout=60)
-    resp = httpx.post(f"{cluster.url}/api/v1/tasks/{stopped}/stop", headers=cluster.tenant)
+    resp = web.post(f"{cluster.url}/api/v1/tasks/{stopped}/stop", headers=cluster.tenant)
     assert resp.status_code in (200, 202), resp.text
     for task_id in ids:
         cluster.wait_status(task_id, "completed", timeout=90)

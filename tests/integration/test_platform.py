@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from . import web
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
@@ -60,7 +62,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], home: Path) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None, _output(home)[-3000:]
         try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+            if web.get(f"{url}/readyz", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

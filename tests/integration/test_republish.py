@@ -15,7 +15,6 @@ import time
 from functools import partial
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 from nats.js import JetStreamContext
@@ -23,6 +22,7 @@ from nats.js import JetStreamContext
 from libs.bus.nats import connect
 from libs.bus.subjects import DLQ_STREAM, EVENTS_STREAM, NODE_STREAM
 
+from . import web
 from .cluster import BIN, TERMINAL, Cluster, run_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -124,7 +124,7 @@ def test_republishing_a_busy_run_changes_nothing(cluster: Cluster) -> None:
     tasks += [cluster.create(command="exit 3", retry_strategy="no_retry") for _ in range(2)]
     long = cluster.create(command="sleep 60")
     cluster.wait_status(long["id"], "running", timeout=60)
-    r = httpx.post(f"{cluster.url}/api/v1/tasks/{long['id']}/stop", headers=cluster.tenant)
+    r = web.post(f"{cluster.url}/api/v1/tasks/{long['id']}/stop", headers=cluster.tenant)
     assert r.status_code == 200, r.text
     for t in [*tasks, long]:
         cluster.wait(partial(settled, cluster, t["id"]), f"{t['id']} settled", timeout=90)

@@ -27,6 +27,7 @@ import pytest
 
 from libs.embedded import EmbeddedNats
 
+from . import web
 from .cluster import free_port
 from .conftest import requires_docker
 
@@ -78,7 +79,7 @@ class Split:
 
     def ready(self, probe: str) -> bool:
         try:
-            return httpx.get(f"{probe}/readyz", timeout=1).status_code == 200
+            return web.get(f"{probe}/readyz", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -211,7 +212,7 @@ def _status(api: httpx.Client, task_id: str) -> str:
 
 def _node_online(split: Split) -> bool:
     op = json.loads((split.home / "credentials.json").read_text())["operator_token"]
-    r = httpx.get(
+    r = web.get(
         f"{split.url}/api/v1/nodes", headers={"Authorization": f"Bearer {op}"}, timeout=TIMEOUT
     )
     return any(n["id"] == split.node_id and n["status"] == "online" for n in r.json()["nodes"])
