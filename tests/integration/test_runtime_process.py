@@ -10,7 +10,7 @@ import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import psutil
@@ -140,14 +140,29 @@ async def test_limits_and_no_new_privileges(rt: ProcessRuntime) -> None:
     assert await rt.logs(h) == ["unlimited"]
 
 
+async def _until(check: Callable[[], bool], what: str, within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
 async def test_pause_stops_the_process_group(rt: ProcessRuntime) -> None:
     h = await rt.start(spec("sleep 30 & wait"))
+    job = psutil.Process(int(h.id))
+    # The group's member must exist before the pause, or it is forked after the signal.
+    await _until(lambda: bool(job.children()), "the shell's child started")
     await rt.pause(h)
     await rt.pause(h)  # idempotent
     assert await rt.inspect(h) is RunState.PAUSED
-    job = psutil.Process(int(h.id))
-    assert job.status() == psutil.STATUS_STOPPED
-    assert all(c.status() == psutil.STATUS_STOPPED for c in job.children())
+    # SIGSTOP reaches each process of the group when it is next scheduled, not at once.
+    await _until(
+        lambda: (
+            job.status() == psutil.STATUS_STOPPED
+            and all(c.status() == psutil.STATUS_STOPPED for c in job.children())
+        ),
+        "every process of the group stopped",
+    )
     await rt.unpause(h)
     assert await rt.inspect(h) is RunState.RUNNING
     assert job.status() != psutil.STATUS_STOPPED
