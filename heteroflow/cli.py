@@ -93,10 +93,8 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    from agent.service import AgentSettings, run_agent
+    from agent.service import AgentSettings
     from heteroflow.probe import agent_consumers, readiness
-    from libs.bus.nats import connect, ensure_streams
-    from libs.health import READINESS
 
     _apply_resource_options(args)
     settings = AgentSettings()
@@ -107,14 +105,9 @@ def _agent(args: argparse.Namespace) -> int:
     url = settings.nats_url.get_secret_value()
 
     async def main(stop: asyncio.Event) -> None:
-        nc = await connect(url, f"agent-{settings.node_id}")
-        READINESS.require("agent: nats connected", lambda: nc.is_connected)
-        js = nc.jetstream()
-        await ensure_streams(js)
-        try:
-            await run_agent(settings, nc, js, stop)
-        finally:
-            await nc.drain()
+        from heteroflow.platform import serve_agent
+
+        await serve_agent(settings, url, stop)
 
     unmet = readiness(agent_consumers(settings.node_id))
     _run_until_signal(f"agent-{settings.node_id}", main, (settings.metrics_port, unmet))

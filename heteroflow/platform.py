@@ -219,8 +219,13 @@ async def run_timeline(platform: Platform, stop: asyncio.Event) -> None:
 
 
 async def run_local_agent(platform: Platform, stop: asyncio.Event) -> None:
-    settings = AgentSettings()
-    nc = await connect(platform.nats_url, f"agent-{settings.node_id}")
+    await serve_agent(AgentSettings(), platform.nats_url, stop)
+
+
+async def serve_agent(settings: AgentSettings, nats_url: str, stop: asyncio.Event) -> None:
+    """One node agent on its own NATS connection until `stop` (`up`'s local agent and
+    `heteroflow agent` alike)."""
+    nc = await connect(nats_url, f"agent-{settings.node_id}")
     READINESS.require("agent: nats connected", lambda: nc.is_connected)
     js = nc.jetstream()
     await ensure_streams(js)
