@@ -86,6 +86,12 @@ async def run(ctx: Context) -> list[Row]:
                 duration=ctx.args.duration,
                 connections=ctx.args.connections,
                 workers=ctx.args.gateway_workers,
+                # Capacity, not admission: shedding (bench/shedding.py) would refuse most of
+                # a closed loop of this many connections from one tenant.
+                env={
+                    "HETEROFLOW_MAX_INFLIGHT_WRITES": "0",
+                    "HETEROFLOW_TENANT_WRITE_RATE_PER_S": "0",
+                },
             )
         )
     return [

@@ -196,6 +196,7 @@ class GatewayLoad:
     duration: float
     connections: int
     workers: int
+    env: dict[str, str] = field(default_factory=dict)  # more settings for the gateway
 
 
 async def gateway_load(load: GatewayLoad) -> list[Row]:
@@ -222,17 +223,21 @@ async def gateway_load(load: GatewayLoad) -> list[Row]:
 
 
 async def _start(load: GatewayLoad, port: int, probe: int, home: str) -> asyncio.subprocess.Process:
-    env = os.environ | {
-        "HETEROFLOW_HOME": home,
-        "HETEROFLOW_DATABASE_URL": load.database_url,
-        "HETEROFLOW_NATS_URL": load.nats_url,
-        "HETEROFLOW_HOST": "127.0.0.1",
-        "HETEROFLOW_PORT": str(port),
-        "HETEROFLOW_GATEWAY_WORKERS": str(load.workers),
-        "HETEROFLOW_METRICS_PORT": str(probe),  # its /readyz: every worker serving
-        # Failed requests come back to the load generator as statuses and are counted there.
-        "HETEROFLOW_LOG_LEVEL": "critical",
-    }
+    env = (
+        os.environ
+        | {
+            "HETEROFLOW_HOME": home,
+            "HETEROFLOW_DATABASE_URL": load.database_url,
+            "HETEROFLOW_NATS_URL": load.nats_url,
+            "HETEROFLOW_HOST": "127.0.0.1",
+            "HETEROFLOW_PORT": str(port),
+            "HETEROFLOW_GATEWAY_WORKERS": str(load.workers),
+            "HETEROFLOW_METRICS_PORT": str(probe),  # its /readyz: every worker serving
+            # Failed requests come back to the load generator as statuses and are counted there.
+            "HETEROFLOW_LOG_LEVEL": "critical",
+        }
+        | load.env
+    )
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "heteroflow.cli", "service", "api-gateway", env=env
     )

@@ -38,6 +38,32 @@ class GatewaySettings(CommonSettings):
         description="host_path prefixes a task volume may use",
     )
     db_pool_max: int = 10
+    db_wait_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="longest a request waits for a database connection; then 503 + Retry-After",
+    )
+    max_inflight_writes: int = Field(
+        default=64,
+        ge=0,
+        description="creates/updates/deletes in flight per gateway process; beyond: 503 at "
+        "once (0 = unbounded)",
+    )
+    max_inflight_reads: int = Field(
+        default=256,
+        ge=0,
+        description="reads in flight per gateway process (until the first byte of the answer); "
+        "beyond: 503 at once (0 = unbounded)",
+    )
+    tenant_write_rate_per_s: float = Field(
+        default=100.0,
+        ge=0,
+        description="sustained writes per second per tenant and gateway process; beyond: 429 "
+        "(0 = unlimited)",
+    )
+    tenant_write_burst: int = Field(
+        default=200, ge=1, description="writes a tenant may send at once above its rate"
+    )
     max_body_bytes: int = Field(
         default=1024 * 1024, gt=0, description="largest request body accepted; larger: 413"
     )

@@ -23,8 +23,11 @@ class Code(IntEnum):
     # Not in SPEC §2's table, which has no code for these statuses (docs/api.md lists them).
     PAYLOAD_TOO_LARGE = 41301
     UNSUPPORTED_MEDIA_TYPE = 41501
+    TOO_MANY_REQUESTS = 42901
     SCHEDULING_FAILURE = 50001
     NODE_UNREACHABLE = 50002
+    OVERLOADED = 50301
+    STORE_UNAVAILABLE = 50302
 
 
 HTTP_STATUS: dict[Code, int] = {
@@ -40,8 +43,11 @@ HTTP_STATUS: dict[Code, int] = {
     Code.CAS_CONFLICT: 409,
     Code.PAYLOAD_TOO_LARGE: 413,
     Code.UNSUPPORTED_MEDIA_TYPE: 415,
+    Code.TOO_MANY_REQUESTS: 429,
     Code.SCHEDULING_FAILURE: 500,
     Code.NODE_UNREACHABLE: 502,
+    Code.OVERLOADED: 503,
+    Code.STORE_UNAVAILABLE: 503,
 }
 
 
@@ -57,6 +63,15 @@ class DomainError(Exception):
     @property
     def http_status(self) -> int:
         return HTTP_STATUS[self.code]
+
+
+class Throttled(DomainError):
+    """Refused for load, not for what was asked: the same request may succeed after
+    `retry_after_s` (sent as `Retry-After`). Nothing was written."""
+
+    def __init__(self, code: Code, message: str, retry_after_s: int) -> None:
+        super().__init__(code, message)
+        self.retry_after_s = retry_after_s
 
 
 class NotFound(DomainError):

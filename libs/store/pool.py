@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
     from .eventstore import EventStore
 
 
+# How long a connection may be waited for in this context (None: the pool's own 30 s). The
+# gateway sets it per request, so a request fails fast (503) when the database is away or
+# every connection is busy, while the services behind it keep the pool's patient default.
+WAIT_TIMEOUT_S: ContextVar[float | None] = ContextVar("store_wait_timeout_s", default=None)
+
+
 class StorePool(AsyncConnectionPool):
     """An `AsyncConnectionPool` whose connections raise the project's storage errors."""
 
@@ -33,6 +40,8 @@ class StorePool(AsyncConnectionPool):
         self,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> AsyncIterator[AsyncConnection[Any]]:
+        if timeout is None:
+            timeout = WAIT_TIMEOUT_S.get()
         try:
             async with super().connection(timeout) as conn:
                 yield conn

@@ -15,7 +15,17 @@ from libs.config import GatewaySettings
 from libs.store import pool
 from libs.store.eventstore import EventStore
 
-from . import errors, gpu, limits, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
+from . import (
+    errors,
+    gpu,
+    limits,
+    metrics,
+    routes_groups,
+    routes_ops,
+    routes_tasks,
+    routes_tenants,
+    shedding,
+)
 from .responses import FastJSONResponse
 
 API_TITLE = "HeteroFlow API"
@@ -33,7 +43,8 @@ def create_app(
         if owned:
             assert settings.database_url is not None, "database_url is required"
             app.state.store = await EventStore.open(
-                settings.database_url.get_secret_value(), max_size=settings.db_pool_max
+                settings.database_url.get_secret_value(),
+                max_size=settings.db_pool_max,
             )
         yield
         if owned:
@@ -44,6 +55,9 @@ def create_app(
     app.state.store = store
     app.state.nc = nc
     app.state.auth_cache = auth.CredentialCache(settings.auth_cache_ttl_s)
+    app.state.tenant_rates = shedding.TenantRates(
+        settings.tenant_write_rate_per_s, settings.tenant_write_burst
+    )
     errors.install(app)
     app.include_router(routes_tasks.router)
     app.include_router(routes_ops.router)
@@ -53,6 +67,13 @@ def create_app(
 
     # Inside the metrics middleware, so refused bodies are counted too.
     app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)
+    # Outside the body limit: a shed request costs nothing but its answer.
+    app.add_middleware(
+        shedding.Shedding,
+        max_reads=settings.max_inflight_reads,
+        max_writes=settings.max_inflight_writes,
+        db_wait_s=settings.db_wait_timeout_s,
+    )
     metrics.install(app)
 
     @app.get("/healthz", tags=["health"])

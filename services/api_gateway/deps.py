@@ -11,6 +11,7 @@ from libs.domain.errors import Code, DomainError
 from libs.store.eventstore import EventStore
 
 from .limits import read_json_object
+from .shedding import READ_METHODS
 
 
 async def get_store(request: Request) -> EventStore:
@@ -30,12 +31,15 @@ async def get_principal(
             Code.UNAUTHENTICATED, "missing bearer token (Authorization: Bearer <token>)"
         )
     secret = request.app.state.settings.jwt_secret
-    return await auth.authenticate(
+    principal = await auth.authenticate(
         store,
         token.strip(),
         secret.get_secret_value() if secret else None,
         request.app.state.auth_cache,
     )
+    if principal.is_tenant and request.method not in READ_METHODS:
+        request.app.state.tenant_rates.take(principal.tenant_id)
+    return principal
 
 
 Principal = Annotated[auth.Principal, Depends(get_principal)]

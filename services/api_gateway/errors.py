@@ -14,13 +14,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from libs.domain.errors import Code, DomainError
+from libs.domain.errors import Code, DomainError, StoreUnavailable, Throttled
 
 from .responses import FastJSONResponse
 
 log = structlog.get_logger(__name__)
 
 INTERNAL_ERROR = 50000
+STORE_RETRY_AFTER_S = 2
 
 
 def error_body(message: str, code: int, fields: list[str] | None = None) -> dict[str, Any]:
@@ -33,7 +34,20 @@ def error_body(message: str, code: int, fields: list[str] | None = None) -> dict
 def install(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
-        return FastJSONResponse(error_body(exc.message, exc.code, exc.fields), exc.http_status)
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Throttled) else None
+        body = error_body(exc.message, exc.code, exc.fields)
+        return FastJSONResponse(body, exc.http_status, headers=headers)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        # The database is away or every connection is busy past the wait: nothing was
+        # written (a transaction that did not commit is not there), and a retry may work.
+        log.warning("store_unavailable", path=request.url.path, error=str(exc)[:300])
+        body = error_body(
+            "the database is unavailable; nothing was changed, retry later",
+            Code.STORE_UNAVAILABLE,
+        )
+        return FastJSONResponse(body, 503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

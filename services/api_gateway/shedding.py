@@ -1,0 +1,136 @@
+"""Shedding and fairness: bounded work in flight, per-tenant write rates.
+
+An overloaded gateway must say so at once instead of queueing requests until their callers
+give up: a queue that only grows turns every answer late, the cheap ones too.
+
+* `Shedding` (ASGI middleware) counts the requests in flight in two classes, reads (GET,
+  HEAD) and writes (everything else), each with its own bound. A request over its class's
+  bound is answered 503 with `Retry-After` before any work is done, so creates shed under a
+  burst leave the reads their own room. A request leaves the count when its answer starts:
+  what costs CPU and database time is the work before the first byte, and a long stream
+  (logs followed, an event stream) must not hold a slot for its whole life.
+* `TenantRates` is a token bucket per tenant for writes (429 with `Retry-After` beyond
+  it), checked once the caller is authenticated, so one tenant's burst cannot take every
+  write slot from the others.
+
+Both are per gateway process: with `HETEROFLOW_GATEWAY_WORKERS=N` the platform admits N times
+the bounds. Health and metrics endpoints are never shed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Gauge
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from libs.domain.errors import Code, Throttled
+from libs.store.pool import WAIT_TIMEOUT_S
+
+from .responses import FastJSONResponse
+
+SHED = Counter(
+    "heteroflow_gateway_shed_total",
+    "Requests refused for load before any work: 503 (in flight) or 429 (tenant rate)",
+    ["kind", "reason"],
+)
+
+IN_FLIGHT = Gauge(
+    "heteroflow_gateway_in_flight",
+    "Requests of this gateway process between arrival and the start of their answer",
+    ["kind"],
+)
+
+READ_METHODS = frozenset({"GET", "HEAD"})
+NEVER_SHED = frozenset({"/healthz", "/readyz", "/metrics"})
+RETRY_AFTER_S = 1
+
+
+class Shedding:
+    """Answer 503 at once when a class of requests already has its bound in flight."""
+
+    def __init__(self, app: ASGIApp, max_reads: int, max_writes: int, db_wait_s: float) -> None:
+        self.app = app
+        self.db_wait_s = db_wait_s
+        self.bounds = {"read": max_reads, "write": max_writes}
+        self.in_flight = {"read": 0, "write": 0}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path", "") in NEVER_SHED:
+            await self.app(scope, receive, send)
+            return
+        kind = "read" if scope.get("method", "GET") in READ_METHODS else "write"
+        bound = self.bounds[kind]
+        if bound and self.in_flight[kind] >= bound:
+            SHED.labels(kind, "in_flight").inc()
+            message = f"the gateway has {bound} {kind}s in flight; retry after {RETRY_AFTER_S} s"
+            answer = FastJSONResponse(
+                {"error": message, "code": int(Code.OVERLOADED)},
+                503,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+            await answer(scope, receive, send)
+            return
+        self.in_flight[kind] += 1
+        IN_FLIGHT.labels(kind).inc()
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.in_flight[kind] -= 1
+                IN_FLIGHT.labels(kind).dec()
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
+        waits = WAIT_TIMEOUT_S.set(self.db_wait_s)
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            WAIT_TIMEOUT_S.reset(waits)
+            release()
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+@dataclass
+class TenantRates:
+    """A token bucket per tenant: `rate` tokens a second, at most `burst` saved up."""
+
+    rate: float
+    burst: int
+    clock: Callable[[], float] = time.monotonic
+    buckets: dict[str, _Bucket] = field(default_factory=dict)
+
+    def take(self, tenant: str) -> None:
+        """Spend one token of `tenant`'s bucket, or raise `Throttled` (429) naming the rate."""
+        if self.rate <= 0:
+            return
+        now = self.clock()
+        bucket = self.buckets.get(tenant)
+        if bucket is None:
+            bucket = self.buckets[tenant] = _Bucket(float(self.burst), now)
+        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.at) * self.rate)
+        bucket.at = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return
+        SHED.labels("write", "tenant_rate").inc()
+        wait = max(1, math.ceil((1.0 - bucket.tokens) / self.rate))
+        raise Throttled(
+            Code.TOO_MANY_REQUESTS,
+            f"tenant {tenant} is over its write rate of {self.rate:g}/s "
+            f"(burst {self.burst}); retry after {wait} s",
+            wait,
+        )

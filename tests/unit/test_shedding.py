@@ -1,0 +1,141 @@
+"""Shedding and tenant rates as pure logic: the in-flight bounds per class of request, the
+slot given back when the answer starts, and the token bucket with an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+import httpx
+import pytest
+
+from libs.domain.errors import Code, Throttled
+from services.api_gateway.shedding import Shedding, TenantRates
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "steps", "expected"),
+    [
+        # (seconds to advance before each take, whether it is allowed)
+        (1.0, 2, [0, 0, 0], [True, True, False]),
+        (1.0, 2, [0, 0, 0, 1.0], [True, True, False, True]),
+        (10.0, 1, [0, 0, 0.05, 0.06], [True, False, False, True]),
+        (0.0, 1, [0, 0, 0, 0], [True, True, True, True]),  # 0: unlimited
+        (2.0, 3, [0, 0, 0, 0, 100.0, 0, 0, 0], [True, True, True, False, True, True, True, False]),
+    ],
+    ids=["burst", "refill", "fraction", "unlimited", "burst-caps-savings"],
+)
+def test_token_bucket(rate: float, burst: int, steps: list[float], expected: list[bool]) -> None:
+    clock = Clock()
+    rates = TenantRates(rate, burst, clock)
+    got = []
+    for step in steps:
+        clock.now += step
+        try:
+            rates.take("acme")
+            got.append(True)
+        except Throttled:
+            got.append(False)
+    assert got == expected
+
+
+def test_a_refusal_names_the_rate_and_when_to_retry() -> None:
+    rates = TenantRates(0.5, 1, Clock())
+    rates.take("acme")
+    with pytest.raises(Throttled) as caught:
+        rates.take("acme")
+    assert caught.value.code is Code.TOO_MANY_REQUESTS and caught.value.http_status == 429
+    assert "0.5/s" in caught.value.message and "acme" in caught.value.message
+    assert caught.value.retry_after_s == 2
+
+
+def test_tenants_have_their_own_buckets() -> None:
+    rates = TenantRates(1.0, 1, Clock())
+    rates.take("acme")
+    rates.take("globex")
+    with pytest.raises(Throttled):
+        rates.take("acme")
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(10_000):  # 10 s at most
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition not reached")
+
+
+class Held:
+    """An ASGI app whose answers wait until released; counts what reached it."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.entered = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.entered += 1
+        if scope["path"] == "/stream":
+            # Headers first, then the body much later: a stream gives its slot back at once.
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await self.release.wait()
+            await send({"type": "http.response.body", "body": b"end"})
+            return
+        await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_writes_over_the_bound_are_503_at_once_and_reads_keep_their_room() -> None:
+    app = Held()
+    shed = Shedding(app, max_reads=2, max_writes=2, db_wait_s=2.0)
+    transport = httpx.ASGITransport(app=shed)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        held = [asyncio.create_task(client.post("/w", json={})) for _ in range(2)]
+        await _until(lambda: app.entered >= 2)
+        over = await client.post("/w", json={})
+        assert over.status_code == 503 and over.headers["retry-after"] == "1"
+        assert over.json()["code"] == Code.OVERLOADED
+        assert app.entered == 2  # the refused one did no work
+        read = asyncio.create_task(client.get("/r"))
+        health = asyncio.create_task(client.get("/healthz"))  # never shed
+        await _until(lambda: app.entered >= 4)
+        app.release.set()
+        assert (await health).status_code == 200
+        assert (await read).status_code == 200
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+        assert shed.in_flight == {"read": 0, "write": 0}
+        assert (await client.post("/w", json={})).status_code == 200
+
+
+async def test_a_stream_gives_its_slot_back_when_its_answer_starts() -> None:
+    app = Held()
+    shed = Shedding(app, max_reads=1, max_writes=1, db_wait_s=2.0)
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    def call(path: str) -> Any:
+        scope = {"type": "http", "method": "GET", "path": path, "headers": []}
+        return asyncio.create_task(shed(scope, receive, send))
+
+    stream = call("/stream")
+    await _until(lambda: bool(sent))
+    assert shed.in_flight["read"] == 0  # headers sent: the slot is free, the body still open
+    second = call("/r")
+    await _until(lambda: app.entered >= 2)
+    app.release.set()
+    await asyncio.gather(stream, second)
+    assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200, 200]
