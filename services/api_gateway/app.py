@@ -15,7 +15,18 @@ from libs.config import GatewaySettings
 from libs.store import pool
 from libs.store.eventstore import EventStore
 
-from . import errors, gpu, limits, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
+from . import (
+    errors,
+    gpu,
+    limits,
+    metrics,
+    routes_groups,
+    routes_ops,
+    routes_pools,
+    routes_queues,
+    routes_tasks,
+    routes_tenants,
+)
 from .responses import FastJSONResponse
 
 API_TITLE = "HeteroFlow API"
@@ -50,6 +61,8 @@ def create_app(
     app.include_router(gpu.router)
     app.include_router(routes_groups.router)
     app.include_router(routes_tenants.router)
+    app.include_router(routes_pools.router)
+    app.include_router(routes_queues.router)
 
     # Inside the metrics middleware, so refused bodies are counted too.
     app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)
