@@ -254,6 +254,27 @@ MIGRATIONS: list[tuple[int, str]] = [
             WHERE deleted_at IS NULL;
         """,
     ),
+    (
+        9,
+        """
+        -- Jobs (SPEC §7): projection of the job-… streams. A job's tasks carry its id as the
+        -- label heteroflow.job; the index finds them for the DAG view.
+        CREATE TABLE jobs (
+            id          text PRIMARY KEY,
+            tenant_id   text NOT NULL,
+            status      text NOT NULL,
+            name        text NOT NULL,
+            version     integer NOT NULL,
+            created_at  timestamptz NOT NULL,
+            updated_at  timestamptz NOT NULL,
+            deleted_at  timestamptz,
+            doc         jsonb NOT NULL
+        );
+        CREATE INDEX jobs_tenant_created ON jobs (tenant_id, created_at DESC);
+        CREATE INDEX tasks_job ON tasks ((labels->>'heteroflow.job'))
+            WHERE labels ? 'heteroflow.job';
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).
@@ -265,6 +286,7 @@ PROJECTION_TABLES: tuple[str, ...] = (
     "groups",
     "pools",
     "queues",
+    "jobs",
     "tenants",
 )
 

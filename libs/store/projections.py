@@ -25,6 +25,7 @@ from libs.domain.events import (
     evolve_task,
 )
 from libs.domain.group import Group, evolve_group
+from libs.domain.job_state import Job, evolve_job
 from libs.domain.node import Node, evolve_node
 from libs.domain.pool import Pool, Queue, evolve_pool, evolve_queue
 from libs.domain.task import Task
@@ -189,8 +190,35 @@ POOLS: Aggregate[Pool] = Aggregate("pool", "pools", Pool, evolve_pool, pool_row,
 QUEUES: Aggregate[Queue] = Aggregate(
     "queue", "queues", Queue, evolve_queue, queue_row, UPSERT_QUEUE, tenant_column="tenant_id"
 )
+
+
+def job_row(job: Job) -> tuple[Any, ...]:
+    return (
+        job.id,
+        job.tenant_id,
+        job.status.value,
+        job.spec.name,
+        job.version,
+        job.created_at,
+        job.updated_at,
+        job.deleted_at,
+        Jsonb(job.model_dump(mode="json")),
+    )
+
+
+UPSERT_JOB = """
+INSERT INTO jobs (id, tenant_id, status, name, version, created_at, updated_at, deleted_at, doc)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (id) DO UPDATE SET
+    status = EXCLUDED.status, version = EXCLUDED.version, updated_at = EXCLUDED.updated_at,
+    deleted_at = EXCLUDED.deleted_at, doc = EXCLUDED.doc
+"""
+
+JOBS: Aggregate[Job] = Aggregate(
+    "job", "jobs", Job, evolve_job, job_row, UPSERT_JOB, tenant_column="tenant_id"
+)
 AGGREGATES: dict[str, Aggregate[Any]] = {
-    a.stream_type: a for a in (TASKS, NODES, GROUPS, POOLS, QUEUES)
+    a.stream_type: a for a in (TASKS, NODES, GROUPS, POOLS, QUEUES, JOBS)
 }
 
 

@@ -196,3 +196,14 @@ async def queue_usage(store: EventStore, queue: str) -> dict[str, float]:
     )
     row = found[0]
     return {k: float(row[k]) for k in ("gpus", "running_tasks", "running_jobs", "pending")}
+
+
+async def of_job(store: EventStore, job_id: str) -> list[Task]:
+    """Every task created for a job (label heteroflow.job), deleted ones included."""
+    found = await rows(
+        store,
+        "SELECT doc FROM tasks WHERE labels ? 'heteroflow.job'"
+        " AND labels->>'heteroflow.job' = %s ORDER BY created_at",
+        [job_id],
+    )
+    return _tasks(found)
