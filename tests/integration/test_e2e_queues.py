@@ -58,6 +58,12 @@ def start_fleet(cluster: Cluster) -> None:
     )
 
 
+def get_job(cluster: Cluster, job_id: str) -> dict[str, Any]:
+    r = web.get(f"{cluster.url}/api/v1/jobs/{job_id}", headers=cluster.tenant)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
 def wait_for(
     cluster: Cluster, ids: list[str], cond: Callable[[list[dict[str, Any]]], bool]
 ) -> list[dict[str, Any]]:
@@ -161,3 +167,34 @@ def test_a_queue_with_one_running_job_runs_them_one_at_a_time(cluster: Cluster) 
     spans = holding_intervals(cluster, ids)
     for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
         assert start >= end, spans
+
+    # Jobs: each job's two tasks may run together, but never beside the other job's.
+    pair = {
+        "tasks": [
+            {
+                "key": k,
+                "name": k,
+                "image": "busybox:latest",
+                "command": "sleep 1",
+                "gpu_required": 1,
+            }
+            for k in ("p", "q")
+        ]
+    }
+    jobs = []
+    for name in ("j1", "j2"):
+        r = web.post(
+            f"{cluster.url}/api/v1/jobs", json=pair | {"name": name}, headers=cluster.tenant
+        )
+        assert r.status_code == 201, r.text
+        jobs.append(r.json()["id"])
+    by_job = []
+    for job_id in jobs:
+
+        def succeeded(j: str = job_id) -> bool:
+            return bool(get_job(cluster, j)["status"] == "succeeded")
+
+        cluster.wait(succeeded, f"{job_id} done", 60)
+        by_job.append([t["task"]["id"] for t in get_job(cluster, job_id)["tasks"]])
+    first, second = sorted((holding_intervals(cluster, ids) for ids in by_job), key=min)
+    assert max(end for _, end in first) <= min(start for start, _ in second), (first, second)

@@ -1,0 +1,87 @@
+"""`/jobs` over a real store: one refusal naming every problem, the queue's quota at
+submission, the DAG view, stop and delete, tenant isolation, and replay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libs.store.replay import rebuild
+
+from .helpers import Api
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {
+        "name": "pipe",
+        "tasks": [
+            {"key": "prep", "name": "prep", "image": "busybox:latest"},
+            {"key": "train", "name": "train", "image": "busybox:latest", "gpu_required": 2},
+            {"key": "eval", "name": "eval", "image": "busybox:latest"},
+        ],
+        "dependencies": [{"task": "train", "on": "prep"}, {"task": "eval", "on": "train"}],
+    } | extra
+
+
+async def test_one_refusal_names_every_problem(api: Api) -> None:
+    bad = body(
+        colour="red",
+        dependencies=[
+            {"task": "train", "on": "prep"},
+            {"task": "prep", "on": "eval"},
+            {"task": "eval", "on": "train"},
+            {"task": "eval", "on": "ghost"},
+            {"task": "eval", "on": "prep", "kind": "condition", "condition": "acc > 1"},
+        ],
+    )
+    r = await api.client.post("/api/v1/jobs", json=bad, headers=api.tenant)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    for needle in (
+        "colour: unknown field",
+        "unknown task key 'ghost'",
+        "task 'prep' declares no metrics",
+        "cycle: prep -> train -> eval -> prep",
+    ):
+        assert needle in error, error
+    assert r.json()["code"] == 40003
+
+
+async def test_a_request_over_the_queue_quota_is_refused(api: Api) -> None:
+    await api.client.post(
+        "/api/v1/pools", json={"name": "p", "node_selector": {}}, headers=api.operator
+    )
+    queue = {"name": "small", "tenant": "acme", "pools": ["p"], "quota": {"max_gpus": 1}}
+    await api.client.post("/api/v1/queues", json=queue, headers=api.operator)
+    r = await api.client.post("/api/v1/jobs", json=body(queue="small"), headers=api.tenant)
+    assert r.status_code == 400
+    assert r.json()["fields"] == ["tasks[1].gpu_required"]
+    assert "over queue 'small' quota max_gpus 1" in r.json()["error"]
+
+
+async def test_dag_view_stop_delete_and_replay(api: Api) -> None:
+    r = await api.client.post("/api/v1/jobs", json=body(), headers=api.tenant)
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["status"] == "running"
+    view = {t["key"]: t for t in job["tasks"]}
+    assert view["prep"]["task"]["status"] == "pending" and view["train"]["task"] is None
+    assert view["eval"]["why"] == "waiting for 'train' to complete"
+    assert view["eval"]["depends_on"] == [{"task": "eval", "on": "train"}]
+
+    hidden = await api.client.get(f"/api/v1/jobs/{job['id']}", headers=api.other_tenant)
+    assert hidden.status_code == 404
+    listed = await api.client.get("/api/v1/jobs", headers=api.tenant)
+    assert [j["id"] for j in listed.json()["jobs"]] == [job["id"]]
+
+    stopped = await api.client.post(f"/api/v1/jobs/{job['id']}/stop", headers=api.tenant)
+    assert stopped.status_code == 200, stopped.text
+    nodes = {t["key"]: t for t in stopped.json()["tasks"]}
+    assert nodes["prep"]["task"]["status"] == "cancelled"
+    assert nodes["train"]["status"] == "skipped" and nodes["eval"]["status"] == "skipped"
+    assert (await rebuild(api.store, dry_run=True)).differences == {}
+
+    gone = await api.client.delete(f"/api/v1/jobs/{job['id']}", headers=api.tenant)
+    assert gone.status_code == 200
+    after = await api.client.get(f"/api/v1/jobs/{job['id']}", headers=api.tenant)
+    assert after.status_code == 404
+    assert (await rebuild(api.store, dry_run=True)).differences == {}
