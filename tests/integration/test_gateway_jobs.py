@@ -3,9 +3,17 @@ submission, the DAG view, stop and delete, tenant isolation, and replay."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from libs.domain.commands import decide_transition
+from libs.domain.envelope import EventEnvelope
+from libs.domain.reasons import ReasonCode
+from libs.domain.states import Actor
+from libs.domain.states import TaskStatus as S
+from libs.store import tasks as task_rows
 from libs.store.replay import rebuild
+from services.job_orchestrator.service import Orchestrator
 
 from .helpers import Api
 
@@ -85,3 +93,49 @@ async def test_dag_view_stop_delete_and_replay(api: Api) -> None:
     after = await api.client.get(f"/api/v1/jobs/{job['id']}", headers=api.tenant)
     assert after.status_code == 404
     assert (await rebuild(api.store, dry_run=True)).differences == {}
+
+
+async def test_the_cascade_runs_once_per_event(api: Api) -> None:
+    """A final task event settles its job task and creates the dependant, in one transaction
+    with the orchestrator's receipt: the same event delivered again changes nothing."""
+    r = await api.client.post("/api/v1/jobs", json=body(), headers=api.tenant)
+    job_id = r.json()["id"]
+    prep_id = r.json()["tasks"][0]["task"]["id"]
+    path = (S.SCHEDULED, S.STARTING, S.RUNNING)
+    for to in path:
+        await api.store.execute(
+            prep_id,
+            partial(decide_transition, to=to, actor=Actor.SCHEDULER, reason_code=ReasonCode.PLACED),
+        )
+    await api.store.execute(
+        prep_id,
+        partial(
+            decide_transition,
+            to=S.COMPLETED,
+            actor=Actor.AGENT,
+            reason_code=ReasonCode.EXITED,
+            exit_code=0,
+            result='HF_METRICS {"rows": 12}',
+        ),
+    )
+    last = (await api.store.read_stream(prep_id))[-1]
+    envelope = EventEnvelope(
+        event_id=last.event_id,
+        position=last.position,
+        stream_id=last.stream_id,
+        stream_type=last.stream_type,
+        version=last.version,
+        type=last.type,
+        occurred_at=last.occurred_at,
+        payload=last.payload,
+    )
+    orchestrator = Orchestrator(api.store)
+    await orchestrator.handle(envelope)
+    await orchestrator.handle(envelope)  # redelivered
+    view = (await api.client.get(f"/api/v1/jobs/{job_id}", headers=api.tenant)).json()
+    nodes = {t["key"]: t for t in view["tasks"]}
+    assert nodes["prep"]["state"] == "completed" and nodes["prep"]["metrics"] == {"rows": 12}
+    assert nodes["train"]["task"]["status"] == "pending"
+    assert len(await task_rows.of_job(api.store, job_id)) == 2  # prep and train, once
+    types = [e.type for e in await api.store.read_stream(job_id)]
+    assert types.count("job_node_settled") == 1 and types.count("job_tasks_ready") == 2
