@@ -255,11 +255,15 @@ def parse_job(
     volume_allow_list: Iterable[str] = (),
     queue_max_gpus: int = 0,
     queue: str = "",
+    queue_problem: str = "",
 ) -> JobSpec:
-    """Validate a job submission, naming every problem in one DomainError."""
+    """Validate a job submission, naming every problem in one DomainError (`queue_problem`:
+    what the caller found wrong with the queue, reported with the rest)."""
     if not isinstance(raw, Mapping):
         raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
     problems = Problems()
+    if queue_problem:
+        problems.add("queue", queue_problem)
     for field in sorted(set(raw) - JOB_FIELDS):
         problems.add(field, "unknown field", unknown=True)
     name = raw.get("name")

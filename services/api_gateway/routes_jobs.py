@@ -110,15 +110,21 @@ async def create_job(
 ) -> JSONResponse:
     tenant_id = tenant_for_create(principal, request)
     raw_queue = body.get("queue", "")
+    queue, queue_problem = None, ""
     if not isinstance(raw_queue, str):
-        raise DomainError(Code.INVALID_VALUE, "queue must be a string", ["queue"])
-    queue = await queue_for(store, tenant_id, raw_queue)
+        queue_problem = "must be a string"
+    else:
+        try:
+            queue = await queue_for(store, tenant_id, raw_queue)
+        except DomainError as exc:  # reported with every other problem of the job
+            queue_problem = exc.message
     spec = parse_job(
         body,
         tenant=principal.is_tenant,
         volume_allow_list=request.app.state.settings.volume_allow_list,
         queue=queue.spec.name if queue else "",
         queue_max_gpus=queue.spec.quota.max_gpus if queue else 0,
+        queue_problem=queue_problem,
     )
     job_id = "job-" + uuid.uuid4().hex[:16]
     submitted = JobSubmitted(job_id=job_id, tenant_id=TenantId(tenant_id), spec=spec)

@@ -33,6 +33,7 @@ def body(**extra: Any) -> dict[str, Any]:
 async def test_one_refusal_names_every_problem(api: Api) -> None:
     bad = body(
         colour="red",
+        queue="nowhere",
         dependencies=[
             {"task": "train", "on": "prep"},
             {"task": "prep", "on": "eval"},
@@ -49,6 +50,7 @@ async def test_one_refusal_names_every_problem(api: Api) -> None:
         "unknown task key 'ghost'",
         "task 'prep' declares no metrics",
         "cycle: prep -> train -> eval -> prep",
+        "queue: unknown queue 'nowhere'",
     ):
         assert needle in error, error
     assert r.json()["code"] == 40003
