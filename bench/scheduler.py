@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tasks", type=int, default=4_000, help="pending tasks per placement run (default 4000)"
     )
     group.add_argument(
+        "--queues",
+        type=int,
+        default=10,
+        help="queues in the extra placement run on the first fleet size (0: no such run)",
+    )
+    group.add_argument(
         "--sched-rate",
         type=float,
         default=100.0,
@@ -117,6 +123,12 @@ async def run(ctx: Context) -> list[Row]:
         with ctx.database() as url:
             result = await placement_run(url, ctx.servers.nats_url, n, args.tasks, drain=i == 0)
             rows += placement_rows(ctx, result)
+        if i == 0 and args.queues:
+            with ctx.database() as url:
+                queued = await placement_run(
+                    url, ctx.servers.nats_url, n, args.tasks, queues=args.queues
+                )
+                rows += placement_rows(ctx, queued)
     return rows + path_rows(path)
 
 
@@ -129,6 +141,8 @@ def _size(n: int) -> str:
 
 def placement_rows(ctx: Context, r: PlacementResult) -> list[Row]:
     prefix = f"scheduler.place.{_size(r.nodes)}_nodes"
+    if r.queues:
+        prefix += f"_{r.queues}_queues"
     metric = f"{prefix}.committed"
     other = r.seconds - r.plan_seconds
     note = (
@@ -138,6 +152,8 @@ def placement_rows(ctx: Context, r: PlacementResult) -> list[Row]:
     )
     rows = [against(metric, r.rate, "placements/s", ctx.floors.pg_batched, note)]
     target = {1_000: TARGET_PLACE_1K, 10_000: TARGET_PLACE_10K}.get(r.nodes)
+    if r.queues:
+        note += f"; {r.queues} queues over 2 pools, quotas not binding"
     if target:
         rows.append(_target(metric, r.rate, target, "placements/s"))
     planned = r.placed / r.plan_seconds if r.plan_seconds else NAN

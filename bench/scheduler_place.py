@@ -10,21 +10,33 @@ from __future__ import annotations
 import time
 import tracemalloc
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any
 
 import psutil
 from psycopg.types.json import Jsonb
 
 from agent.simulated_fleet import fleet_inventories
 from libs.bus.nats import connect
+from libs.domain.events import Payload
 from libs.domain.node import NodeInventory, NodeRegistered, evolve_node
+from libs.domain.pool import (
+    NodeSelector,
+    PoolCreated,
+    PoolSpec,
+    QueueCreated,
+    QueueQuota,
+    QueueSpec,
+    pool_stream,
+    queue_stream,
+)
 from libs.domain.task import TaskSpec, TenantId
 from libs.store import projections
 from libs.store.eventstore import INSERT_EVENT, EventStore
 from libs.store.pool import rows as query
-from libs.store.projections import NODES
+from libs.store.projections import NODES, POOLS, QUEUES
 from libs.store.relay import OutboxRelay
 from services.scheduler import view
 from services.scheduler.placement import Placer
@@ -111,10 +123,45 @@ async def create_pending(store: EventStore, specs: Sequence[TaskSpec]) -> None:
         )
 
 
+def _new(event: Payload) -> Callable[[Any], list[Payload]]:
+    return lambda _: [event]
+
+
+async def create_queues(store: EventStore, n: int, n_tasks: int) -> list[str]:
+    """`n` queues of the bench tenant over two pools that both select the whole fleet (one by
+    label, one by card vendor list), with quotas that never bind: what the run measures is
+    the cost of admission and of pool membership, not of waiting on a quota."""
+    pools = [
+        PoolSpec(name="fleet", node_selector=NodeSelector(labels={"fleet": "sim"})),
+        PoolSpec(name="any", node_selector=NodeSelector()),
+    ]
+    for pool in pools:
+        await store.execute_aggregate(POOLS, pool_stream(pool.name), _new(PoolCreated(spec=pool)))
+    names = [f"q{i}" for i in range(n)]
+    for i, name in enumerate(names):
+        spec = QueueSpec(
+            name=name,
+            tenant=TENANT,
+            pools=(pools[i % 2].name,),
+            quota=QueueQuota(max_gpus=4 * n_tasks, max_running_tasks=n_tasks),
+            priority=i % 3,
+        )
+        await store.execute_aggregate(QUEUES, queue_stream(name), _new(QueueCreated(spec=spec)))
+    return names
+
+
+def in_queues(specs: Sequence[TaskSpec], queues: Sequence[str]) -> list[TaskSpec]:
+    """The specs spread over `queues` in turn (unchanged without queues)."""
+    if not queues:
+        return list(specs)
+    return [s.model_copy(update={"queue": queues[i % len(queues)]}) for i, s in enumerate(specs)]
+
+
 @dataclass
 class PlacementResult:
     nodes: int
     tasks: int
+    queues: int = 0
     placed: int = 0
     rounds: int = 0
     seconds: float = 0.0
@@ -193,20 +240,21 @@ def _rss() -> float:
 
 
 async def placement_run(
-    url: str, nats_url: str, n_nodes: int, n_tasks: int, *, drain: bool = False
+    url: str, nats_url: str, n_nodes: int, n_tasks: int, *, drain: bool = False, queues: int = 0
 ) -> PlacementResult:
-    result = PlacementResult(n_nodes, n_tasks)
+    result = PlacementResult(n_nodes, n_tasks, queues)
     store = await EventStore.open(url, max_size=4)
     try:
         await register_nodes(store, fleet_inventories(n_nodes))
-        await create_pending(store, task_specs(n_tasks))
+        names = await create_queues(store, queues, n_tasks) if queues else []
+        await create_pending(store, in_queues(task_specs(n_tasks), names))
         placer = Placer(store, store.clock, batch=ROUND_BATCH)
         start = time.perf_counter()
         await placer.cluster.refresh(store)  # the first read of the fleet, not on the clock
         result.cold_load_seconds = time.perf_counter() - start
         await place_all(placer, result)
         result.rss_after = _rss()
-        await create_pending(store, task_specs(ROUND_BATCH))
+        await create_pending(store, in_queues(task_specs(ROUND_BATCH), names))
         result.plan_peak = await plan_peak(placer)
         result.view_size = await view_size(store)
     finally:

@@ -19,6 +19,7 @@ from libs.bus.broker import Routes, broker_for
 from libs.domain.catalog import PAYLOAD_TYPES
 from libs.store import relay
 from services.event_timeline import service as timeline
+from services.job_orchestrator import service as job_orchestrator
 from services.retry_engine import service as retry_engine
 from services.scheduler import routes as scheduler
 
@@ -42,6 +43,7 @@ def all_routes() -> list[Routes]:
             wake_on_node=_unused,
         ),
         retry_engine.routes(_unused),
+        job_orchestrator.routes(_unused),
         timeline.routes(_unused, _unused),
         agent_routes.routes("{node_id}", "agent-{node_id}", command=_unused, logs=_unused),
     ]

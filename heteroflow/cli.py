@@ -18,7 +18,14 @@ from heteroflow.cli_user import register_user_commands
 from heteroflow.settings_help import SettingsHelpParser, agent_settings, up_settings
 from libs.logging import configure
 
-SERVICES = ("api-gateway", "scheduler", "retry-engine", "event-timeline", "relay")
+SERVICES = (
+    "api-gateway",
+    "scheduler",
+    "retry-engine",
+    "job-orchestrator",
+    "event-timeline",
+    "relay",
+)
 
 
 def _run_until_signal(
@@ -120,6 +127,7 @@ def _service(args: argparse.Namespace) -> int:
         Platform,
         PlatformSettings,
         run_gateway,
+        run_job_orchestrator,
         run_relay,
         run_retry_engine,
         run_scheduler,
@@ -140,6 +148,7 @@ def _service(args: argparse.Namespace) -> int:
         "api-gateway": run_gateway,
         "scheduler": run_scheduler,
         "retry-engine": run_retry_engine,
+        "job-orchestrator": run_job_orchestrator,
         "event-timeline": run_timeline,
         "relay": run_relay,
     }[args.name]

@@ -40,6 +40,7 @@ from libs.store.eventstore import EventStore
 from libs.store.relay import OutboxRelay
 from services.event_timeline import service as timeline_service
 from services.event_timeline.service import TimelineSettings
+from services.job_orchestrator import service as job_service
 from services.retry_engine import service as retry_service
 from services.retry_engine.service import RetrySettings
 from services.scheduler import service as scheduler_service
@@ -210,6 +211,14 @@ async def run_retry_engine(platform: Platform, stop: asyncio.Event) -> None:
         await ctx.close()
 
 
+async def run_job_orchestrator(platform: Platform, stop: asyncio.Event) -> None:
+    ctx = await _open_context(platform, "job-orchestrator")
+    try:
+        await job_service.run(ctx, stop)
+    finally:
+        await ctx.close()
+
+
 async def run_timeline(platform: Platform, stop: asyncio.Event) -> None:
     ctx = await _open_context(platform, "event-timeline")
     try:
@@ -289,6 +298,7 @@ async def serve(
             run_relay,
             run_scheduler,
             run_retry_engine,
+            run_job_orchestrator,
             run_timeline,
             run_gateway,
         ]

@@ -28,6 +28,7 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
     "relay": (),
     "scheduler": ("scheduler-dispatch", "scheduler-reports"),
     "retry-engine": ("retry-engine",),
+    "job-orchestrator": ("job-orchestrator",),
     "event-timeline": ("event-timeline",),
 }
 

@@ -32,7 +32,14 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-SERVICE_ORDER = ("relay", "scheduler", "retry-engine", "event-timeline", "api-gateway")
+SERVICE_ORDER = (
+    "relay",
+    "scheduler",
+    "retry-engine",
+    "job-orchestrator",
+    "event-timeline",
+    "api-gateway",
+)
 PARENT_PID_ENV = "HETEROFLOW_PARENT_PID"
 STOP_GRACE_S = 20.0
 FIRST_BACKOFF_S = 1.0

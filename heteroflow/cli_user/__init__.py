@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import commands, events
+from . import commands, events, jobs
 from .client import Client, CliError, Context, resolve_target
 from .output import FORMATS
 
@@ -187,6 +187,44 @@ def _add_groups(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentP
         p.set_defaults(func=_entry(events.cmd_groups_operate), op=op)
 
 
+def _add_jobs(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentParser) -> None:
+    both = [conn, fmt]
+    jp = sub.add_parser("jobs", help="jobs (DAGs of tasks): submit, ls, describe, events, stop, rm")
+    jsub = jp.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
+    p = jsub.add_parser("submit", parents=both, help="submit a job from a JSON file (- = stdin)")
+    p.add_argument("file")
+    p.add_argument("--tenant", help="operators: submit for this tenant")
+    p.set_defaults(func=_entry(jobs.cmd_jobs_submit))
+    p = jsub.add_parser("ls", parents=both, help="list jobs")
+    p.add_argument("--status", help="only jobs in this status")
+    p.set_defaults(func=_entry(jobs.cmd_jobs_ls))
+    commands_by_name: tuple[tuple[str, Handler, str], ...] = (
+        ("describe", jobs.cmd_jobs_describe, "a job's DAG: each task's status and why it waits"),
+        ("events", jobs.cmd_jobs_events, "a job's events"),
+        ("stop", jobs.cmd_jobs_stop, "stop a job (waiting tasks are skipped)"),
+        ("rm", jobs.cmd_jobs_rm, "delete a job (stops it first)"),
+    )
+    for name, handler, text in commands_by_name:
+        p = jsub.add_parser(name, parents=both, help=text)
+        p.add_argument("job_id")
+        p.set_defaults(func=_entry(handler))
+    for noun, table, what in (
+        ("queues", jobs.QUEUE_COMMANDS, "queues with quota and policy"),
+        ("pools", jobs.POOL_COMMANDS, "resource pools"),
+    ):
+        np = sub.add_parser(noun, help=f"{what}: ls, describe, create, update, rm")
+        nsub = np.add_subparsers(dest=f"{noun}_command", required=True, metavar="COMMAND")
+        operator = noun == "pools"
+        for verb, action in table.items():
+            p = nsub.add_parser(verb, parents=both, help=f"{verb} {noun}")
+            if verb in ("describe", "update", "rm"):
+                p.add_argument("name")
+            if verb in ("create", "update"):
+                p.add_argument("file", help="JSON document (- = stdin)")
+            writes = verb in ("create", "update", "rm")
+            p.set_defaults(func=_entry(action, operator=operator or writes))
+
+
 def register_user_commands(parser: argparse.ArgumentParser, sub: Any) -> None:
     """Add the user commands to `sub`, and the connection/output options to `parser`.
 
@@ -201,6 +239,7 @@ def register_user_commands(parser: argparse.ArgumentParser, sub: Any) -> None:
     _output_option(fmt, argparse.SUPPRESS)
     _add_task_commands(sub, conn, fmt)
     _add_groups(sub, conn, fmt)
+    _add_jobs(sub, conn, fmt)
 
 
 __all__ = ["register_user_commands"]

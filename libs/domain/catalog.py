@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from . import events, group, node
+from . import events, group, job_state, node, pool
 from .events import PAYLOAD_TYPES, Payload, parse_payload
 
-__all__ = ["PAYLOAD_TYPES", "Payload", "events", "group", "node", "parse_payload"]
+__all__ = [
+    "PAYLOAD_TYPES",
+    "Payload",
+    "events",
+    "group",
+    "job_state",
+    "node",
+    "parse_payload",
+    "pool",
+]

@@ -54,10 +54,13 @@ class ReasonCode(StrEnum):
     NO_NODES = "no_nodes"
     BACKOFF = "backoff"
     TENANT_QUOTA_EXCEEDED = "tenant_quota_exceeded"
+    QUEUE_QUOTA_EXCEEDED = "queue_quota_exceeded"
+    POOL_CAPACITY = "pool_capacity"
     GANG_INCOMPLETE = "gang_incomplete"
     PINNED_ELSEWHERE = "pinned_elsewhere"
     NODE_OFFLINE = "node_offline"
     NODE_EXCLUDED = "node_excluded"
+    NOT_IN_POOL = "not_in_pool"
     RUNTIME_UNAVAILABLE = "runtime_unavailable"
     GPU_TYPE_UNAVAILABLE = "gpu_type_unavailable"
     INSUFFICIENT_VRAM = "insufficient_vram"
@@ -107,10 +110,13 @@ TEXT: dict[ReasonCode, str] = {
     R.NO_NODES: "no node is registered",
     R.BACKOFF: "waiting for the retry back-off",
     R.TENANT_QUOTA_EXCEEDED: "the tenant's GPU quota is used up",
+    R.QUEUE_QUOTA_EXCEEDED: "the queue's quota is used up",
+    R.POOL_CAPACITY: "the nodes of the queue's pools are full",
     R.GANG_INCOMPLETE: "not every member of the gang fits yet",
     R.PINNED_ELSEWHERE: "pinned to another node",
     R.NODE_OFFLINE: "the node is offline",
     R.NODE_EXCLUDED: "the node is excluded for this attempt",
+    R.NOT_IN_POOL: "the node is in none of the queue's pools",
     R.RUNTIME_UNAVAILABLE: "the node's runtime cannot run it (a task without image needs a "
     "process node)",
     R.GPU_TYPE_UNAVAILABLE: "no card of the requested type",
@@ -127,10 +133,13 @@ PLACEMENT_REASONS: tuple[ReasonCode, ...] = (
     R.NO_NODES,
     R.BACKOFF,
     R.TENANT_QUOTA_EXCEEDED,
+    R.QUEUE_QUOTA_EXCEEDED,
+    R.POOL_CAPACITY,
     R.GANG_INCOMPLETE,
     R.PINNED_ELSEWHERE,
     R.NODE_OFFLINE,
     R.NODE_EXCLUDED,
+    R.NOT_IN_POOL,
     R.RUNTIME_UNAVAILABLE,
     R.GPU_TYPE_UNAVAILABLE,
     R.INSUFFICIENT_VRAM,

@@ -89,6 +89,8 @@ class TaskSpec(BaseModel):
     retry_delay: float | None = Field(default=None, ge=0, le=86_400)
     backoff_multiplier: float | None = Field(default=None, ge=1, le=10)
     oom_memory_limit: int | None = Field(default=None, gt=0)
+    # The queue the task waits in ("" = the tenant's default queue, or none: seed 004).
+    queue: str = Field(default="", max_length=64)
 
     @field_validator("name")
     @classmethod

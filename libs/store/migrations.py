@@ -224,6 +224,57 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX relay_dead_letters_dead_at ON relay_dead_letters (dead_at);
         """,
     ),
+    (
+        8,
+        """
+        -- Resource pools and queues (seed 004): projections of the pool-<name> and
+        -- queue-<name> streams, one row per name (a re-created name continues its stream).
+        CREATE TABLE pools (
+            id          text PRIMARY KEY,
+            name        text NOT NULL,
+            version     integer NOT NULL,
+            created_at  timestamptz NOT NULL,
+            updated_at  timestamptz NOT NULL,
+            deleted_at  timestamptz,
+            doc         jsonb NOT NULL
+        );
+        CREATE TABLE queues (
+            id          text PRIMARY KEY,
+            name        text NOT NULL,
+            tenant_id   text NOT NULL,
+            version     integer NOT NULL,
+            created_at  timestamptz NOT NULL,
+            updated_at  timestamptz NOT NULL,
+            deleted_at  timestamptz,
+            doc         jsonb NOT NULL
+        );
+        CREATE INDEX queues_tenant ON queues (tenant_id);
+        -- Queue usage and backlog read tasks by queue.
+        CREATE INDEX tasks_queue ON tasks ((doc->'spec'->>'queue'), status)
+            WHERE deleted_at IS NULL;
+        """,
+    ),
+    (
+        9,
+        """
+        -- Jobs (SPEC §7): projection of the job-… streams. A job's tasks carry its id as the
+        -- label heteroflow.job; the index finds them for the DAG view.
+        CREATE TABLE jobs (
+            id          text PRIMARY KEY,
+            tenant_id   text NOT NULL,
+            status      text NOT NULL,
+            name        text NOT NULL,
+            version     integer NOT NULL,
+            created_at  timestamptz NOT NULL,
+            updated_at  timestamptz NOT NULL,
+            deleted_at  timestamptz,
+            doc         jsonb NOT NULL
+        );
+        CREATE INDEX jobs_tenant_created ON jobs (tenant_id, created_at DESC);
+        CREATE INDEX tasks_job ON tasks ((labels->>'heteroflow.job'))
+            WHERE labels ? 'heteroflow.job';
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).
@@ -233,6 +284,9 @@ PROJECTION_TABLES: tuple[str, ...] = (
     "tasks",
     "nodes",
     "groups",
+    "pools",
+    "queues",
+    "jobs",
     "tenants",
 )
 

@@ -25,7 +25,9 @@ from libs.domain.events import (
     evolve_task,
 )
 from libs.domain.group import Group, evolve_group
+from libs.domain.job_state import Job, evolve_job
 from libs.domain.node import Node, evolve_node
+from libs.domain.pool import Pool, Queue, evolve_pool, evolve_queue
 from libs.domain.task import Task
 
 from .types import StoredEvent
@@ -139,7 +141,85 @@ NODES: Aggregate[Node] = Aggregate("node", "nodes", Node, evolve_node, node_row,
 GROUPS: Aggregate[Group] = Aggregate(
     "group", "groups", Group, evolve_group, group_row, UPSERT_GROUP, tenant_column="tenant_id"
 )
-AGGREGATES: dict[str, Aggregate[Any]] = {a.stream_type: a for a in (TASKS, NODES, GROUPS)}
+
+
+def pool_row(pool: Pool) -> tuple[Any, ...]:
+    return (
+        pool.id,
+        pool.spec.name,
+        pool.version,
+        pool.created_at,
+        pool.updated_at,
+        pool.deleted_at,
+        Jsonb(pool.model_dump(mode="json")),
+    )
+
+
+UPSERT_POOL = """
+INSERT INTO pools (id, name, version, created_at, updated_at, deleted_at, doc)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (id) DO UPDATE SET
+    version = EXCLUDED.version, created_at = EXCLUDED.created_at,
+    updated_at = EXCLUDED.updated_at, deleted_at = EXCLUDED.deleted_at, doc = EXCLUDED.doc
+"""
+
+
+def queue_row(queue: Queue) -> tuple[Any, ...]:
+    return (
+        queue.id,
+        queue.spec.name,
+        queue.spec.tenant,
+        queue.version,
+        queue.created_at,
+        queue.updated_at,
+        queue.deleted_at,
+        Jsonb(queue.model_dump(mode="json")),
+    )
+
+
+UPSERT_QUEUE = """
+INSERT INTO queues (id, name, tenant_id, version, created_at, updated_at, deleted_at, doc)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (id) DO UPDATE SET
+    tenant_id = EXCLUDED.tenant_id, version = EXCLUDED.version,
+    created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at,
+    deleted_at = EXCLUDED.deleted_at, doc = EXCLUDED.doc
+"""
+
+POOLS: Aggregate[Pool] = Aggregate("pool", "pools", Pool, evolve_pool, pool_row, UPSERT_POOL)
+QUEUES: Aggregate[Queue] = Aggregate(
+    "queue", "queues", Queue, evolve_queue, queue_row, UPSERT_QUEUE, tenant_column="tenant_id"
+)
+
+
+def job_row(job: Job) -> tuple[Any, ...]:
+    return (
+        job.id,
+        job.tenant_id,
+        job.status.value,
+        job.spec.name,
+        job.version,
+        job.created_at,
+        job.updated_at,
+        job.deleted_at,
+        Jsonb(job.model_dump(mode="json")),
+    )
+
+
+UPSERT_JOB = """
+INSERT INTO jobs (id, tenant_id, status, name, version, created_at, updated_at, deleted_at, doc)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (id) DO UPDATE SET
+    status = EXCLUDED.status, version = EXCLUDED.version, updated_at = EXCLUDED.updated_at,
+    deleted_at = EXCLUDED.deleted_at, doc = EXCLUDED.doc
+"""
+
+JOBS: Aggregate[Job] = Aggregate(
+    "job", "jobs", Job, evolve_job, job_row, UPSERT_JOB, tenant_column="tenant_id"
+)
+AGGREGATES: dict[str, Aggregate[Any]] = {
+    a.stream_type: a for a in (TASKS, NODES, GROUPS, POOLS, QUEUES, JOBS)
+}
 
 
 async def upsert(conn: AsyncConnection[Any], agg: Aggregate[M], items: Iterable[M]) -> None:

@@ -174,3 +174,36 @@ async def count_by_status(store: EventStore, status: TaskStatus) -> int:
         [status.value],
     )
     return int(found[0]["n"])
+
+
+async def queue_usage(store: EventStore, queue: str) -> dict[str, float]:
+    """What a queue's tasks hold (GPU-holding set of SPEC §1) and how many wait.
+
+    Cards: whole cards as requested, a fraction as its compute ratio (the scheduler counts
+    the larger of compute and VRAM share of its card; this read does not know the card)."""
+    found = await rows(
+        store,
+        "SELECT count(*) FILTER (WHERE status = ANY(%s)) AS running_tasks,"
+        " coalesce(sum(CASE WHEN (doc->'spec'->>'gpu_required')::int > 0"
+        "   THEN (doc->'spec'->>'gpu_required')::float"
+        "   ELSE (doc->'spec'->>'gpu_compute_ratio')::float END)"
+        "   FILTER (WHERE status = ANY(%s)), 0) AS gpus,"
+        " count(DISTINCT coalesce(doc->'spec'->'labels'->>'heteroflow.job', id))"
+        "   FILTER (WHERE status = ANY(%s)) AS running_jobs,"
+        " count(*) FILTER (WHERE status = 'pending' AND deleted_at IS NULL) AS pending"
+        " FROM tasks WHERE doc->'spec'->>'queue' = %s",
+        [HOLDING, HOLDING, HOLDING, queue],
+    )
+    row = found[0]
+    return {k: float(row[k]) for k in ("gpus", "running_tasks", "running_jobs", "pending")}
+
+
+async def of_job(store: EventStore, job_id: str) -> list[Task]:
+    """Every task created for a job (label heteroflow.job), deleted ones included."""
+    found = await rows(
+        store,
+        "SELECT doc FROM tasks WHERE labels ? 'heteroflow.job'"
+        " AND labels->>'heteroflow.job' = %s ORDER BY created_at",
+        [job_id],
+    )
+    return _tasks(found)

@@ -21,7 +21,10 @@ from . import (
     limits,
     metrics,
     routes_groups,
+    routes_jobs,
     routes_ops,
+    routes_pools,
+    routes_queues,
     routes_tasks,
     routes_tenants,
     shedding,
@@ -64,6 +67,9 @@ def create_app(
     app.include_router(gpu.router)
     app.include_router(routes_groups.router)
     app.include_router(routes_tenants.router)
+    app.include_router(routes_pools.router)
+    app.include_router(routes_queues.router)
+    app.include_router(routes_jobs.router)
 
     # Inside the metrics middleware, so refused bodies are counted too.
     app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)

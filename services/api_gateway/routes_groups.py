@@ -36,6 +36,7 @@ from libs.store.projections import GROUPS
 
 from . import timeline
 from .deps import Body, Principal, Store, tenant_scope
+from .queueing import into_queue
 from .responses import FastJSONResponse
 from .routes_tasks import actor_of, tenant_for_create
 from .views import task_view
@@ -93,6 +94,8 @@ async def create_group(
         tenant=principal.is_tenant,
         volume_allow_list=request.app.state.settings.volume_allow_list,
     )
+    template = await into_queue(store, tenant_id, spec.template)
+    spec = spec.model_copy(update={"template": template})
     group_id = "grp-" + uuid.uuid4().hex[:16]
 
     def decide(_: Group | None) -> tuple[list[Payload], list[NewTask]]:

@@ -30,6 +30,7 @@ from libs.store import tasks as task_rows
 from libs.store.types import TaskQuery
 
 from .deps import Body, Principal, Store, tenant_scope
+from .queueing import into_queue
 from .responses import FastJSONResponse
 from .views import task_view
 
@@ -79,6 +80,7 @@ async def create_task(
     spec = parse_create(
         body, tenant=principal.is_tenant, volume_allow_list=settings.volume_allow_list
     )
+    spec = await into_queue(store, tenant_id, spec)
     task = await store.create_task(
         TenantId(tenant_id), spec, metadata={"principal": principal.subject}
     )

@@ -37,6 +37,7 @@ NODE_STAGE_ORDER: tuple[Reason, ...] = (
     Reason.PINNED_ELSEWHERE,
     Reason.NODE_OFFLINE,
     Reason.NODE_EXCLUDED,
+    Reason.NOT_IN_POOL,
     Reason.RUNTIME_UNAVAILABLE,
     Reason.GPU_TYPE_UNAVAILABLE,
     Reason.INSUFFICIENT_VRAM,
@@ -186,6 +187,14 @@ def check_excluded(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
             Reason.NODE_EXCLUDED, f"node {node.id!r} is excluded for this task (earlier failure)"
         )
     return PASS
+
+
+def check_pool(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    """A queue's task goes only to nodes of the queue's pools (queues.py)."""
+    if not task.pools or node.pools & task.pools:
+        return PASS
+    names = ", ".join(sorted(task.pools))
+    return reject(Reason.NOT_IN_POOL, f"node {node.id!r} is not in pool(s) {names}")
 
 
 def check_runtime(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
@@ -376,6 +385,7 @@ STATIC_STAGES: tuple[Stage, ...] = (
     check_pin,
     check_online,
     check_excluded,
+    check_pool,
     check_runtime,
     check_gpu_type,
     check_vram,
@@ -386,8 +396,8 @@ _NO_USAGE = NodeUsage()
 
 
 def check_static(task: PendingTask, node: Node) -> Verdict:
-    """The stages that depend only on the node itself (pin, online, exclusion, runtime, type,
-    VRAM)."""
+    """The stages that depend only on the node itself (pin, online, exclusion, pool, runtime,
+    type, VRAM)."""
     for stage in STATIC_STAGES:
         verdict = stage(task, node, _NO_USAGE)
         if not verdict.ok:

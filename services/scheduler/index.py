@@ -1,9 +1,10 @@
 """An index over one snapshot's nodes, so a task is not checked against every node.
 
-Nodes with the same online state, runtime and cards (vendor, model, VRAM, lost or not) form
-a class. The static stages (online, runtime, GPU type, VRAM) give every node of a class the
-same answer, so they run once per class and task shape instead of once per node; pin and
-exclusion are per node and cheap. What depends on usage is indexed by the ledger (ledger.py).
+Nodes with the same online state, runtime, pools and cards (vendor, model, VRAM, lost or not)
+form a class. The static stages (online, pool, runtime, GPU type, VRAM) give every node of a
+class the same answer, so they run once per class and task shape instead of once per node;
+pin and exclusion are per node and cheap. What depends on usage is indexed by the ledger
+(ledger.py).
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .feasibility import NodeUsage, check_gpu_type, check_runtime, check_vram
+from .feasibility import NodeUsage, check_gpu_type, check_pool, check_runtime, check_vram
 from .model import Allocation, Gpu, Node, PendingTask, gpu_matches
 from .reasons import Reason
 
 CardKey = tuple[str, str, int, bool]
 # What the static stages read from a task; two tasks with the same key get the same answers.
-StaticKey = tuple[str, bool, int, int, int, str]
+StaticKey = tuple[str, bool, int, int, int, str, frozenset[str]]
 _NO_USAGE = NodeUsage()  # the static stages never read usage
 
 
@@ -35,6 +36,7 @@ def static_key(task: PendingTask) -> StaticKey:
         frac_vram,
         task.required_min_vram_mb,
         req.runtime,
+        task.pools,
     )
 
 
@@ -58,13 +60,14 @@ class ClusterIndex:
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes: tuple[Node, ...] = tuple(sorted(nodes, key=lambda n: n.id))
         self.position: dict[str, int] = {n.id: i for i, n in enumerate(self.nodes)}
-        groups: dict[tuple[bool, str, tuple[CardKey, ...]], list[int]] = {}
+        groups: dict[tuple[bool, str, frozenset[str], tuple[CardKey, ...]], list[int]] = {}
         for i, node in enumerate(self.nodes):
-            groups.setdefault((node.online, node.runtime, hardware_key(node)), []).append(i)
+            key = (node.online, node.runtime, node.pools, hardware_key(node))
+            groups.setdefault(key, []).append(i)
         # Insertion order: classes are ordered by their first node id, so walks are replayable.
         self.classes: tuple[NodeClass, ...] = tuple(
             NodeClass(k, online, tuple(pos), self.nodes[pos[0]])
-            for k, ((online, _, _), pos) in enumerate(groups.items())
+            for k, ((online, _, _, _), pos) in enumerate(groups.items())
         )
         self.class_of: list[int] = [0] * len(self.nodes)
         for cls in self.classes:
@@ -83,13 +86,16 @@ class ClusterIndex:
         return len(self.nodes)
 
     def static_reason(self, cls: NodeClass, task: PendingTask) -> Reason | None:
-        """Why the class fails the online, runtime, type or VRAM stage (None: it passes them)."""
+        """Why the class fails the online, pool, runtime, type or VRAM stage (None: it passes
+        them)."""
         if not cls.online:
             return Reason.NODE_OFFLINE
         key = (cls.id, static_key(task))
         if key not in self._static:
             rep = cls.representative
-            verdict = check_runtime(task, rep, _NO_USAGE)
+            verdict = check_pool(task, rep, _NO_USAGE)
+            if verdict.ok:
+                verdict = check_runtime(task, rep, _NO_USAGE)
             if verdict.ok:
                 verdict = check_gpu_type(task, rep, _NO_USAGE)
             if verdict.ok:

@@ -20,6 +20,7 @@ from libs.domain.states import TaskStatus
 from .feasibility import CardUse, NodeUsage, allocation_cost, free_whole_cards, usage_of
 from .index import ClusterIndex
 from .model import Allocation, Gpu, Node
+from .queues import QueueUse
 
 # Holding statuses on their way out: their capacity frees without anybody's help.
 LEAVING: frozenset[TaskStatus] = frozenset(
@@ -74,16 +75,20 @@ class _Undo:
     allocs: tuple[Allocation, ...]
     tenant_id: str = ""
     tenant_used: float | None = None
+    queue: str = ""
+    queue_was: tuple[float, int, str, int] | None = None  # cards, tasks, job, job's tasks
 
 
 class Ledger:
-    """Allocations and usage by node, quota used by tenant, and the free-card buckets."""
+    """Allocations and usage by node, quota used by tenant and by queue, and the free-card
+    buckets."""
 
     def __init__(
         self, index: ClusterIndex, allocations: Iterable[Allocation], gpus: Mapping[str, Gpu]
     ) -> None:
         self.index = index
         self.tenant_used: dict[str, float] = {}
+        self.queue_use: dict[str, QueueUse] = {}
         grouped: dict[str, list[Allocation]] = {}
         for a in allocations:
             if not a.holding:
@@ -91,6 +96,8 @@ class Ledger:
             grouped.setdefault(a.node_id, []).append(a)
             cost = allocation_cost(a, gpus)
             self.tenant_used[a.tenant_id] = self.tenant_used.get(a.tenant_id, 0.0) + cost
+            if a.queue:
+                self.queue_use.setdefault(a.queue, QueueUse()).add(a, cost)
         self.by_node: dict[str, tuple[Allocation, ...]] = {
             n: tuple(allocs) for n, allocs in grouped.items()
         }
@@ -122,7 +129,13 @@ class Ledger:
 
     def reserve(self, alloc: Allocation, cost: float) -> None:
         used = self.tenant_used.get(alloc.tenant_id, 0.0)
-        self._journal.append(_Undo(alloc.node_id, self.on(alloc.node_id), alloc.tenant_id, used))
+        queue_was = None
+        if alloc.queue:
+            q = self.queue_use.setdefault(alloc.queue, QueueUse())
+            queue_was = (q.gpus, q.tasks, alloc.job_key, q.jobs.get(alloc.job_key, 0))
+            q.add(alloc, cost)
+        undo = _Undo(alloc.node_id, self.on(alloc.node_id), alloc.tenant_id, used)
+        self._journal.append(replace(undo, queue=alloc.queue, queue_was=queue_was))
         self.tenant_used[alloc.tenant_id] = used + cost
         self._set(alloc.node_id, (*self.on(alloc.node_id), alloc))
 
@@ -144,7 +157,17 @@ class Ledger:
             undo = self._journal.pop()
             if undo.tenant_used is not None:
                 self.tenant_used[undo.tenant_id] = undo.tenant_used
+            if undo.queue_was is not None:
+                self._queue_undo(undo.queue, undo.queue_was)
             self._set(undo.node_id, undo.allocs)
+
+    def _queue_undo(self, queue: str, was: tuple[float, int, str, int]) -> None:
+        q = self.queue_use[queue]
+        q.gpus, q.tasks, job, count = was
+        if count:
+            q.jobs[job] = count
+        else:
+            q.jobs.pop(job, None)
 
     def _set(self, node_id: str, allocs: tuple[Allocation, ...]) -> None:
         self.version = next(self._versions)

@@ -9,15 +9,14 @@ the clock: `ClusterSnapshot.now` is the only time the scheduler knows.
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
 
+from libs.domain.pool import JOB_LABEL, gpu_type_matches
 from libs.domain.states import GPU_HOLDING, TaskStatus
 from libs.domain.task import Task, TaskSpec
 
@@ -56,25 +55,10 @@ def gpu_matches(gpu: Gpu, wanted: str) -> bool:
     return not wanted or _type_matches(gpu.vendor, gpu.model, wanted)
 
 
-@functools.lru_cache(maxsize=4096)
 def _type_matches(vendor_name: str, model: str, wanted: str) -> bool:
-    # A fleet has few distinct (vendor, model, wanted) triples; every node check hits this.
-    w = wanted.strip().lower()
-    if not w:
-        return True
-    vendor = vendor_name.strip().lower()
-    if "/" in w:
-        want_vendor, _, want_model = w.partition("/")
-        return want_vendor.strip() == vendor and _model_has(model, want_model.strip())
-    return w == vendor or _model_has(model, w)
-
-
-def _model_has(model: str, w: str) -> bool:
-    if not w:
-        return True
-    head = r"(?<!\d)" if w[0].isdigit() else ""
-    tail = r"(?!\d)" if w[-1].isdigit() else ""
-    return re.search(head + re.escape(w) + tail, model.lower()) is not None
+    # One meaning for a task's gpu_type and a pool's selector (cached there: a fleet has few
+    # distinct (vendor, model, wanted) triples and every node check hits this).
+    return gpu_type_matches(vendor_name, model, wanted)
 
 
 CardSets = tuple[tuple[Gpu, ...], tuple[Gpu, ...]]
@@ -89,6 +73,7 @@ class Node:
     gpus: tuple[Gpu, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     runtime: str = ""  # the agent's runtime: docker, process, simulated ("" = not reported)
+    pools: frozenset[str] = frozenset()  # resource pools whose selector the node matches
     # Memo for cards_for: the answer depends only on the (immutable) cards, and the planner
     # asks once per task and node. Not part of the value.
     _cards_memo: dict[tuple[str, int, int], CardSets] = field(
@@ -185,6 +170,8 @@ class Allocation:
     priority: int = 0
     preemptible: bool = False
     anti_affinity: tuple[str, ...] = ()
+    queue: str = ""  # "" = no queue
+    job: str = ""  # the job it belongs to, "" = none (it counts as a job of its own)
 
     @property
     def holding(self) -> bool:
@@ -217,7 +204,26 @@ class Allocation:
             priority=task.spec.priority,
             preemptible=task.spec.preemptible,
             anti_affinity=req.anti_affinity,
+            queue=task.spec.queue,
+            job=task.spec.labels.get(JOB_LABEL, ""),
         )
+
+    @property
+    def job_key(self) -> str:
+        return self.job or self.task_id
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """A queue as admission sees it: its quota (0 = no limit), its pools and its order."""
+
+    name: str
+    pools: frozenset[str] = frozenset()
+    max_gpus: int = 0
+    max_running_jobs: int = 0
+    max_running_tasks: int = 0
+    priority: int = 0
+    fifo: bool = False  # submission order inside the queue, whatever the task priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +241,16 @@ class PendingTask:
     not_before: datetime | None = None  # backoff
     gang_id: str | None = None  # members are placed all together or not at all
     gang_size: int = 0  # members expected; 0 = whatever is pending
+    queue: str = ""  # "" = no queue: only the tenant quota applies
+    job: str = ""
+    # Filled from the queue by the planner (queues.py): where it may go and how it ranks.
+    pools: frozenset[str] = frozenset()  # empty = any node
+    queue_priority: int = 0
+    fifo: bool = False
+
+    @property
+    def job_key(self) -> str:
+        return self.job or self.task_id
 
     @property
     def pins(self) -> tuple[str, ...]:
@@ -264,6 +280,8 @@ class PendingTask:
             not_before=not_before,
             gang_id=gang_id,
             gang_size=gang_size,
+            queue=task.spec.queue,
+            job=task.spec.labels.get(JOB_LABEL, ""),
         )
 
 
@@ -275,9 +293,11 @@ class ClusterSnapshot:
     nodes: tuple[Node, ...] = ()
     allocations: tuple[Allocation, ...] = ()
     tenant_quotas: Mapping[str, float] = field(default_factory=dict)
+    queues: Mapping[str, QueueLimits] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tenant_quotas", MappingProxyType(dict(self.tenant_quotas)))
+        object.__setattr__(self, "queues", MappingProxyType(dict(self.queues)))
 
     def holding(self) -> tuple[Allocation, ...]:
         return tuple(a for a in self.allocations if a.holding)

@@ -80,12 +80,13 @@ class Placer:
             PENDING.labels(tenant).set(n)
         if not pending:
             return RoundResult()
-        _, quotas, gangs = await asyncio.gather(
+        _, quotas, gangs, (queues, pools) = await asyncio.gather(
             self.cluster.refresh(self.store),
             view.load_quotas(self.store),
             view.load_gangs(self.store, pending),
+            view.load_admission(self.store),
         )
-        snap = self.cluster.snapshot(self.clock(), quotas)
+        snap = self.cluster.snapshot(self.clock(), quotas, queues, pools)
         planning = time.perf_counter()
         result_plan = plan(
             snap,

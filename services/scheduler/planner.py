@@ -44,6 +44,7 @@ from .model import (
     Requirement,
     Unplaced,
 )
+from .queues import check_queue, pool_full, with_queues
 from .reasons import CAPACITY_REASONS, Reason, Verdict
 from .scoring import rank, seeded_shuffle
 from .search import Search, Tally, reason_at, search, tally
@@ -55,7 +56,7 @@ DEFAULT_MAX_CANDIDATES = 4
 
 # What makes two pending tasks indistinguishable to the search (quota and anti-affinity are
 # per tenant; priority matters only to preemption, which runs per task).
-ShapeKey = tuple[Requirement, str, frozenset[str], int, str]
+ShapeKey = tuple[Requirement, str, frozenset[str], int, str, frozenset[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,7 @@ def plan(
     outcomes: list[Outcome] = []
     deferred: list[str] = []
     budget = max_batch
-    for unit in _units(pending):
+    for unit in _units(with_queues(pending, snapshot.queues)):
         first, is_gang = unit[0], unit[0].gang_id is not None
         if not is_gang and not (wait := check_backoff(first, snapshot.now)).ok:
             outcomes.append(_unplaced(first, wait))
@@ -148,8 +149,9 @@ def plan(
     return _collect(outcomes, deferred)
 
 
-def _order_key(task: PendingTask) -> tuple[int, datetime, str]:
-    return (-task.priority, task.created_at, task.task_id)
+def _order_key(task: PendingTask) -> tuple[int, int, datetime, str]:
+    # Queue priority first; inside a fifo queue submission order alone (seed 004).
+    return (-task.queue_priority, 0 if task.fifo else -task.priority, task.created_at, task.task_id)
 
 
 def _units(pending: Sequence[PendingTask]) -> list[list[PendingTask]]:
@@ -188,7 +190,12 @@ def schedule_task(ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt:
     """Place one task on the best node (reserving it in `ledger`), or explain why not and
     maybe ask for preemption."""
     quota = ev.quota(ledger, task.tenant_id)
-    for verdict in (check_backoff(task, ev.snapshot.now), check_quota_floor(task, quota)):
+    queue = ev.snapshot.queues.get(task.queue)
+    for verdict in (
+        check_backoff(task, ev.snapshot.now),
+        check_quota_floor(task, quota),
+        check_queue(task, queue, ledger.queue_use.get(task.queue)),
+    ):
         if not verdict.ok:
             return _unplaced(task, verdict)
     if not ev.nodes:
@@ -221,6 +228,7 @@ def _search(
         task.excluded_node_ids,
         task.required_min_vram_mb,
         task.same_node_id,
+        task.pools,
     )
     miss = ev.misses.get(shape)
     if miss is not None and miss[0] == ledger.version:
@@ -248,6 +256,8 @@ def _holding(task: PendingTask, fit: Fit) -> Allocation:
         cpu_cores=req.cpu_cores,
         priority=task.priority,
         anti_affinity=req.anti_affinity,
+        queue=task.queue,
+        job=task.job,
     )
 
 
@@ -280,6 +290,10 @@ def explain(
         message = "every node is offline"
     if counts.total > 1:
         message += f" [{_tally_text(counts)}]"
+    if task.pools and reason in CAPACITY_REASONS:
+        full = pool_full(task, message)
+        assert full.reason is not None
+        return Unplaced(task.task_id, full.reason, full.message)
     return Unplaced(task.task_id, reason, message)
 
 
@@ -335,6 +349,13 @@ def _preempt(
     )
 
 
+def _outranks(ev: Evaluation, task: PendingTask, victim: Allocation) -> bool:
+    """Queue priority first, then task priority (seed 004)."""
+    queue = ev.snapshot.queues.get(victim.queue) if victim.queue else None
+    victim_rank = (queue.priority if queue else 0, victim.priority)
+    return (task.queue_priority, task.priority) > victim_rank
+
+
 def _victim_cost(option: _Option) -> tuple[int, int, int]:
     prios = [a.priority for a in option.victims]
     return (len(prios), max(prios), sum(prios))
@@ -347,11 +368,7 @@ def _option_on(ev: Evaluation, ledger: Ledger, task: PendingTask, node: Node) ->
     if leaving and (ready := _fit_without(ev, ledger, task, node, leaving)) is not None:
         return _Option(node, (), ready)
     pool = sorted(
-        (
-            a
-            for a in allocs
-            if a.status not in LEAVING and a.preemptible and a.priority < task.priority
-        ),
+        (a for a in allocs if a.status not in LEAVING and a.preemptible and _outranks(ev, task, a)),
         key=lambda a: (a.priority, -allocation_cost(a, ev.gpus), -a.memory_mb, a.task_id),
     )
     chosen: list[Allocation] = []

@@ -27,6 +27,7 @@ CAPACITY_REASONS: frozenset[Reason] = frozenset(
         Reason.INSUFFICIENT_MEMORY,
         Reason.INSUFFICIENT_CPU,
         Reason.ANTI_AFFINITY,
+        Reason.POOL_CAPACITY,  # the same, inside the queue's pools
     }
 )
 

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from libs.domain.node import Node as NodeDoc
 from libs.domain.node import NodeStatus
+from libs.domain.pool import NodeSelector, Pool, Queue, QueuePolicy
 from libs.domain.states import GPU_HOLDING
 from libs.domain.task import Task
 from libs.store import groups as group_rows
 from libs.store import nodes as node_rows
+from libs.store import pools as pool_rows
+from libs.store import queues as queue_rows
 from libs.store import tasks as task_rows
 from libs.store import tenants
 from libs.store.eventstore import EventStore
 
-from .model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask
+from .model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask, QueueLimits
 
 
 def to_node(doc: NodeDoc) -> Node:
@@ -68,16 +72,65 @@ async def load_quotas(store: EventStore) -> dict[str, float]:
     return await tenants.gpu_quotas(store)
 
 
+Selectors = dict[str, NodeSelector]
+
+
+async def load_admission(store: EventStore) -> tuple[dict[str, QueueLimits], Selectors]:
+    """Live queues as admission sees them, and the selector of every live pool."""
+    pools, queues = await asyncio.gather(pool_rows.live(store), queue_rows.live(store))
+    return {q.spec.name: limits_of(q) for q in queues}, selectors(pools)
+
+
+def selectors(pools: Iterable[Pool]) -> Selectors:
+    return {p.spec.name: p.spec.node_selector for p in pools}
+
+
+def limits_of(queue: Queue) -> QueueLimits:
+    spec = queue.spec
+    return QueueLimits(
+        name=spec.name,
+        pools=frozenset(spec.pools),
+        max_gpus=spec.quota.max_gpus,
+        max_running_jobs=spec.quota.max_running_jobs,
+        max_running_tasks=spec.quota.max_running_tasks,
+        priority=spec.priority,
+        fifo=spec.policy is QueuePolicy.FIFO,
+    )
+
+
+def tag_pools(nodes: tuple[Node, ...], pools: Selectors) -> tuple[Node, ...]:
+    """Each node with the names of the pools whose selector it matches."""
+    if not pools and not any(n.pools for n in nodes):
+        return nodes
+    return tuple(
+        replace(
+            n,
+            pools=frozenset(
+                name
+                for name, sel in pools.items()
+                if sel.matches(n.labels, ((g.vendor, g.model) for g in n.gpus))
+            ),
+        )
+        for n in nodes
+    )
+
+
 def snapshot(
-    now: datetime, nodes: Sequence[NodeDoc], holding: Sequence[Task], quotas: dict[str, float]
+    now: datetime,
+    nodes: Sequence[NodeDoc],
+    holding: Sequence[Task],
+    quotas: dict[str, float],
+    queues: dict[str, QueueLimits] | None = None,
+    pools: Selectors | None = None,
 ) -> ClusterSnapshot:
-    sched_nodes = tuple(to_node(n) for n in nodes)
+    sched_nodes = tag_pools(tuple(to_node(n) for n in nodes), pools or {})
     gpus = {g.id: g for n in sched_nodes for g in n.gpus}
     return ClusterSnapshot(
         now=now,
         nodes=sched_nodes,
         allocations=tuple(Allocation.from_task(t, gpus) for t in holding if t.node_id),
         tenant_quotas=quotas,
+        queues=queues or {},
     )
 
 
@@ -126,6 +179,9 @@ class ClusterView:
         self.nodes: tuple[Node, ...] = ()
         self.allocations: tuple[Allocation, ...] = ()
         self._gpus: dict[str, Gpu] = {}
+        # Nodes tagged with their pools, for the nodes tuple and pools they were tagged from
+        # (kept while neither changes, so the planner's index is reused).
+        self._tagged: tuple[tuple[Node, ...], Selectors, tuple[Node, ...]] = ((), {}, ())
 
     async def refresh(self, store: EventStore) -> None:
         node_versions, task_versions = await asyncio.gather(
@@ -173,7 +229,22 @@ class ClusterView:
         alloc = Allocation.from_task(task, self._gpus) if task.node_id else None
         return task.version, alloc, task if task.spec.is_fractional else None
 
-    def snapshot(self, now: datetime, quotas: dict[str, float]) -> ClusterSnapshot:
+    def snapshot(
+        self,
+        now: datetime,
+        quotas: dict[str, float],
+        queues: dict[str, QueueLimits] | None = None,
+        pools: Selectors | None = None,
+    ) -> ClusterSnapshot:
+        pools = pools or {}
+        base, tagged_for, tagged = self._tagged
+        if base is not self.nodes or tagged_for != pools:
+            tagged = tag_pools(self.nodes, pools)
+            self._tagged = (self.nodes, pools, tagged)
         return ClusterSnapshot(
-            now=now, nodes=self.nodes, allocations=self.allocations, tenant_quotas=quotas
+            now=now,
+            nodes=tagged,
+            allocations=self.allocations,
+            tenant_quotas=quotas,
+            queues=queues or {},
         )

@@ -33,7 +33,15 @@ from .conftest import requires_docker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker, requires_docker]
 
-CHILDREN = {"relay", "scheduler", "retry-engine", "event-timeline", "api-gateway", "agent"}
+CHILDREN = {
+    "relay",
+    "scheduler",
+    "retry-engine",
+    "job-orchestrator",
+    "event-timeline",
+    "api-gateway",
+    "agent",
+}
 HAPPY_PATH = ["pending", "scheduled", "starting", "running", "completed"]
 # A report the killed scheduler had fetched but not acknowledged comes back only after the
 # consumer's ack wait; the new scheduler may meanwhile apply the next report of the same task

@@ -267,6 +267,22 @@ NODE_CASES: list[tuple[PendingTask, Node, list[Allocation], Quota | None, Reason
         "excluded-node",
     ),
     (
+        replace(mk_task(gpus=1), pools=frozenset({"a100"})),
+        replace(mk_node(), pools=frozenset({"h100"})),
+        [],
+        None,
+        Reason.NOT_IN_POOL,
+        "node-outside-the-queue-pools",
+    ),
+    (
+        replace(mk_task(gpus=1), pools=frozenset({"a100", "h100"})),
+        replace(mk_node(), pools=frozenset({"h100", "shared"})),
+        [],
+        None,
+        None,
+        "node-in-one-of-the-pools",
+    ),
+    (
         process_only(mk_task()),
         replace(mk_node(gpus=0), runtime="docker"),
         [],

@@ -20,6 +20,7 @@ from services.scheduler.model import (
     PendingTask,
     Plan,
     Qos,
+    QueueLimits,
     Requirement,
 )
 from services.scheduler.planner import plan
@@ -194,6 +195,29 @@ REASON_CASES: list[tuple[ClusterSnapshot, list[PendingTask], Reason, str]] = [
         [mk_task("t", gpus=1, gang_id="g", gang_size=2)],
         Reason.GANG_INCOMPLETE,
         "gang",
+    ),
+    (
+        replace(snap(mk_node("n1")), queues={"q": QueueLimits("q", max_gpus=1)}),
+        [mk_task("t", gpus=2, queue="q")],
+        Reason.QUEUE_QUOTA_EXCEEDED,
+        "queue-quota",
+    ),
+    (
+        replace(
+            snap(mk_node("n1"), mk_node("n2")), queues={"q": QueueLimits("q", frozenset({"p"}))}
+        ),
+        [mk_task("t", gpus=1, queue="q")],
+        Reason.NOT_IN_POOL,
+        "not-in-pool",
+    ),
+    (
+        replace(
+            snap(replace(mk_node("n1"), pools=frozenset({"p"})), mk_node("n2"), allocs=BUSY),
+            queues={"q": QueueLimits("q", frozenset({"p"}))},
+        ),
+        [mk_task("t", gpus=1, queue="q")],
+        Reason.POOL_CAPACITY,
+        "pool-full",
     ),
 ]
 

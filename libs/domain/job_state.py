@@ -1,0 +1,403 @@
+"""A job as its events made it, and the cascade: which tasks become ready, which are skipped.
+
+The job is an aggregate (stream `job-…`). Its tasks are ordinary tasks created when they
+become ready, carrying the job id and their key as labels. The job orchestrator records each
+task's final outcome (`JobNodeSettled`, with the metrics and artifacts the task reported)
+when the task's terminal event arrives, then `advance` decides, from the job alone, which
+waiting tasks are now ready (created in the same transaction), which can never run (skipped),
+and the job's status. Nothing polls.
+
+A task reports metrics and artifacts in its output (the agent's exit report carries the last
+lines): `HF_METRICS {"accuracy": 0.97}` and `HF_ARTIFACT /out/model.pt`, one per line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from .condition import ConditionError, evaluate, parse_condition
+from .events import Payload, ReasonedPayload, register
+from .job import Dependency, DependencyKind, JobSpec
+from .pool import JOB_LABEL
+from .reasons import ReasonCode
+from .task import TaskSpec, TenantId
+
+JOB_KEY_LABEL = "heteroflow.job_key"
+METRICS_MARK = "HF_METRICS "
+ARTIFACT_MARK = "HF_ARTIFACT "
+
+
+class JobStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+JOB_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
+
+
+class NodeState(StrEnum):
+    WAITING = "waiting"  # dependencies not met yet: no task exists
+    CREATED = "created"  # its task exists (its own status says where it is)
+    COMPLETED = "completed"
+    FAILED = "failed"  # failed for good (retries exhausted or permanent)
+    STOPPED = "stopped"  # stopped or cancelled
+    SKIPPED = "skipped"  # can never run: a dependency will never be met
+
+
+SETTLED = frozenset({NodeState.COMPLETED, NodeState.FAILED, NodeState.STOPPED})
+DONE = SETTLED | {NodeState.SKIPPED}
+
+
+class JobNode(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    state: NodeState = NodeState.WAITING
+    reason: str = ""  # why it waits, or why it was skipped
+    task_id: str = ""
+    metrics: dict[str, float] = {}
+    artifacts: tuple[str, ...] = ()
+
+
+# --- events ----------------------------------------------------------------------------
+
+
+class JobSubmitted(Payload):
+    """A job was submitted with its validated DAG (its ready tasks are created with it)."""
+
+    type: ClassVar[str] = "job_submitted"
+    stream_type: ClassVar[str] = "job"
+
+    job_id: str
+    tenant_id: TenantId
+    spec: JobSpec
+
+
+class JobTasksReady(Payload):
+    """These tasks' dependencies are met: their tasks are created in the same transaction."""
+
+    type: ClassVar[str] = "job_tasks_ready"
+    stream_type: ClassVar[str] = "job"
+
+    job_id: str
+    keys: tuple[str, ...]
+
+
+class JobNodeSettled(Payload):
+    """A task of the job ended for good, with what it reported."""
+
+    type: ClassVar[str] = "job_node_settled"
+    stream_type: ClassVar[str] = "job"
+
+    job_id: str
+    key: str
+    task_id: str
+    outcome: NodeState
+    metrics: dict[str, float] = {}
+    artifacts: tuple[str, ...] = ()
+
+
+class JobNodesSkipped(Payload):
+    """Tasks that can never run (a dependency will never be met), each with why."""
+
+    type: ClassVar[str] = "job_nodes_skipped"
+    stream_type: ClassVar[str] = "job"
+
+    job_id: str
+    reasons: dict[str, str]
+
+
+class JobWaiting(Payload):
+    """Why each waiting task still waits (shown by GET /jobs/{id})."""
+
+    type: ClassVar[str] = "job_waiting"
+    stream_type: ClassVar[str] = "job"
+
+    job_id: str
+    reasons: dict[str, str]
+
+
+class JobStatusChanged(ReasonedPayload):
+    """The job's status changed."""
+
+    type: ClassVar[str] = "job_status_changed"
+    stream_type: ClassVar[str] = "job"
+
+    job_id: str
+    from_status: JobStatus
+    to_status: JobStatus
+
+
+class JobStopRequested(Payload):
+    """Stop: waiting tasks are skipped, live tasks are stopped."""
+
+    type: ClassVar[str] = "job_stop_requested"
+    stream_type: ClassVar[str] = "job"
+
+    job_id: str
+
+
+class JobDeleted(Payload):
+    """Gone from queries; the stream stays."""
+
+    type: ClassVar[str] = "job_deleted"
+    stream_type: ClassVar[str] = "job"
+
+    job_id: str
+
+
+register(
+    JobSubmitted,
+    JobTasksReady,
+    JobNodeSettled,
+    JobNodesSkipped,
+    JobWaiting,
+    JobStatusChanged,
+    JobStopRequested,
+    JobDeleted,
+)
+
+
+class Job(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    tenant_id: TenantId
+    spec: JobSpec
+    status: JobStatus = JobStatus.PENDING
+    reason: str = ""
+    nodes: dict[str, JobNode]
+    stop_requested: bool = False
+    version: int = 0
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+    deleted_at: datetime | None = None
+
+
+def _set_nodes(job: Job, changes: Mapping[str, Mapping[str, Any]]) -> dict[str, JobNode]:
+    nodes = dict(job.nodes)
+    for key, change in changes.items():
+        nodes[key] = nodes[key].model_copy(update=dict(change))
+    return nodes
+
+
+def evolve_job(job: Job | None, event: Payload, at: datetime, version: int) -> Job:
+    if isinstance(event, JobSubmitted):
+        nodes = {n.key: JobNode(key=n.key) for n in event.spec.tasks}
+        return Job(
+            id=event.job_id,
+            tenant_id=event.tenant_id,
+            spec=event.spec,
+            nodes=nodes,
+            version=version,
+            created_at=at,
+            updated_at=at,
+        )
+    if job is None:
+        raise ValueError(f"{event.type} before job_submitted")
+    up: dict[str, Any] = {"version": version, "updated_at": at}
+    if isinstance(event, JobTasksReady):
+        ready = {k: {"state": NodeState.CREATED, "reason": ""} for k in event.keys}
+        up["nodes"] = _set_nodes(job, ready)
+    elif isinstance(event, JobNodeSettled):
+        settled = {
+            "state": event.outcome,
+            "task_id": event.task_id,
+            "metrics": event.metrics,
+            "artifacts": event.artifacts,
+            "reason": "",
+        }
+        up["nodes"] = _set_nodes(job, {event.key: settled})
+    elif isinstance(event, JobNodesSkipped):
+        skips = {k: {"state": NodeState.SKIPPED, "reason": r} for k, r in event.reasons.items()}
+        up["nodes"] = _set_nodes(job, skips)
+    elif isinstance(event, JobWaiting):
+        up["nodes"] = _set_nodes(job, {k: {"reason": r} for k, r in event.reasons.items()})
+    elif isinstance(event, JobStatusChanged):
+        up.update(status=event.to_status, reason=event.reason)
+        if event.to_status in JOB_TERMINAL:
+            up["finished_at"] = at
+    elif isinstance(event, JobStopRequested):
+        up["stop_requested"] = True
+    elif isinstance(event, JobDeleted):
+        up["deleted_at"] = at
+    else:
+        raise ValueError(f"not a job event: {event.type}")
+    return job.model_copy(update=up)
+
+
+# --- readiness -------------------------------------------------------------------------
+
+Verdict = tuple[str, str]  # ("ok" | "wait" | "never", why)
+
+
+def readiness(dep: Dependency, upstream: JobNode) -> Verdict:
+    """Whether `dep` is met by its upstream node as it stands (the four kinds of seed 004)."""
+    on, state = dep.on, upstream.state
+    if dep.kind is DependencyKind.RESOURCE:
+        if state in DONE:
+            return ("ok", "")
+        return ("wait", f"waiting for {on!r} to release its resources")
+    if dep.kind is DependencyKind.DATA:
+        if dep.artifact in upstream.artifacts:
+            return ("ok", "")
+        if state in DONE:
+            return ("never", f"{on!r} ended ({state.value}) without artifact {dep.artifact!r}")
+        return ("wait", f"waiting for {on!r} to report artifact {dep.artifact!r}")
+    if state in (NodeState.FAILED, NodeState.STOPPED, NodeState.SKIPPED):
+        return ("never", f"{on!r} ended {state.value}")
+    if state is not NodeState.COMPLETED:
+        return ("wait", f"waiting for {on!r} to complete")
+    if dep.kind is DependencyKind.AFTER:
+        return ("ok", "")
+    try:
+        holds = evaluate(parse_condition(dep.condition), upstream.metrics)
+    except ConditionError as exc:
+        return ("never", f"condition {dep.condition!r} on {on!r}: {exc}")
+    if holds:
+        return ("ok", "")
+    return ("never", f"condition {dep.condition!r} on {on!r} is false")
+
+
+def node_readiness(job: Job, key: str, nodes: Mapping[str, JobNode]) -> Verdict:
+    """All of a node's dependencies together: never if one never holds, wait if one waits."""
+    waits: list[str] = []
+    for dep in job.spec.upstream(key):
+        verdict, why = readiness(dep, nodes[dep.on])
+        if verdict == "never":
+            return ("never", why)
+        if verdict == "wait":
+            waits.append(why)
+    return ("wait", "; ".join(waits)) if waits else ("ok", "")
+
+
+# --- the cascade -----------------------------------------------------------------------
+
+
+def advance(job: Job) -> tuple[list[Payload], list[str]]:
+    """The events that bring `job` up to date, and the keys whose tasks to create now."""
+    nodes = dict(job.nodes)
+    ready: list[str] = []
+    skipped: dict[str, str] = {}
+    changed = True
+    while changed:  # a skip can make a resource dependency ready, or skip further tasks
+        changed = False
+        for spec in job.spec.tasks:
+            node = nodes[spec.key]
+            if node.state is not NodeState.WAITING:
+                continue
+            verdict, why = (
+                ("never", "the job was stopped")
+                if job.stop_requested
+                else (node_readiness(job, spec.key, nodes))
+            )
+            if verdict == "ok":
+                ready.append(spec.key)
+                nodes[spec.key] = node.model_copy(update={"state": NodeState.CREATED})
+                changed = True
+            elif verdict == "never":
+                skipped[spec.key] = why
+                nodes[spec.key] = node.model_copy(update={"state": NodeState.SKIPPED})
+                changed = True
+    events: list[Payload] = []
+    if ready:
+        events.append(JobTasksReady(job_id=job.id, keys=tuple(ready)))
+    if skipped:
+        events.append(JobNodesSkipped(job_id=job.id, reasons=skipped))
+    waiting = {
+        k: why
+        for k, n in nodes.items()
+        if n.state is NodeState.WAITING
+        and (why := node_readiness(job, k, nodes)[1]) != job.nodes[k].reason
+    }
+    if waiting:
+        events.append(JobWaiting(job_id=job.id, reasons=waiting))
+    status, reason = job_status(job, nodes)
+    if status is not job.status:
+        code = ReasonCode.SUBMITTED if status is JobStatus.PENDING else ReasonCode.MEMBERS_CHANGED
+        events.append(
+            JobStatusChanged(
+                job_id=job.id,
+                from_status=job.status,
+                to_status=status,
+                reason_code=code,
+                reason=reason,
+            )
+        )
+    return events, ready
+
+
+def tolerated(job: Job, key: str, nodes: Mapping[str, JobNode]) -> bool:
+    """A failed task whose every dependant consumed it through data or resource (and so
+    went on) does not fail the job."""
+    down = job.spec.downstream(key)
+    return bool(down) and all(
+        d.kind in (DependencyKind.DATA, DependencyKind.RESOURCE)
+        and nodes[d.task].state is not NodeState.SKIPPED
+        for d in down
+    )
+
+
+def job_status(job: Job, nodes: Mapping[str, JobNode]) -> tuple[JobStatus, str]:
+    states = [n.state for n in nodes.values()]
+    if job.stop_requested and all(s in DONE for s in states):
+        return JobStatus.STOPPED, "stopped on request"
+    if not all(s in DONE for s in states):
+        started = any(s is not NodeState.WAITING for s in states)
+        return (JobStatus.RUNNING if started else JobStatus.PENDING), ""
+    bad = sorted(
+        k
+        for k, n in nodes.items()
+        if n.state in (NodeState.FAILED, NodeState.STOPPED) and not tolerated(job, k, nodes)
+    )
+    if bad:
+        return JobStatus.FAILED, f"task(s) {', '.join(bad)} did not complete"
+    return JobStatus.SUCCEEDED, "every task completed or was skipped"
+
+
+def task_spec(job: Job, key: str) -> TaskSpec:
+    """The task to create for `key`: its spec, in the job's queue, labelled with the job."""
+    spec = job.spec.node(key).spec
+    labels = dict(spec.labels) | {JOB_LABEL: job.id, JOB_KEY_LABEL: key}
+    name = f"{job.spec.name}-{key}"[:100]
+    return spec.model_copy(update={"labels": labels, "queue": job.spec.queue, "name": name})
+
+
+def parse_report(output: str) -> tuple[dict[str, float], tuple[str, ...]]:
+    """Metrics and artifacts a task reported in its output (the last lines the agent sent).
+    Malformed lines are ignored: they are the task's output, not ours to refuse."""
+    metrics: dict[str, float] = {}
+    artifacts: list[str] = []
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith(METRICS_MARK):
+            try:
+                data = json.loads(line.removeprefix(METRICS_MARK))
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                metrics.update(
+                    {
+                        str(k): float(v)
+                        for k, v in data.items()
+                        if isinstance(v, int | float)
+                        and not isinstance(v, bool)
+                        and math.isfinite(v)
+                    }
+                )
+        elif line.startswith(ARTIFACT_MARK):
+            path = line.removeprefix(ARTIFACT_MARK).strip()
+            if path.startswith("/") and path not in artifacts:
+                artifacts.append(path)
+    return metrics, tuple(artifacts)

@@ -1,0 +1,223 @@
+"""`/api/v1/jobs`: submit a DAG of tasks, see it, stop it, delete it, read its events.
+
+Submission validates the whole DAG (every problem named in one answer), appends
+`job_submitted` and creates the tasks that are ready at once, in one transaction. Later
+tasks are created by the job orchestrator when their dependencies' terminal events arrive.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from libs.domain import commands
+from libs.domain.errors import Code, DomainError, NotFound
+from libs.domain.events import Payload
+from libs.domain.job import parse_job
+from libs.domain.job_state import (
+    DONE,
+    JOB_KEY_LABEL,
+    Job,
+    JobDeleted,
+    JobStopRequested,
+    JobSubmitted,
+    advance,
+    evolve_job,
+    task_spec,
+)
+from libs.domain.states import TERMINAL
+from libs.domain.task import Task, TenantId
+from libs.store import jobs as job_rows
+from libs.store import tasks as task_rows
+from libs.store.eventstore import EventStore, NewTask
+from libs.store.projections import JOBS
+
+from .deps import Body, Principal, Store, tenant_scope
+from .queueing import queue_for
+from .responses import FastJSONResponse
+from .routes_tasks import actor_of, tenant_for_create
+
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+
+
+def _task_brief(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "status": task.status.value,
+        "node_id": task.node_id,
+        "pending_reason": task.pending_reason,
+        "exit_code": task.exit_code,
+        "retry_count": task.retry_count,
+        "created_at": task.created_at.isoformat(),
+        "started_at": task.started_at.isoformat() if task.started_at else None,
+        "finished_at": task.finished_at.isoformat() if task.finished_at else None,
+    }
+
+
+def job_view(job: Job, tasks: list[Task] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": job.id,
+        "tenant_id": job.tenant_id,
+        "name": job.spec.name,
+        "queue": job.spec.queue,
+        "status": job.status.value,
+        "reason": job.reason,
+        "created_at": job.created_at.isoformat(),
+        "updated_at": job.updated_at.isoformat(),
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+    }
+    if tasks is None:
+        return body
+    newest: dict[str, Task] = {}
+    for t in tasks:  # created_at order: the last of a key is its task
+        newest[t.spec.labels.get(JOB_KEY_LABEL, "")] = t
+    nodes = []
+    for spec in job.spec.tasks:
+        node, task = job.nodes[spec.key], newest.get(spec.key)
+        waiting = task is not None and task.status.value == "pending" and task.pending_reason
+        nodes.append(
+            {
+                "key": spec.key,
+                "status": node.state.value if task is None else task.status.value,
+                "state": node.state.value,
+                "why": (task.pending_reason if waiting else node.reason) if task else node.reason,
+                "depends_on": [
+                    d.model_dump(mode="json", exclude_defaults=True)
+                    for d in job.spec.upstream(spec.key)
+                ],
+                "metrics": node.metrics,
+                "artifacts": list(node.artifacts),
+                "task": _task_brief(task) if task else None,
+            }
+        )
+    body["tasks"] = nodes
+    return body
+
+
+async def _load(store: EventStore, job_id: str, tenant: str | None) -> Job:
+    job = await job_rows.get(store, job_id)
+    if job is None or (tenant is not None and job.tenant_id != tenant):
+        raise NotFound("job")
+    return job
+
+
+@router.post("", status_code=201)
+async def create_job(
+    request: Request, principal: Principal, store: Store, body: Body
+) -> JSONResponse:
+    tenant_id = tenant_for_create(principal, request)
+    raw_queue = body.get("queue", "")
+    queue, queue_problem = None, ""
+    if not isinstance(raw_queue, str):
+        queue_problem = "must be a string"
+    else:
+        try:
+            queue = await queue_for(store, tenant_id, raw_queue)
+        except DomainError as exc:  # reported with every other problem of the job
+            queue_problem = exc.message
+    spec = parse_job(
+        body,
+        tenant=principal.is_tenant,
+        volume_allow_list=request.app.state.settings.volume_allow_list,
+        queue=queue.spec.name if queue else "",
+        queue_max_gpus=queue.spec.quota.max_gpus if queue else 0,
+        queue_problem=queue_problem,
+    )
+    job_id = "job-" + uuid.uuid4().hex[:16]
+    submitted = JobSubmitted(job_id=job_id, tenant_id=TenantId(tenant_id), spec=spec)
+
+    def decide(_: Job | None) -> tuple[list[Payload], list[NewTask]]:
+        job = evolve_job(None, submitted, store.clock(), 1)
+        events, ready = advance(job)
+        for ev in events:
+            job = evolve_job(job, ev, store.clock(), job.version + 1)
+        tasks: list[NewTask] = [(TenantId(tenant_id), task_spec(job, k), None, None) for k in ready]
+        return [submitted, *events], tasks
+
+    job, tasks = await store.execute_with_tasks(
+        JOBS, job_id, decide, metadata={"principal": principal.subject}
+    )
+    assert job is not None
+    return FastJSONResponse(job_view(job, tasks), status_code=201)
+
+
+@router.get("")
+async def list_jobs(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
+    params = dict(request.query_params)
+    unknown = sorted(set(params) - {"page", "per_page", "status"})
+    if unknown:
+        raise DomainError(
+            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
+        )
+    page = int(params["page"]) if params.get("page", "").isdigit() else 1
+    per_page = min(int(params["per_page"]), 200) if params.get("per_page", "").isdigit() else 20
+    found, total = await job_rows.page(
+        store, tenant_scope(principal), params.get("status"), max(page, 1), max(per_page, 1)
+    )
+    return {"jobs": [job_view(j) for j in found], "total": total, "page": page}
+
+
+@router.get("/{job_id}")
+async def get_job(job_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    job = await _load(store, job_id, tenant_scope(principal))
+    return job_view(job, await task_rows.of_job(store, job_id))
+
+
+@router.get("/{job_id}/events")
+async def job_events(job_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    await _load(store, job_id, tenant_scope(principal))
+    events = await store.read_stream(job_id)
+    return {
+        "events": [
+            {
+                "version": e.version,
+                "type": e.type,
+                "occurred_at": e.occurred_at.isoformat(),
+                "payload": e.payload,
+            }
+            for e in events
+        ]
+    }
+
+
+async def _stop(store: EventStore, job: Job, principal: Principal, *, delete: bool) -> Job:
+    """Skip what waits, stop what runs; with `delete`, the job leaves queries too."""
+
+    def decide(current: Job | None) -> list[Payload]:
+        if current is None or current.deleted_at is not None:
+            raise NotFound("job")
+        events: list[Payload] = []
+        if not current.stop_requested and any(n.state not in DONE for n in current.nodes.values()):
+            stop = JobStopRequested(job_id=current.id)
+            events.append(stop)
+            moved, _ = advance(evolve_job(current, stop, store.clock(), current.version + 1))
+            events.extend(moved)
+        if delete:
+            events.append(JobDeleted(job_id=current.id))
+        return events
+
+    meta = {"principal": principal.subject}
+    after = await store.execute_aggregate(JOBS, job.id, decide, metadata=meta)
+    actor = actor_of(principal)
+    for task in await task_rows.of_job(store, job.id):
+        if task.status not in TERMINAL:
+            await store.execute(task.id, lambda t: commands.decide_stop(t, actor), metadata=meta)
+    assert after is not None
+    return after
+
+
+@router.post("/{job_id}/stop")
+async def stop_job(job_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    job = await _load(store, job_id, tenant_scope(principal))
+    job = await _stop(store, job, principal, delete=False)
+    return job_view(job, await task_rows.of_job(store, job_id))
+
+
+@router.delete("/{job_id}")
+async def delete_job(job_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    job = await _load(store, job_id, tenant_scope(principal))
+    await _stop(store, job, principal, delete=True)
+    return {"id": job_id, "deleted": True}
