@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,6 +33,7 @@ from . import (
 from .responses import FastJSONResponse
 
 API_TITLE = "HeteroFlow API"
+READY_CHECK_TIMEOUT_S = 2.0
 API_VERSION = "1.0.0"
 
 
@@ -88,10 +90,22 @@ def create_app(
 
     @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
-        try:
-            await pool.ping(app.state.store)
-        except Exception as exc:  # noqa: BLE001 - readiness reports any failure
-            return FastJSONResponse({"status": "unavailable", "error": str(exc)}, 503)
-        return FastJSONResponse({"status": "ok"})
+        """Ready when every dependency answers; each is named with its state."""
+        checks = {"postgres": await _postgres(app.state.store)}
+        if app.state.nc is not None:
+            checks["nats"] = "ok" if app.state.nc.is_connected else "not connected"
+        ready = all(state == "ok" for state in checks.values())
+        body = {"status": "ok" if ready else "unavailable", "checks": checks}
+        return FastJSONResponse(body, 200 if ready else 503)
 
     return app
+
+
+async def _postgres(store: EventStore) -> str:
+    try:
+        await asyncio.wait_for(pool.ping(store), READY_CHECK_TIMEOUT_S)
+    except TimeoutError:
+        return f"no answer within {READY_CHECK_TIMEOUT_S:g} s"
+    except Exception as exc:  # noqa: BLE001 - readiness reports any failure
+        return str(exc)[:300] or type(exc).__name__
+    return "ok"

@@ -127,7 +127,13 @@ async def test_with_the_database_gone_requests_are_503_within_the_bound_then_rec
         url = pg.url
         async with gateway(url, db_wait_timeout_s=2.0) as (client, acme, _, _store):
             assert (await client.post("/api/v1/tasks", json=TASK, headers=acme)).status_code == 201
+            ready = await client.get("/readyz")
+            assert ready.status_code == 200 and ready.json()["checks"]["postgres"] == "ok"
             pg.stop()
+            started = time.monotonic()
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["checks"]["postgres"] != "ok"
+            assert time.monotonic() - started < 3.0
             for method in ("GET", "POST"):
                 started = time.monotonic()
                 r = await client.request(
@@ -145,6 +151,10 @@ async def test_with_the_database_gone_requests_are_503_within_the_bound_then_rec
                 return r.status_code == 201
 
             await _until(served, "a create served after the database came back")
+            assert (await client.get("/readyz")).json() == {
+                "status": "ok",
+                "checks": {"postgres": "ok"},
+            }
             listed = (await client.get("/api/v1/tasks", headers=acme)).json()
             assert len(listed["tasks"]) == 2  # the first create survived; the refused left none
     finally:
