@@ -90,13 +90,17 @@ DEAD_LETTERS = Counter(
 
 _NOTIFY_CHANNEL = "hf_events"
 
+# ORDER BY names the table's column: a bare `tx_id` there would be the text output column
+# of the same name (PostgreSQL prefers output names in ORDER BY), '1000' would sort before
+# '999', and a batch cut across such a boundary would move the checkpoint past events it
+# never read.
 _SELECT = """
 SELECT position, event_id, stream_id, stream_type, version, type, schema_version,
        payload, metadata, occurred_at, tx_id::text AS tx_id
 FROM events
 WHERE (tx_id, position) > (%(tx)s::xid8, %(pos)s)
   AND tx_id < pg_snapshot_xmin(pg_current_snapshot())
-ORDER BY tx_id, position
+ORDER BY events.tx_id, events.position
 LIMIT %(limit)s
 """
 

@@ -17,6 +17,7 @@ from libs.store import pool
 from libs.store.eventstore import EventStore
 
 from . import (
+    contract,
     errors,
     gpu,
     limits,
@@ -56,6 +57,14 @@ def create_app(
             await app.state.store.close()
 
     app = FastAPI(title=API_TITLE, version=API_VERSION, lifespan=lifespan)
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = contract.complete(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.store = store
     app.state.nc = nc

@@ -58,13 +58,39 @@ def install(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         mapping = {401: Code.UNAUTHENTICATED, 403: Code.FORBIDDEN, 404: Code.NOT_FOUND}
         code = mapping.get(exc.status_code, exc.status_code * 100)
-        return FastJSONResponse(error_body(str(exc.detail), code), exc.status_code)
+        headers = getattr(exc, "headers", None)
+        message = str(exc.detail)
+        if exc.status_code == 405:
+            # Starlette names only the methods of the first route on the path; name them all.
+            allowed = _allowed_methods(request)
+            headers = {"Allow": ", ".join(allowed)}
+            message = (
+                f"method {request.method} is not allowed on {request.url.path}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+        return FastJSONResponse(error_body(message, code), exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug: logged with its stack, answered without internals.
         log.exception("unhandled_error", path=request.url.path, error=str(exc))
         return FastJSONResponse(error_body("internal error", INTERNAL_ERROR), 500)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods the API documents for the request's path (templates matched per segment)."""
+    asked = request.url.path.rstrip("/").split("/")
+    methods: set[str] = set()
+    for template, item in request.app.openapi().get("paths", {}).items():
+        parts = template.rstrip("/").split("/")
+        if len(parts) == len(asked) and all(
+            p == a or (p.startswith("{") and p.endswith("}") and a)
+            for p, a in zip(parts, asked, strict=True)
+        ):
+            methods |= {m.upper() for m in item}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)

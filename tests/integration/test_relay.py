@@ -138,6 +138,28 @@ async def test_a_new_relay_resumes_from_the_checkpoint(
     assert msg_ids(await stored(js, stream_type)) == first + later
 
 
+async def test_transaction_ids_of_different_lengths_are_taken_in_numeric_order(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    """A batch spanning 99 -> 100 (as every installation's ids cross 999 -> 1000 early):
+    taken in text order, '100' came before '99', the checkpoint passed the 99s and they were
+    never published."""
+    ids = []
+    with psycopg.connect(db) as conn:
+        for tx_id, stream_id in ((99, "task-a"), (99, "task-b"), (100, "task-c")):
+            event_id = str(uuid.uuid4())
+            conn.execute(
+                "INSERT INTO events (event_id, stream_id, stream_type, version, type, payload,"
+                " occurred_at, tx_id) VALUES (%s, %s, %s, 1, 'thing_happened', '{}', now(),"
+                " %s::text::xid8)",
+                (event_id, stream_id, stream_type, str(tx_id)),
+            )
+            ids.append(event_id)
+    async with OutboxRelay(db, js, name="digits", batch_size=1) as relay:
+        assert await relay.run_once() == 3
+    assert msg_ids(await stored(js, stream_type)) == ids
+
+
 class CrashBeforeCheckpoint(OutboxRelay):
     async def _after_publish(self, events: Sequence[OutboxEvent]) -> None:
         raise RuntimeError("crash between the acks and the checkpoint write")
