@@ -170,28 +170,27 @@ async def wide(system: System, sizes: Sizes, folder: Path) -> Results:
 
 
 async def measure(system: System, sizes: Sizes, folder: Path) -> tuple[Results, list[str]]:
-    """Every workload on one started system; a workload that fails leaves its figures NaN
-    and a note, and the next one still runs."""
+    """Every workload on one started system, in turn. A workload that fails (a job that
+    never ends, a refused submission) leaves its figures and the later workloads' NaN with
+    a note: what it left behind would only skew them (and make each wait out its timeout)."""
     results: Results = {}
     notes: list[str] = []
     try:
         figures, used = await burst(system, sizes)
         results |= figures
         notes.append(used.note(sizes.burst))
+        for run in (steady, wide):
+            results |= await run(system, sizes, folder / run.__name__)
     except Exception as e:  # noqa: BLE001 - reported in the table's notes
-        notes.append(f"burst failed: {e}")
-    for name, run in (("steady", steady), ("wide", wide)):
-        try:
-            results |= await run(system, sizes, folder / name)
-        except Exception as e:  # noqa: BLE001
-            notes.append(f"{name} failed: {e}")
-            await _settle(system, sizes)
+        done = {"burst" if k.startswith(("burst", "cpu")) else k.split("_")[0] for k in results}
+        left = [w for w in ("burst", "steady", "wide") if w not in done]
+        notes.append(f"{left[0]} failed ({type(e).__name__}: {e}); not run: {left[1:] or '-'}")
+        notes.append(f"jobs still active at the end: {await _active(system)}")
     return results, notes
 
 
-async def _settle(system: System, sizes: Sizes) -> None:
-    """After a failed workload, give what it left a chance to end before the next one."""
+async def _active(system: System) -> int | str:
     try:
-        await drained(system, sizes)
-    except Exception:  # noqa: BLE001 - the next workload reports its own trouble
-        return
+        return await system.active()
+    except Exception as e:  # noqa: BLE001 - a note, not a result
+        return f"unknown ({e})"

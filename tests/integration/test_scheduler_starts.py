@@ -55,7 +55,7 @@ def pending_reason_codes(database_url: str) -> set[str]:
 
 @pytest.mark.cluster_env(HETEROFLOW_SCHEDULE_MAX_STARTING_PER_NODE=str(BOUND))
 def test_burst_is_placed_within_the_bound_and_spreads(cluster: Cluster) -> None:
-    ids = [cluster.create(name=f"b{i}", command="sleep 2")["id"] for i in range(BURST)]
+    ids = [cluster.create(name=f"b{i}", command="sleep 3")["id"] for i in range(BURST)]
     for node in ("s1", "s2"):
         cluster.start_agent(node, "process", HETEROFLOW_NODE_CPU_CORES="64")
 

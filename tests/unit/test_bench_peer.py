@@ -3,11 +3,13 @@ systems, and the CPU accounting read from /proc."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -15,7 +17,7 @@ import pytest
 import bench.peer as peer
 from bench.peer import cpu
 from bench.peer.table import metrics, ratio, render, verdict
-from bench.peer.workloads import Sizes
+from bench.peer.workloads import Sizes, measure
 
 SIZES = Sizes(burst=500, rate=10, wide=64, wide_sleep=10)
 SLURM = {
@@ -128,3 +130,44 @@ def test_tree_takes_descendants_and_prunes_below_a_supervisor() -> None:
             kid.kill()
         parent.kill()
         parent.wait()
+
+
+class StuckSystem:
+    """A system whose jobs never end (`stuck`), or end at once but never run (`stuck=0`)."""
+
+    name = "stuck"
+    per_job_names: tuple[str, ...] = ()
+
+    def __init__(self, stuck: int) -> None:
+        self.stuck = stuck
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def submit(self, command: str) -> None: ...
+
+    async def active(self) -> int:
+        return self.stuck
+
+    def control_plane(self) -> list[int]:
+        return [os.getpid()]
+
+    def helpers(self) -> list[int]:
+        return []
+
+
+@pytest.mark.parametrize(
+    ("stuck", "measured", "failed"),
+    [(1, set(), "burst failed (TimeoutError"), (0, {"burst_makespan_s"}, "steady failed")],
+    ids=["burst-never-drains", "steady-jobs-never-run"],
+)
+def test_a_failed_workload_stops_the_run_and_says_why(
+    tmp_path: Path, stuck: int, measured: set[str], failed: str
+) -> None:
+    sizes = Sizes(burst=3, rate=50, steady_s=0.1, wide=2, poll_s=0.02, timeout_s=0.3)
+    results, notes = asyncio.run(measure(StuckSystem(stuck), sizes, tmp_path))
+    assert measured <= set(results) and not {"steady_p99_ms", "wide_all_running_s"} & set(results)
+    failure = next(n for n in notes if "failed" in n)
+    assert failure.startswith(failed) and failure.endswith(
+        "not run: ['wide']" if stuck == 0 else "not run: ['steady', 'wide']"
+    )
+    assert notes[-1] == f"jobs still active at the end: {stuck}"
