@@ -30,7 +30,7 @@ def build_parser(suites: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description="HeteroFlow benchmarks against floors measured in the same run.",
-        epilog="suites: " + ", ".join(suites),
+        epilog="suites: " + ", ".join(suites) + "; also `python -m bench peer --help`",
     )
     parser.add_argument("suites", nargs="*", metavar="SUITE", help="suites to run (default: all)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results as JSON")
@@ -80,6 +80,11 @@ async def run_suites(
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    if raw[:1] == ["peer"]:  # brings its own servers (and Slurm): not one of the suites
+        from .peer import main as peer_main
+
+        return peer_main(raw[1:])
     available = available_suites()
     parser = build_parser(available)
     args = parser.parse_args(argv)

@@ -69,6 +69,7 @@ class ReasonCode(StrEnum):
     INSUFFICIENT_MEMORY = "insufficient_memory"
     INSUFFICIENT_CPU = "insufficient_cpu"
     ANTI_AFFINITY = "anti_affinity"
+    STARTS_IN_FLIGHT = "starts_in_flight"
 
     @property
     def text(self) -> str:
@@ -126,6 +127,7 @@ TEXT: dict[ReasonCode, str] = {
     R.INSUFFICIENT_MEMORY: "not enough free memory",
     R.INSUFFICIENT_CPU: "not enough free CPU",
     R.ANTI_AFFINITY: "would share a node with a task it must avoid",
+    R.STARTS_IN_FLIGHT: "the node is already starting as many tasks as the scheduler allows",
 }
 
 # Why a task still waits (the scheduler's feasibility answers), in the enum's order.
@@ -148,6 +150,7 @@ PLACEMENT_REASONS: tuple[ReasonCode, ...] = (
     R.INSUFFICIENT_MEMORY,
     R.INSUFFICIENT_CPU,
     R.ANTI_AFFINITY,
+    R.STARTS_IN_FLIGHT,
 )
 
 # Failures caused by the infrastructure, not the user's program.

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from libs.domain.states import TaskStatus
+
 from .model import (
     Allocation,
     Gpu,
@@ -46,6 +48,7 @@ NODE_STAGE_ORDER: tuple[Reason, ...] = (
     Reason.INSUFFICIENT_MEMORY,
     Reason.INSUFFICIENT_CPU,
     Reason.ANTI_AFFINITY,
+    Reason.STARTS_IN_FLIGHT,
     Reason.TENANT_QUOTA_EXCEEDED,
 )
 
@@ -69,20 +72,25 @@ class NodeUsage:
     memory_mb: int = 0
     cpu_cores: float = 0.0
     affinity: frozenset[tuple[str, str]] = frozenset()  # (tenant, anti-affinity key)
+    starting: int = 0  # tasks placed here and not yet running (STARTING_STATUSES)
 
 
 _WHOLE = CardUse(whole=True)
 
+# Placed on a node and not yet running: the starts the node has in flight.
+STARTING_STATUSES: frozenset[TaskStatus] = frozenset({TaskStatus.SCHEDULED, TaskStatus.STARTING})
+
 
 def usage_of(allocations: Iterable[Allocation]) -> NodeUsage:
     cards: dict[str, CardUse] = {}
-    memory, cpu = 0, 0.0
+    memory, cpu, starting = 0, 0.0, 0
     keys: set[tuple[str, str]] = set()
     for a in allocations:
         if not a.holding:
             continue
         memory += a.memory_mb
         cpu += a.cpu_cores
+        starting += a.status in STARTING_STATUSES
         if a.anti_affinity:
             keys.update((a.tenant_id, k) for k in a.anti_affinity)
         if a.is_fractional:
@@ -97,7 +105,7 @@ def usage_of(allocations: Iterable[Allocation]) -> NodeUsage:
                 # Most cards are held by one whole-card task: share one value for them.
                 whole = _WHOLE if c is _UNUSED or c is _WHOLE else None
                 cards[gid] = whole or CardUse(True, c.vram_mb, c.compute_ratio)
-    return NodeUsage(cards, memory, cpu, frozenset(keys))
+    return NodeUsage(cards, memory, cpu, frozenset(keys), starting)
 
 
 def free_whole_cards(node: Node, usage: NodeUsage) -> int:
@@ -292,6 +300,17 @@ def check_anti_affinity(task: PendingTask, node: Node, usage: NodeUsage) -> Verd
     return PASS
 
 
+def check_starts(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
+    # Not a capacity reason: preemption frees nothing here, a start reaching running does.
+    if node.max_starting and usage.starting >= node.max_starting:
+        return reject(
+            Reason.STARTS_IN_FLIGHT,
+            f"node {node.id!r} is already starting {usage.starting} tasks "
+            f"(limit {node.max_starting})",
+        )
+    return PASS
+
+
 # --- GPU allocation ------------------------------------------------------------------
 
 
@@ -390,7 +409,7 @@ STATIC_STAGES: tuple[Stage, ...] = (
     check_gpu_type,
     check_vram,
 )
-LATE_STAGES: tuple[Stage, ...] = (check_memory, check_cpu, check_anti_affinity)
+LATE_STAGES: tuple[Stage, ...] = (check_memory, check_cpu, check_anti_affinity, check_starts)
 # The static stages never look at usage.
 _NO_USAGE = NodeUsage()
 

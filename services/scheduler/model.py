@@ -74,6 +74,10 @@ class Node:
     labels: Mapping[str, str] = field(default_factory=dict)
     runtime: str = ""  # the agent's runtime: docker, process, simulated ("" = not reported)
     pools: frozenset[str] = frozenset()  # resource pools whose selector the node matches
+    # Tasks it may have scheduled or starting (placed, not yet running) at once; 0 = no bound.
+    # The scheduler's setting, not the agent's: a burst waits or spreads instead of queueing
+    # on one agent's command stream.
+    max_starting: int = 0
     # Memo for cards_for: the answer depends only on the (immutable) cards, and the planner
     # asks once per task and node. Not part of the value.
     _cards_memo: dict[tuple[str, int, int], CardSets] = field(

@@ -68,6 +68,9 @@ class Placer:
     fence: Fence | None = None  # the leader's, set for each term by PlacementController
     max_candidates: int | None = DEFAULT_MAX_CANDIDATES
     cluster: view.ClusterView = field(default_factory=view.ClusterView)
+    # The last round left a task waiting for a node's in-flight starts (STARTS_IN_FLIGHT):
+    # a start reaching running is then worth a round (see `frees_a_start`).
+    waiting_on_starts: bool = False
 
     async def round(self) -> RoundResult:
         started = time.perf_counter()
@@ -115,6 +118,7 @@ class Placer:
             t = pending.get(un.task_id)
             if t is not None and (t.pending_reason_code, t.pending_reason) != (un.reason, un.text):
                 decisions.setdefault(un.task_id, _why(un.reason, un.text))
+        self.waiting_on_starts = ReasonCode.STARTS_IN_FLIGHT.value in by_reason
         UNPLACED.clear()
         for reason, n in by_reason.items():
             UNPLACED.labels(reason).set(n)
@@ -204,6 +208,18 @@ def wakes_placement(event_type: str, payload: dict[str, Any]) -> bool:
 
 
 HOLDING_STATUSES = frozenset(s.value for s in GPU_HOLDING)
+_IN_FLIGHT = frozenset({TaskStatus.SCHEDULED.value, TaskStatus.STARTING.value})
+
+
+def frees_a_start(event_type: str, payload: dict[str, Any]) -> bool:
+    """Whether a task event ends one of its node's in-flight starts: out of scheduled or
+    starting into a status that is not. `wakes_placement` already covers the moves out of
+    the GPU-holding set; this one matters only while a task waits on STARTS_IN_FLIGHT."""
+    return (
+        event_type == "task_status_changed"
+        and payload.get("from_status") in _IN_FLIGHT
+        and payload.get("to_status") not in _IN_FLIGHT
+    )
 
 
 class PlacementController(Controller):

@@ -19,10 +19,11 @@ from libs.controller import Controller, run_controller
 from libs.domain.envelope import EventEnvelope
 from libs.service import ServiceContext
 
+from . import view
 from .dispatch import Dispatcher
 from .groups import GroupController, policy_from
 from .monitor import NodeMonitor
-from .placement import PlacementController, Placer, wakes_placement
+from .placement import PlacementController, Placer, frees_a_start, wakes_placement
 from .planner import DEFAULT_MAX_CANDIDATES
 from .reports import ReportHandler
 from .routes import routes
@@ -30,6 +31,9 @@ from .routes import routes
 log = structlog.get_logger(__name__)
 
 LEASE_TTL_S = 6.0
+# Twice the agent's default HETEROFLOW_AGENT_MAX_CONCURRENT_COMMANDS (32): the agent always
+# has its next commands queued, and a burst is not committed whole to one node.
+DEFAULT_MAX_STARTING_PER_NODE = 64
 
 
 class SchedulerSettings(CommonSettings):
@@ -38,6 +42,11 @@ class SchedulerSettings(CommonSettings):
     schedule_batch: int = 512
     schedule_max_candidates: int = Field(
         default=DEFAULT_MAX_CANDIDATES, ge=0, description="fits scored per task; 0 = all"
+    )
+    schedule_max_starting_per_node: int = Field(
+        default=DEFAULT_MAX_STARTING_PER_NODE,
+        ge=0,
+        description="tasks scheduled or starting (not yet running) on one node; 0 = no bound",
     )
     group_scan_interval_s: float = 2.0
     group_rebuild_scan_s: float = Field(default=10.0, description="inference rebuild scan")
@@ -53,7 +62,10 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
     wake = asyncio.Event()
 
     async def on_task_event(envelope: EventEnvelope) -> None:
-        if wakes_placement(envelope.type, envelope.payload):
+        kind, payload = envelope.type, envelope.payload
+        if wakes_placement(kind, payload) or (
+            placer.waiting_on_starts and frees_a_start(kind, payload)
+        ):
             wake.set()
 
     async def on_node_event(_envelope: EventEnvelope) -> None:
@@ -64,6 +76,7 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         ctx.store.clock,
         batch=settings.schedule_batch,
         max_candidates=settings.schedule_max_candidates or None,
+        cluster=view.ClusterView(settings.schedule_max_starting_per_node),
     )
     monitor = NodeMonitor(
         ctx.store,

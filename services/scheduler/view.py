@@ -30,7 +30,8 @@ from libs.store.eventstore import EventStore
 from .model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask, QueueLimits
 
 
-def to_node(doc: NodeDoc) -> Node:
+def to_node(doc: NodeDoc, max_starting: int = 0) -> Node:
+    """The planner's node; `max_starting` is the scheduler's bound on its in-flight starts."""
     inv = doc.inventory
     excluded = set(doc.excluded_gpus)
     return Node(
@@ -52,6 +53,7 @@ def to_node(doc: NodeDoc) -> Node:
         ),
         labels=dict(inv.labels),
         runtime=inv.runtime,
+        max_starting=max_starting,
     )
 
 
@@ -170,7 +172,8 @@ class ClusterView:
     changes, `nodes` stays the same tuple object, which lets the planner reuse its index.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_starting: int = 0) -> None:
+        self.max_starting = max_starting  # every node's bound on in-flight starts; 0 = none
         self._nodes: dict[str, tuple[int, Node]] = {}
         # Holding task id -> (version, its allocation, the task itself for a fraction only:
         # a fraction's share is derived from its card, so it is derived again when nodes
@@ -199,7 +202,7 @@ class ClusterView:
             del self._nodes[i]
         if stale:
             for doc in await node_rows.each_by_ids(store, stale):
-                self._nodes[doc.id] = (doc.version, to_node(doc))
+                self._nodes[doc.id] = (doc.version, to_node(doc, self.max_starting))
         self.nodes = tuple(n for _, (_, n) in sorted(self._nodes.items()))
         self._gpus = {g.id: g for n in self.nodes for g in n.gpus}
         return True

@@ -457,6 +457,22 @@ NODE_CASES: list[tuple[PendingTask, Node, list[Allocation], Quota | None, Reason
         "anti-affinity-scoped-to-tenant",
     ),
     (
+        mk_task(),
+        replace(mk_node(), max_starting=2),
+        [mk_alloc("a", status=TaskStatus.SCHEDULED), mk_alloc("b", status=TaskStatus.STARTING)],
+        None,
+        Reason.STARTS_IN_FLIGHT,
+        "starts-in-flight",
+    ),
+    (
+        mk_task(),
+        replace(mk_node(), max_starting=2),
+        [mk_alloc("a", status=TaskStatus.SCHEDULED), mk_alloc("b")],
+        None,
+        None,
+        "starts-in-flight-running-frees-one",
+    ),
+    (
         mk_task(gpus=2),
         mk_node(),
         [],

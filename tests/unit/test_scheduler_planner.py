@@ -179,6 +179,14 @@ REASON_CASES: list[tuple[ClusterSnapshot, list[PendingTask], Reason, str]] = [
         "anti-affinity",
     ),
     (
+        snap(
+            replace(mk_node("n1"), max_starting=1), allocs=[mk_alloc("a", "n1", status=S.STARTING)]
+        ),
+        [mk_task("t", gpus=1)],
+        Reason.STARTS_IN_FLIGHT,
+        "starts-in-flight",
+    ),
+    (
         snap(mk_node("n1"), quotas={"acme": 1}),
         [mk_task("t", gpus=2)],
         Reason.TENANT_QUOTA_EXCEEDED,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.placement import wakes_placement
+from services.scheduler.placement import frees_a_start, wakes_placement
 
 WAKE_CASES: list[tuple[str, dict[str, Any], bool, str]] = [
     ("task_created", {}, True, "created"),
@@ -28,3 +28,21 @@ WAKE_CASES: list[tuple[str, dict[str, Any], bool, str]] = [
 )
 def test_wakes_placement(event_type: str, payload: dict[str, Any], wakes: bool) -> None:
     assert wakes_placement(event_type, payload) is wakes
+
+
+FREED_CASES: list[tuple[dict[str, Any], bool, str]] = [
+    ({"from_status": "starting", "to_status": "running"}, True, "started"),
+    ({"from_status": "scheduled", "to_status": "running"}, True, "started-directly"),
+    ({"from_status": "scheduled", "to_status": "starting"}, False, "still-in-flight"),
+    ({"from_status": "starting", "to_status": "failed"}, True, "start-failed"),
+    ({"from_status": "running", "to_status": "completed"}, False, "was-not-starting"),
+    ({"to_status": "running"}, False, "no-from-status"),
+]
+
+
+@pytest.mark.parametrize(
+    ("payload", "frees"), [c[:2] for c in FREED_CASES], ids=[c[2] for c in FREED_CASES]
+)
+def test_frees_a_start(payload: dict[str, Any], frees: bool) -> None:
+    assert frees_a_start("task_status_changed", payload) is frees
+    assert not frees_a_start("task_pending_reason", payload)
