@@ -226,8 +226,10 @@ class Agent:
                 "heteroflow.tenant": cmd.run.tenant_id,
                 LABEL_NODE: self.node_id,
             },
+            serve_port=spec.serving.port if spec.serving else None,
+            serve_host=self.settings.address,
         )
-        timeout = float(spec.timeout) if spec.task_type.value != "inference" else 0.0
+        timeout = 0.0 if spec.is_inference else float(spec.timeout)
         return run, boost_line, timeout
 
     async def start(self, cmd: NodeCommand) -> None:
@@ -251,11 +253,21 @@ class Agent:
         self.tracked[cmd.task_id] = Tracked(
             handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids
         )
-        running = self.report(handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb)
+        address = await self._endpoint(handle, run)
+        running = self.report(
+            handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb, serve_address=address
+        )
         self._watch(cmd.task_id)
         # The command is acknowledged once its reports are on the stream: a crash before
         # that redelivers it, and the runtime's idempotent start finds the process.
         await running
+
+    async def _endpoint(self, handle: Handle, run: RunSpec) -> str:
+        try:
+            return await self.runtime.endpoint(handle, run)
+        except Exception:  # the task runs; the router just cannot reach it
+            log.exception("serve_endpoint_unknown", task_id=handle.task_id)
+            return ""
 
     def _watch(self, task_id: str) -> None:
         tracked = self.tracked[task_id]

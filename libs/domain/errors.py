@@ -20,11 +20,15 @@ class Code(IntEnum):
     FORBIDDEN = 40301
     NOT_FOUND = 40401
     CAS_CONFLICT = 40901
+    # Serving (docs/serving.md); not in SPEC §2's table either.
+    NOT_SERVING = 40902
     # Not in SPEC §2's table, which has no code for these statuses (docs/api.md lists them).
     PAYLOAD_TOO_LARGE = 41301
     UNSUPPORTED_MEDIA_TYPE = 41501
     SCHEDULING_FAILURE = 50001
     NODE_UNREACHABLE = 50002
+    UPSTREAM_FAILED = 50201
+    SERVE_UNAVAILABLE = 50301
 
 
 HTTP_STATUS: dict[Code, int] = {
@@ -38,10 +42,13 @@ HTTP_STATUS: dict[Code, int] = {
     Code.FORBIDDEN: 403,
     Code.NOT_FOUND: 404,
     Code.CAS_CONFLICT: 409,
+    Code.NOT_SERVING: 409,
     Code.PAYLOAD_TOO_LARGE: 413,
     Code.UNSUPPORTED_MEDIA_TYPE: 415,
     Code.SCHEDULING_FAILURE: 500,
     Code.NODE_UNREACHABLE: 502,
+    Code.UPSTREAM_FAILED: 502,
+    Code.SERVE_UNAVAILABLE: 503,
 }
 
 

@@ -76,6 +76,7 @@ class TaskStatusChanged(ReasonedPayload):
     gpu_ids: tuple[str, ...] | None = None
     qos: str | None = None
     container_id: str | None = None
+    serve_address: str | None = None
     exit_code: int | None = None
     result: str | None = None
     error: str | None = None
@@ -269,8 +270,17 @@ def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str
         "pending_reason_code": None,
     }
     if ev.clear_placement:
-        out.update(node_id=None, gpu_ids=(), qos="", container_id="")
-    for name in ("node_id", "gpu_ids", "qos", "container_id", "exit_code", "result", "error"):
+        out.update(node_id=None, gpu_ids=(), qos="", container_id="", serve_address="")
+    for name in (
+        "node_id",
+        "gpu_ids",
+        "qos",
+        "container_id",
+        "serve_address",
+        "exit_code",
+        "result",
+        "error",
+    ):
         value = getattr(ev, name)
         if value is not None:
             out[name] = value

@@ -95,6 +95,7 @@ class AgentReport(Message):
     error: str = ""
     output_tail: list[str] = Field(default_factory=list)
     container_id: str = ""
+    serve_address: str = ""  # host:port of the task's serving port (docs/serving.md)
     memory_mb: int | None = None  # what the agent actually applied (memory boost)
     at: datetime
 
@@ -212,6 +213,8 @@ def _transition(task: Task, target: TaskStatus, report: AgentReport) -> list[Tas
     fields: dict[str, Any] = {}
     if report.container_id:
         fields["container_id"] = report.container_id
+    if report.serve_address and target is S.RUNNING:
+        fields["serve_address"] = report.serve_address
     if target in TERMINAL:
         fields["exit_code"] = report.exit_code
         fields["result"] = "\n".join(report.output_tail[-20:])

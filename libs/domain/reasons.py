@@ -35,6 +35,8 @@ class ReasonCode(StrEnum):
     USER_SLEEP = "user_sleep"
     USER_WAKE = "user_wake"
     HOST_OFFLINE_ON_WAKE = "host_offline_on_wake"
+    IDLE_SLEEP = "idle_sleep"
+    REQUEST_WAKE = "request_wake"
     PREEMPTED = "preempted"
     NODE_LOST = "node_lost"
     RETRY = "retry"
@@ -91,6 +93,8 @@ TEXT: dict[ReasonCode, str] = {
     R.USER_SLEEP: "sleep requested",
     R.USER_WAKE: "wake requested",
     R.HOST_OFFLINE_ON_WAKE: "woken while its host was offline: rescheduled elsewhere",
+    R.IDLE_SLEEP: "no request for its idle timeout: put to sleep",
+    R.REQUEST_WAKE: "a request arrived while it slept: woken",
     R.PREEMPTED: "preempted by higher-priority work",
     R.NODE_LOST: "its node stopped sending heartbeats",
     R.RETRY: "the retry engine requeued it",

@@ -15,7 +15,17 @@ from libs.config import GatewaySettings
 from libs.store import pool
 from libs.store.eventstore import EventStore
 
-from . import errors, gpu, limits, metrics, routes_groups, routes_ops, routes_tasks, routes_tenants
+from . import (
+    errors,
+    gpu,
+    limits,
+    metrics,
+    routes_groups,
+    routes_ops,
+    routes_serve,
+    routes_tasks,
+    routes_tenants,
+)
 from .responses import FastJSONResponse
 
 API_TITLE = "HeteroFlow API"
@@ -36,6 +46,8 @@ def create_app(
                 settings.database_url.get_secret_value(), max_size=settings.db_pool_max
             )
         yield
+        if app.state.serving is not None:
+            await app.state.serving.close()
         if owned:
             await app.state.store.close()
 
@@ -43,6 +55,7 @@ def create_app(
     app.state.settings = settings
     app.state.store = store
     app.state.nc = nc
+    app.state.serving = None  # the router, made on the first /serve/ request
     app.state.auth_cache = auth.CredentialCache(settings.auth_cache_ttl_s)
     errors.install(app)
     app.include_router(routes_tasks.router)
@@ -50,6 +63,7 @@ def create_app(
     app.include_router(gpu.router)
     app.include_router(routes_groups.router)
     app.include_router(routes_tenants.router)
+    app.include_router(routes_serve.router)
 
     # Inside the metrics middleware, so refused bodies are counted too.
     app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)

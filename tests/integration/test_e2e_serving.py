@@ -1,0 +1,167 @@
+"""Inference serving end to end: the router in front of real busybox containers (docs/serving.md).
+
+Replicas are `busybox httpd` (a static health file and a static page) or, where a test needs
+an engine that records calls or breaks a connection, a `nc -ll -e` shell server.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from . import web
+from .cluster import Cluster
+from .conftest import requires_docker
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker, requires_docker]
+
+HTTPD = (
+    "mkdir -p /www && echo ok > /www/healthz && "
+    'echo "hello from $HETEROFLOW_TASK_ID" > /www/index.html && exec httpd -f -p 8000 -h /www'
+)
+# A fake engine: answers every path with 200 "ok <path>", records /sleep and /wake_up calls
+# in /calls, and drops the connection without an answer on /boom.
+ENGINE = r"""cat > /h <<'EOF'
+#!/bin/sh
+read -r method path rest
+case "$path" in
+  /boom*) exit 0 ;;
+  /sleep*|/wake_up*) echo "$method $path" >> /calls ;;
+esac
+body="ok $path"
+head='HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n'
+printf "$head"'Content-Length: %s\r\n\r\n%s' "${#body}" "$body"
+EOF
+chmod +x /h; touch /calls; exec nc -ll -p 8000 -e /h"""
+SERVING = {"port": 8000, "health_path": "/healthz"}
+
+
+def create_group(cluster: Cluster, **body: Any) -> dict[str, Any]:
+    body = {
+        "name": "llm",
+        "image": "busybox:latest",
+        "task_type": "inference",
+        "command": HTTPD,
+        "serving": SERVING,
+    } | body
+    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def group(cluster: Cluster, group_id: str) -> dict[str, Any]:
+    r = web.get(f"{cluster.url}/api/v1/task-groups/{group_id}", headers=cluster.tenant)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def serving(cluster: Cluster, group_id: str) -> dict[str, Any]:
+    r = web.get(f"{cluster.url}/api/v1/task-groups/{group_id}/serving", headers=cluster.tenant)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def ready_replicas(cluster: Cluster, group_id: str) -> set[str]:
+    return {r["task_id"] for r in serving(cluster, group_id)["replicas"] if r["ready"]}
+
+
+def call(cluster: Cluster, target: str, path: str = "", **kw: Any) -> httpx.Response:
+    kw.setdefault("headers", cluster.tenant)
+    kw.setdefault("timeout", httpx.Timeout(40.0, connect=2.0))
+    return httpx.request(kw.pop("method", "GET"), f"{cluster.url}/serve/{target}/{path}", **kw)
+
+
+def timeline_kinds(cluster: Cluster, task_id: str) -> list[str]:
+    with psycopg.connect(cluster.database_url) as conn:
+        rows = conn.execute(
+            "SELECT kind FROM timeline WHERE subject_id = %s ORDER BY occurred_at", (task_id,)
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_requests_reach_both_replicas_and_survive_a_killed_one(cluster: Cluster) -> None:
+    import docker
+
+    cluster.start_agent("d1", "docker")
+    g = create_group(cluster, task_count=2)
+    cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
+    seen: dict[str, int] = {}
+    for _ in range(20):
+        r = call(cluster, g["id"], "index.html")
+        assert r.status_code == 200, r.text
+        replica = r.headers["x-heteroflow-replica"]
+        assert r.text.strip() == f"hello from {replica}"
+        seen[replica] = seen.get(replica, 0) + 1
+    assert len(seen) == 2, f"both replicas served: {seen}"
+
+    figures = serving(cluster, g["id"])
+    assert figures["requests_per_second"] > 0 and figures["latency_p95_ms"] > 0
+    assert figures["concurrent_requests"] == 0 and figures["queued_requests"] == 0
+
+    victim = next(t for t in group(cluster, g["id"])["tasks"] if t["rank"] == 0)
+    docker.from_env().containers.get(victim["container_id"]).kill()
+    failures, served = 0, 0
+    deadline = time.monotonic() + 60
+
+    def healed() -> bool:
+        members = group(cluster, g["id"])["tasks"]
+        return (
+            victim["id"] not in {t["id"] for t in members}
+            and len(ready_replicas(cluster, g["id"])) == 2
+        )
+
+    while not healed():
+        assert time.monotonic() < deadline, "rank 0 was not rebuilt and ready within 60 s"
+        r = call(cluster, g["id"], "index.html")
+        served += r.status_code == 200
+        failures += r.status_code != 200
+    assert served > 0 and failures <= 1, f"{failures} failed requests while rebuilding"
+    replicas = {
+        call(cluster, g["id"], "index.html").headers["x-heteroflow-replica"] for _ in range(10)
+    }
+    assert len(replicas) == 2 and victim["id"] not in replicas
+
+
+@pytest.mark.cluster_env(HETEROFLOW_SERVE_MAX_BODY_BYTES="1024")
+def test_router_refusals_name_what_is_wrong(cluster: Cluster) -> None:
+    cluster.start_agent("d1", "docker")
+    engine = cluster.create(name="engine", task_type="inference", command=ENGINE, serving=SERVING)
+    plain = cluster.create(name="plain", command="sleep 300")
+    cluster.wait_status(engine["id"], "running", timeout=60)
+    cluster.wait(lambda: call(cluster, engine["id"], "healthz").status_code == 200, "engine ready")
+
+    r = web.post(
+        f"{cluster.url}/api/v1/tenants",
+        json={"id": "other", "gpu_quota": 1},
+        headers=cluster.operator,
+    )
+    assert r.status_code == 201, r.text
+    r = web.post(
+        f"{cluster.url}/api/v1/tenants/other/api-keys",
+        json={"name": "k"},
+        headers=cluster.operator,
+    )
+    other = {"Authorization": f"Bearer {r.json()['key']}"}
+    r = call(cluster, engine["id"], "healthz", headers=other)
+    assert r.status_code == 404 and r.json()["code"] == 40401, r.text
+    r = call(cluster, "grp-nosuchgroup", "x")
+    assert r.status_code == 404, r.text
+
+    r = call(cluster, plain["id"], "x")
+    assert r.status_code == 409 and "declares no serving port" in r.json()["error"], r.text
+
+    r = call(cluster, engine["id"], "echo", method="POST", content=b"x" * 2048)
+    assert r.status_code == 413 and r.json()["code"] == 41301, r.text
+    r = call(cluster, engine["id"], "echo", method="POST", content=b"x" * 512)
+    assert r.status_code == 200 and r.text == "ok /echo", r.text
+
+    r = call(cluster, engine["id"], "boom", method="POST")
+    assert r.status_code == 502, r.text
+    assert engine["id"] in r.json()["error"] and r.json()["code"] == 50201, r.text
+    # The gateway is unharmed and the replica serves again once its health answers.
+    assert web.get(f"{cluster.url}/readyz").status_code == 200
+    cluster.wait(lambda: call(cluster, engine["id"], "again").status_code == 200, "served again")
