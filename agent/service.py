@@ -42,6 +42,7 @@ from libs.domain.telemetry import TelemetryBatch
 from libs.periodic import periodic
 
 from .boost import boost_memory
+from .engine import SLEEP_PATH, WAKE_PATH, engine_call, vram_held_mb
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
 from .reporter import Reporter
 from .retention import Retention
@@ -63,6 +64,8 @@ class Tracked:
     gpu_ids: tuple[str, ...] = ()
     waiter: asyncio.Task[None] | None = None
     timed_out: bool = False
+    serve_address: str = ""
+    engine_slept: bool = False  # asleep through the engine's /sleep, not frozen
 
 
 @dataclass
@@ -254,6 +257,7 @@ class Agent:
             handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids
         )
         address = await self._endpoint(handle, run)
+        self.tracked[cmd.task_id].serve_address = address
         running = self.report(
             handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb, serve_address=address
         )
@@ -329,20 +333,51 @@ class Agent:
         await self.runtime.stop(tracked.handle, grace_s=cmd.grace_s)
 
     async def pause(self, cmd: NodeCommand) -> None:
+        """Sleep: through the engine's sleep endpoint when it has one (VRAM is released),
+        else by freezing the container (which frees no VRAM)."""
         tracked = self.tracked.get(cmd.task_id)
         if tracked is None:
             return
-        await self.runtime.pause(tracked.handle)
+        before = await vram_held_mb(tracked.gpu_ids, self.settings.detect_nvidia)
+        tracked.engine_slept = await engine_call(tracked.serve_address, SLEEP_PATH)
+        if not tracked.engine_slept:
+            await self.runtime.pause(tracked.handle)
+        after = await vram_held_mb(tracked.gpu_ids, self.settings.detect_nvidia)
+        mode = "engine" if tracked.engine_slept else "pause"
+        log.info(
+            "task_asleep",
+            task_id=cmd.task_id,
+            mode=mode,
+            vram_before_mb=before,
+            vram_after_mb=after,
+        )
         tracked.expected = S.SLEEPING
-        await self.report(tracked.handle, Fact.PAUSED, S.SLEEPING)
+        await self.report(
+            tracked.handle,
+            Fact.PAUSED,
+            S.SLEEPING,
+            sleep_mode=mode,
+            vram_before_mb=before,
+            vram_after_mb=after,
+        )
 
     async def resume(self, cmd: NodeCommand) -> None:
         tracked = self.tracked.get(cmd.task_id)
         if tracked is None:
             return
-        await self.runtime.unpause(tracked.handle)
+        mode = "engine" if tracked.engine_slept else "pause"
+        if tracked.engine_slept:
+            tracked.engine_slept = not await engine_call(tracked.serve_address, WAKE_PATH)
+        else:
+            await self.runtime.unpause(tracked.handle)
         tracked.expected = S.RUNNING
-        await self.report(tracked.handle, Fact.RESUMED, S.WAKING)
+        await self.report(
+            tracked.handle,
+            Fact.RESUMED,
+            S.WAKING,
+            sleep_mode=mode,
+            vram_after_mb=await vram_held_mb(tracked.gpu_ids, self.settings.detect_nvidia),
+        )
 
     # --- reports and logs --------------------------------------------------------------
 

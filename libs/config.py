@@ -73,6 +73,9 @@ class GatewaySettings(CommonSettings):
     serve_window_s: float = Field(
         default=60.0, gt=0, description="sliding window of the router's requests/s and p95"
     )
+    serve_metrics_interval_s: float = Field(
+        default=5.0, gt=0, description="how often the router exports and publishes its figures"
+    )
     serve_idle_minute_s: float = Field(
         default=60.0, gt=0, description="seconds in one minute of idle_timeout_minutes (tests)"
     )

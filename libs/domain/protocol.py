@@ -96,6 +96,11 @@ class AgentReport(Message):
     output_tail: list[str] = Field(default_factory=list)
     container_id: str = ""
     serve_address: str = ""  # host:port of the task's serving port (docs/serving.md)
+    # PAUSED/RESUMED: "engine" (its /sleep endpoint released VRAM) or "pause" (frozen only),
+    # and the VRAM its cards held before and after (None where NVML reads nothing).
+    sleep_mode: str = ""
+    vram_before_mb: float | None = None
+    vram_after_mb: float | None = None
     memory_mb: int | None = None  # what the agent actually applied (memory boost)
     at: datetime
 

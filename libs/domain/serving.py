@@ -11,6 +11,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -72,6 +73,25 @@ def looks_like_inference(image: str, serving: ServingSpec | None) -> bool:
     """The heuristic for an empty `task_type`: a declared serving port, or an image whose
     repository names an inference server. An explicit task_type is never second-guessed."""
     return serving is not None or _WORDS.search(image_repository(image)) is not None
+
+
+class ServingMetrics(BaseModel):
+    """The router's figures for one target, published on `hf.serving.<target>.metrics`
+    (core NATS) every `HETEROFLOW_SERVE_METRICS_INTERVAL_S`: the autoscaler's request metrics.
+    Each gateway process publishes what it measured; a consumer sums them per target."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target_id: str
+    tenant_id: str
+    gateway: str  # which gateway process measured them
+    requests_per_second: float
+    concurrent_requests: int
+    latency_p95_ms: float
+    queued_requests: int
+    replicas: int
+    ready_replicas: int
+    at: datetime
 
 
 # --- replica choice --------------------------------------------------------------------

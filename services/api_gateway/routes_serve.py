@@ -26,7 +26,7 @@ from .deps import Principal, tenant_scope
 from .errors import error_body
 from .limits import BodyTooLarge
 from .responses import FastJSONResponse
-from .serving import ServeUnavailable, ServingRouter, Target
+from .serving import SERVE_REQUESTS, ServeUnavailable, ServingRouter, Target
 
 log = structlog.get_logger(__name__)
 router = APIRouter(tags=["serving"])
@@ -53,7 +53,7 @@ HOP = {
 def _router(request: Request) -> ServingRouter:
     state = request.app.state
     if state.serving is None:
-        state.serving = ServingRouter(state.store, state.settings)
+        state.serving = ServingRouter(state.store, state.settings, state.nc)
     serving: ServingRouter = state.serving
     return serving
 
@@ -80,6 +80,7 @@ async def serve(request: Request, target_id: str, path: str, principal: Principa
         body = await _body(request, serving.settings.serve_max_body_bytes)
         return await _proxy(serving, t, request, path, body)
     except ServeUnavailable as exc:
+        SERVE_REQUESTS.labels(target_id, "503").inc()
         return FastJSONResponse(
             error_body(exc.message, exc.code),
             503,
@@ -115,6 +116,7 @@ async def _proxy(
             others = [r for r in t.replicas.values() if r.ready and r.task_id not in tried]
             if retry and others:
                 continue
+            SERVE_REQUESTS.labels(t.id, "502").inc()
             raise DomainError(
                 Code.UPSTREAM_FAILED, f"{t.id}: upstream failed: {'; '.join(failures)}"
             ) from None
@@ -141,6 +143,7 @@ def _stream(
             await resp.aclose()
             _done(serving, t, replica, started)
 
+    SERVE_REQUESTS.labels(t.id, str(resp.status_code)).inc()
     headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP}
     headers["x-heteroflow-replica"] = replica.task_id
     if "content-length" in resp.headers and "content-encoding" not in resp.headers:

@@ -12,19 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import httpx
 import structlog
+from nats.aio.client import Client
+from prometheus_client import Counter, Gauge
 
+from libs.bus.subjects import serving_metrics_subject
 from libs.config import GatewaySettings
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError, NotFound
 from libs.domain.group import current_members
 from libs.domain.reasons import ReasonCode
-from libs.domain.serving import Replica, RequestWindow, ServingSpec, pick
+from libs.domain.serving import Replica, RequestWindow, ServingMetrics, ServingSpec, pick
 from libs.domain.states import TERMINAL, Actor, TaskStatus
 from libs.domain.task import Task
 from libs.store import groups as group_rows
@@ -34,6 +40,19 @@ from libs.store.eventstore import EventStore
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
+
+SERVE_REQUESTS = Counter(
+    "heteroflow_serve_requests_total", "Requests through /serve/", ["target", "status"]
+)
+SERVE_RPS = Gauge("heteroflow_serve_requests_per_second", "Requests/s over the window", ["target"])
+SERVE_CONCURRENT = Gauge(
+    "heteroflow_serve_concurrent_requests", "Requests being proxied now", ["target"]
+)
+SERVE_P95 = Gauge("heteroflow_serve_latency_p95_seconds", "Latency p95 over the window", ["target"])
+SERVE_QUEUED = Gauge(
+    "heteroflow_serve_queued_requests", "Requests held for a ready replica", ["target"]
+)
+SERVE_READY = Gauge("heteroflow_serve_ready_replicas", "Replicas passing health", ["target"])
 
 
 class ServeUnavailable(DomainError):
@@ -69,9 +88,13 @@ class Target:
 class ServingRouter:
     """Per gateway process: what it knows of every target it has been asked for."""
 
-    def __init__(self, store: EventStore, settings: GatewaySettings) -> None:
+    def __init__(
+        self, store: EventStore, settings: GatewaySettings, nc: Client | None = None
+    ) -> None:
         self.store = store
         self.settings = settings
+        self.nc = nc
+        self.gateway = f"{socket.gethostname()}:{os.getpid()}"
         self.targets: dict[str, Target] = {}
         self.clock: Callable[[], float] = time.monotonic
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
@@ -164,7 +187,9 @@ class ServingRouter:
         r.ready, r.last_error = ok, "" if ok else why
 
     async def _watch(self, t: Target) -> None:
-        """Refresh, probe and judge idleness every probe interval, while the target lives."""
+        """Refresh, probe and judge idleness every probe interval, while the target lives;
+        export and publish the figures every metrics interval."""
+        published = self.clock()
         while True:
             await asyncio.sleep(self.settings.serve_probe_interval_s)
             try:
@@ -173,10 +198,39 @@ class ServingRouter:
                 if t.members and all(m.status in TERMINAL for m in t.members):
                     t.changed.set()
                 await self._idle_check(t)
+                if self.clock() - published >= self.settings.serve_metrics_interval_s:
+                    published = self.clock()
+                    await self.publish(t)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a store hiccup must not end the watch
                 log.exception("serving_watch_failed", target=t.id)
+
+    def metrics(self, t: Target) -> ServingMetrics:
+        f = t.window.figures(self.clock())
+        return ServingMetrics(
+            target_id=t.id,
+            tenant_id=t.tenant_id,
+            gateway=self.gateway,
+            requests_per_second=f["requests_per_second"],
+            concurrent_requests=int(f["concurrent_requests"]),
+            latency_p95_ms=f["latency_p95_ms"],
+            queued_requests=int(f["queued_requests"]),
+            replicas=len(t.members),
+            ready_replicas=len(t.ready()),
+            at=datetime.now(UTC),
+        )
+
+    async def publish(self, t: Target) -> None:
+        """Export the figures at /metrics and publish them on the bus."""
+        m = self.metrics(t)
+        SERVE_RPS.labels(t.id).set(m.requests_per_second)
+        SERVE_CONCURRENT.labels(t.id).set(m.concurrent_requests)
+        SERVE_P95.labels(t.id).set(m.latency_p95_ms / 1000)
+        SERVE_QUEUED.labels(t.id).set(m.queued_requests)
+        SERVE_READY.labels(t.id).set(m.ready_replicas)
+        if self.nc is not None and self.nc.is_connected:
+            await self.nc.publish(serving_metrics_subject(t.id), m.model_dump_json().encode())
 
     # --- idle sleep and wake -------------------------------------------------------------
 

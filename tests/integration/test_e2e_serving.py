@@ -6,6 +6,8 @@ an engine that records calls or breaks a connection, a `nc -ll -e` shell server.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from typing import Any
 
@@ -75,6 +77,22 @@ def call(cluster: Cluster, target: str, path: str = "", **kw: Any) -> httpx.Resp
     return httpx.request(kw.pop("method", "GET"), f"{cluster.url}/serve/{target}/{path}", **kw)
 
 
+def bus_metrics(cluster: Cluster, target: str, within_s: float = 15.0) -> dict[str, Any]:
+    """The first ServingMetrics message the router publishes for `target`."""
+    import nats
+
+    async def first() -> dict[str, Any]:
+        nc = await nats.connect(cluster.nats.url)
+        try:
+            sub = await nc.subscribe(f"hf.serving.{target}.metrics")
+            msg = await sub.next_msg(timeout=within_s)
+            return dict(json.loads(msg.data))
+        finally:
+            await nc.close()
+
+    return asyncio.run(first())
+
+
 def timeline_kinds(cluster: Cluster, task_id: str) -> list[str]:
     with psycopg.connect(cluster.database_url) as conn:
         rows = conn.execute(
@@ -83,6 +101,7 @@ def timeline_kinds(cluster: Cluster, task_id: str) -> list[str]:
     return [r[0] for r in rows]
 
 
+@pytest.mark.cluster_env(HETEROFLOW_SERVE_METRICS_INTERVAL_S="1")
 def test_requests_reach_both_replicas_and_survive_a_killed_one(cluster: Cluster) -> None:
     import docker
 
@@ -101,6 +120,11 @@ def test_requests_reach_both_replicas_and_survive_a_killed_one(cluster: Cluster)
     figures = serving(cluster, g["id"])
     assert figures["requests_per_second"] > 0 and figures["latency_p95_ms"] > 0
     assert figures["concurrent_requests"] == 0 and figures["queued_requests"] == 0
+    assert [r["ready"] for r in figures["replicas"]] == [True, True]
+    published = bus_metrics(cluster, g["id"])
+    assert published["requests_per_second"] > 0 and published["ready_replicas"] == 2
+    exported = web.get(f"{cluster.url}/metrics").text
+    assert f'heteroflow_serve_requests_total{{status="200",target="{g["id"]}"}} 20.0' in exported
 
     victim = next(t for t in group(cluster, g["id"])["tasks"] if t["rank"] == 0)
     docker.from_env().containers.get(victim["container_id"]).kill()
@@ -165,3 +189,65 @@ def test_router_refusals_name_what_is_wrong(cluster: Cluster) -> None:
     # The gateway is unharmed and the replica serves again once its health answers.
     assert web.get(f"{cluster.url}/readyz").status_code == 200
     cluster.wait(lambda: call(cluster, engine["id"], "again").status_code == 200, "served again")
+
+
+def group_sleeping(cluster: Cluster, group_id: str) -> bool:
+    g = group(cluster, group_id)
+    return g["status"] == "sleeping" and all(t["status"] == "sleeping" for t in g["tasks"])
+
+
+@pytest.mark.cluster_env(HETEROFLOW_SERVE_IDLE_MINUTE_S="3", HETEROFLOW_SERVE_WAIT_S="40")
+def test_idle_group_sleeps_and_a_request_wakes_it(cluster: Cluster) -> None:
+    import docker
+
+    cluster.start_agent("d1", "docker")
+    g = create_group(cluster, task_count=2, idle_timeout_minutes=1)  # 3 s here
+    cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
+    assert call(cluster, g["id"], "index.html").status_code == 200
+    cluster.wait(lambda: group_sleeping(cluster, g["id"]), "idle group asleep", 30)
+    members = group(cluster, g["id"])["tasks"]
+    client = docker.from_env()
+    # busybox httpd has no /sleep endpoint: the agent froze the containers instead.
+    cluster.wait(
+        lambda: all(client.containers.get(t["container_id"]).status == "paused" for t in members),
+        "containers paused",
+    )
+
+    started = time.monotonic()
+    r = call(cluster, g["id"], "index.html")
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - started < 40
+    assert r.text.strip() == f"hello from {r.headers['x-heteroflow-replica']}"
+    for t in members:
+        kinds = timeline_kinds(cluster, t["id"])
+        assert "idle_sleep" in kinds and "request_wake" in kinds, kinds
+        assert cluster.statuses(t["id"])[-3:] == ["sleeping", "waking", "running"]
+
+
+@pytest.mark.cluster_env(HETEROFLOW_SERVE_IDLE_MINUTE_S="2")
+def test_engine_with_a_sleep_endpoint_is_slept_through_it_not_paused(cluster: Cluster) -> None:
+    import docker
+
+    cluster.start_agent("d1", "docker")
+    engine = cluster.create(
+        name="engine",
+        task_type="inference",
+        command=ENGINE,
+        serving=SERVING,
+        idle_timeout_minutes=1,
+    )
+    cluster.wait_status(engine["id"], "running", timeout=60)
+    cluster.wait(lambda: call(cluster, engine["id"], "healthz").status_code == 200, "ready")
+    cluster.wait_status(engine["id"], "sleeping", timeout=30)
+    container = docker.from_env().containers.get(cluster.task(engine["id"])["container_id"])
+
+    def calls() -> list[str]:
+        out = container.exec_run(["cat", "/calls"]).output.decode()
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    cluster.wait(lambda: calls() == ["POST /sleep?level=1"], "the engine's /sleep called")
+    container.reload()
+    assert container.status == "running", "slept through the engine, not frozen"
+    r = call(cluster, engine["id"], "v1/models")
+    assert r.status_code == 200 and r.text == "ok /v1/models", r.text
+    assert calls() == ["POST /sleep?level=1", "POST /wake_up"]
