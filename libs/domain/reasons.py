@@ -46,6 +46,7 @@ class ReasonCode(StrEnum):
     MEMBER_FAILED = "member_failed"
     MEMBERS_CHANGED = "members_changed"
     REBUILDS_EXHAUSTED = "rebuilds_exhausted"
+    CRASH_LOOP = "crash_loop"
     GROUP_RESTART = "group_restart"
     GROUP_REBUILD = "group_rebuild"
     # --- node events --------------------------------------------------------------------
@@ -103,6 +104,7 @@ TEXT: dict[ReasonCode, str] = {
     R.MEMBER_FAILED: "a member failed",
     R.MEMBERS_CHANGED: "the members' statuses changed",
     R.REBUILDS_EXHAUSTED: "no live replica and every rebuild used",
+    R.CRASH_LOOP: "a replica kept failing: its restarts are used up",
     R.GROUP_RESTART: "whole-group restart after a start-up infrastructure failure",
     R.GROUP_REBUILD: "no live replica: the group is rebuilt",
     R.NODE_GONE: "the node is gone for good",

@@ -45,6 +45,16 @@ class SchedulerSettings(CommonSettings):
     group_restart_window_s: float = 600.0
     group_restart_give_up_s: float = 1800.0
     group_max_rebuilds: int = 5
+    group_replica_max_restarts: int = Field(
+        default=5, ge=0, description="replica self-heals per rank within the crash window"
+    )
+    group_replica_crash_window_s: float = Field(
+        default=600.0, gt=0, description="failures of a rank counted for the crash-loop cap"
+    )
+    group_replica_backoff_s: float = Field(
+        default=10.0, ge=0, description="wait before the 2nd replacement, doubling after"
+    )
+    group_replica_backoff_max_s: float = Field(default=300.0, ge=0, description="backoff cap")
     instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
@@ -78,6 +88,10 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
             settings.group_restart_window_s,
             settings.group_restart_give_up_s,
             settings.group_max_rebuilds,
+            replica_max_restarts=settings.group_replica_max_restarts,
+            replica_crash_window_s=settings.group_replica_crash_window_s,
+            replica_backoff_s=settings.group_replica_backoff_s,
+            replica_backoff_max_s=settings.group_replica_backoff_max_s,
         ),
         ctx.store.clock,
         interval_s=settings.group_scan_interval_s,
