@@ -9,11 +9,14 @@ answer but 2xx, or no answer). docs/serving.md.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import structlog
 
+from .runtimes.base import Handle, Runtime
 from .telemetry import sample
 
 log = structlog.get_logger(__name__)
@@ -45,3 +48,34 @@ async def vram_held_mb(gpu_ids: tuple[str, ...], detect: bool) -> float | None:
     holders = {g: ["-"] for g in gpu_ids}
     samples = await asyncio.to_thread(sample, holders, datetime.now(UTC))
     return round(sum(s.memory_used_mb for s in samples), 1) if samples else None
+
+
+Vram = Callable[[], Awaitable[float | None]]
+
+
+async def put_to_sleep(
+    runtime: Runtime, handle: Handle, address: str, vram: Vram
+) -> tuple[bool, dict[str, Any]]:
+    """(slept through the engine?, the report's fields: mode and VRAM before/after)."""
+    before = await vram()
+    engine = await engine_call(address, SLEEP_PATH)
+    if not engine:
+        await runtime.pause(handle)
+    after = await vram()
+    mode = "engine" if engine else "pause"
+    log.info(
+        "task_asleep", task_id=handle.task_id, mode=mode, vram_before_mb=before, vram_after_mb=after
+    )
+    return engine, {"sleep_mode": mode, "vram_before_mb": before, "vram_after_mb": after}
+
+
+async def wake_from_sleep(
+    runtime: Runtime, handle: Handle, address: str, engine_slept: bool, vram: Vram
+) -> tuple[bool, dict[str, Any]]:
+    """(still asleep through the engine?, the report's fields)."""
+    mode = "engine" if engine_slept else "pause"
+    if engine_slept:
+        engine_slept = not await engine_call(address, WAKE_PATH)
+    else:
+        await runtime.unpause(handle)
+    return engine_slept, {"sleep_mode": mode, "vram_after_mb": await vram()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +28,7 @@ from libs.bus.subjects import (
     node_telemetry_subject,
 )
 from libs.domain.failure import ErrorKind
+from libs.domain.liveness import TaskLiveness
 from libs.domain.protocol import (
     AgentReport,
     CommandKind,
@@ -38,12 +40,14 @@ from libs.domain.protocol import (
     Registration,
 )
 from libs.domain.states import TaskStatus
+from libs.domain.task import TaskSpec
 from libs.domain.telemetry import TelemetryBatch
 from libs.periodic import periodic
 
 from .boost import boost_memory
-from .engine import SLEEP_PATH, WAKE_PATH, engine_call, vram_held_mb
+from .engine import put_to_sleep, vram_held_mb, wake_from_sleep
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
+from .liveness import collect as collect_liveness
 from .reporter import Reporter
 from .retention import Retention
 from .routes import routes
@@ -66,6 +70,14 @@ class Tracked:
     timed_out: bool = False
     serve_address: str = ""
     engine_slept: bool = False  # asleep through the engine's /sleep, not frozen
+    inference: bool = False  # reported in the heartbeats' liveness evidence
+    health_path: str = ""
+
+    @property
+    def health_url(self) -> str:
+        if not (self.health_path and self.serve_address):
+            return ""
+        return f"http://{self.serve_address}{self.health_path}"
 
 
 @dataclass
@@ -77,6 +89,7 @@ class Agent:
     inventory: Inventory
     tracked: dict[str, Tracked] = field(default_factory=dict)
     seq: int = 0
+    liveness: dict[str, TaskLiveness] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.reporter = Reporter(self.js)
@@ -106,6 +119,7 @@ class Agent:
         try:
             await asyncio.gather(
                 self._heartbeats(stop),
+                self._liveness(stop),
                 self._telemetry(stop),
                 self._retention(stop),
                 self.reporter.run(stop),
@@ -169,6 +183,7 @@ class Agent:
                 seq=self.seq,
                 visible_gpus=visible,
                 tasks=sorted(self.tracked),
+                liveness={k: v for k, v in self.liveness.items() if k in self.tracked},
                 at=_now(),
             )
             await self.nc.publish(
@@ -176,6 +191,20 @@ class Agent:
             )
 
         await periodic("heartbeat", beat, stop, self.settings.heartbeat_interval_s)
+
+    async def _liveness(self, stop: asyncio.Event) -> None:
+        """Evidence of each inference task for the next heartbeats (agent/liveness.py)."""
+
+        async def look() -> None:
+            # A task the platform put to sleep is frozen on purpose: no evidence either way.
+            watched = [
+                (tid, t.handle, t.health_url)
+                for tid, t in self.tracked.items()
+                if t.inference and t.expected is S.RUNNING
+            ]
+            self.liveness = await collect_liveness(self.runtime, watched)
+
+        await periodic("liveness", look, stop, self.settings.heartbeat_interval_s)
 
     async def _telemetry(self, stop: asyncio.Event) -> None:
         """NVML samples of the cards running tasks hold; nothing for declared cards."""
@@ -257,7 +286,10 @@ class Agent:
             handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids
         )
         address = await self._endpoint(handle, run)
-        self.tracked[cmd.task_id].serve_address = address
+        tracked = self.tracked[cmd.task_id]
+        tracked.serve_address, tracked.inference = address, spec_of(cmd).is_inference
+        serving = spec_of(cmd).serving
+        tracked.health_path = serving.health_path if serving else ""
         running = self.report(
             handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb, serve_address=address
         )
@@ -334,50 +366,32 @@ class Agent:
 
     async def pause(self, cmd: NodeCommand) -> None:
         """Sleep: through the engine's sleep endpoint when it has one (VRAM is released),
-        else by freezing the container (which frees no VRAM)."""
+        else by freezing the container (which frees no VRAM). agent/engine.py."""
         tracked = self.tracked.get(cmd.task_id)
         if tracked is None:
             return
-        before = await vram_held_mb(tracked.gpu_ids, self.settings.detect_nvidia)
-        tracked.engine_slept = await engine_call(tracked.serve_address, SLEEP_PATH)
-        if not tracked.engine_slept:
-            await self.runtime.pause(tracked.handle)
-        after = await vram_held_mb(tracked.gpu_ids, self.settings.detect_nvidia)
-        mode = "engine" if tracked.engine_slept else "pause"
-        log.info(
-            "task_asleep",
-            task_id=cmd.task_id,
-            mode=mode,
-            vram_before_mb=before,
-            vram_after_mb=after,
+        tracked.engine_slept, fields = await put_to_sleep(
+            self.runtime, tracked.handle, tracked.serve_address, self._vram(tracked)
         )
         tracked.expected = S.SLEEPING
-        await self.report(
-            tracked.handle,
-            Fact.PAUSED,
-            S.SLEEPING,
-            sleep_mode=mode,
-            vram_before_mb=before,
-            vram_after_mb=after,
-        )
+        await self.report(tracked.handle, Fact.PAUSED, S.SLEEPING, **fields)
 
     async def resume(self, cmd: NodeCommand) -> None:
         tracked = self.tracked.get(cmd.task_id)
         if tracked is None:
             return
-        mode = "engine" if tracked.engine_slept else "pause"
-        if tracked.engine_slept:
-            tracked.engine_slept = not await engine_call(tracked.serve_address, WAKE_PATH)
-        else:
-            await self.runtime.unpause(tracked.handle)
-        tracked.expected = S.RUNNING
-        await self.report(
+        tracked.engine_slept, fields = await wake_from_sleep(
+            self.runtime,
             tracked.handle,
-            Fact.RESUMED,
-            S.WAKING,
-            sleep_mode=mode,
-            vram_after_mb=await vram_held_mb(tracked.gpu_ids, self.settings.detect_nvidia),
+            tracked.serve_address,
+            tracked.engine_slept,
+            self._vram(tracked),
         )
+        tracked.expected = S.RUNNING
+        await self.report(tracked.handle, Fact.RESUMED, S.WAKING, **fields)
+
+    def _vram(self, tracked: Tracked) -> Callable[[], Awaitable[float | None]]:
+        return lambda: vram_held_mb(tracked.gpu_ids, self.settings.detect_nvidia)
 
     # --- reports and logs --------------------------------------------------------------
 
@@ -416,6 +430,11 @@ class Agent:
     async def _find_handle(self, task_id: str) -> Handle | None:
         handles = [h for h in await self.runtime.list_managed() if h.task_id == task_id]
         return max(handles, key=lambda h: h.attempt) if handles else None
+
+
+def spec_of(cmd: NodeCommand) -> TaskSpec:
+    assert cmd.run is not None
+    return cmd.run.spec
 
 
 def _now() -> datetime:

@@ -18,6 +18,7 @@ from .commands import decide_transition
 from .errors import Conflict
 from .events import TaskStatusChanged
 from .failure import ErrorKind
+from .liveness import TaskLiveness
 from .node import NodeInventory
 from .reasons import report_reason
 from .states import TERMINAL, Actor, TaskStatus
@@ -126,6 +127,8 @@ class Heartbeat(Message):
     seq: int
     visible_gpus: list[str]
     tasks: list[str] = Field(default_factory=list)
+    # Per inference task: container state and health (the liveness floor, liveness.py).
+    liveness: dict[str, TaskLiveness] = Field(default_factory=dict)
     at: datetime
 
 

@@ -28,6 +28,7 @@ class ReasonCode(StrEnum):
     EXITED = "exited"
     START_FAILED = "start_failed"
     CONTAINER_LOST = "container_lost"
+    LIVENESS_LOST = "liveness_lost"
     TIMEOUT = "timeout"
     REPORTED = "reported"
     USER_STOP = "user_stop"
@@ -87,6 +88,7 @@ TEXT: dict[ReasonCode, str] = {
     R.EXITED: "the container exited",
     R.START_FAILED: "the agent could not start the container",
     R.CONTAINER_LOST: "the agent no longer finds the container",
+    R.LIVENESS_LOST: "no positive liveness past the floor and several signals of death",
     R.TIMEOUT: "the task exceeded its timeout",
     R.REPORTED: "status reported over the API",
     R.USER_STOP: "stop requested",
@@ -148,7 +150,9 @@ PLACEMENT_REASONS: tuple[ReasonCode, ...] = (
 )
 
 # Failures caused by the infrastructure, not the user's program.
-INFRASTRUCTURE_REASONS: frozenset[ReasonCode] = frozenset({R.NODE_LOST, R.CONTAINER_LOST})
+INFRASTRUCTURE_REASONS: frozenset[ReasonCode] = frozenset(
+    {R.NODE_LOST, R.CONTAINER_LOST, R.LIVENESS_LOST}
+)
 
 # The version of the payloads that carry a code; version 1 carried only the text.
 REASON_SCHEMA_VERSION = 2

@@ -49,6 +49,7 @@ KINDS = (
     "replica_self_heal",
     "idle_sleep",
     "request_wake",
+    "liveness_lost",
 )
 
 
@@ -135,7 +136,11 @@ def _status_kind(code: ReasonCode, to: str | None) -> str | None:
     if code is R.REQUEST_WAKE and to == "waking":
         return "request_wake"
     if to == "failed":
-        return {R.CONTAINER_LOST: "container_lost", R.TIMEOUT: "task_timeout"}.get(code)
+        return {
+            R.CONTAINER_LOST: "container_lost",
+            R.TIMEOUT: "task_timeout",
+            R.LIVENESS_LOST: "liveness_lost",
+        }.get(code)
     return None
 
 

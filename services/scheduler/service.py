@@ -40,6 +40,12 @@ class SchedulerSettings(CommonSettings):
         default=DEFAULT_MAX_CANDIDATES, ge=0, description="fits scored per task; 0 = all"
     )
     group_scan_interval_s: float = 2.0
+    liveness_floor_s: float = Field(
+        default=900.0, gt=0, description="inference task with no positive liveness this long"
+    )
+    liveness_stale_s: float = Field(
+        default=30.0, gt=0, description="heartbeat evidence older than this is a death signal"
+    )
     group_rebuild_scan_s: float = Field(default=10.0, description="inference rebuild scan")
     group_restart_backoffs_s: list[float] = Field(default_factory=lambda: [60.0, 180.0])
     group_restart_window_s: float = 600.0
@@ -80,6 +86,8 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         ctx.nc,
         offline_after_s=settings.node_offline_after_s,
         gone_after_s=settings.node_gone_after_s,
+        liveness_floor_s=settings.liveness_floor_s,
+        liveness_stale_s=settings.liveness_stale_s,
     )
     groups = GroupController(
         ctx.store,

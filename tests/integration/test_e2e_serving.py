@@ -251,3 +251,35 @@ def test_engine_with_a_sleep_endpoint_is_slept_through_it_not_paused(cluster: Cl
     r = call(cluster, engine["id"], "v1/models")
     assert r.status_code == 200 and r.text == "ok /v1/models", r.text
     assert calls() == ["POST /sleep?level=1", "POST /wake_up"]
+
+
+@pytest.mark.cluster_env(HETEROFLOW_LIVENESS_FLOOR_S="4", HETEROFLOW_LIVENESS_STALE_S="3")
+def test_frozen_replica_is_declared_dead_and_rebuilt_an_idle_one_is_not(
+    cluster: Cluster,
+) -> None:
+    import docker
+
+    cluster.start_agent("d1", "docker")
+    g = create_group(cluster, task_count=2)
+    cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
+    members = {t["rank"]: t for t in group(cluster, g["id"])["tasks"]}
+    frozen, idle = members[0], members[1]
+    docker.from_env().containers.get(frozen["container_id"]).pause()  # behind its back
+
+    def rebuilt() -> bool:
+        now = {t["rank"]: t for t in group(cluster, g["id"])["tasks"]}
+        return bool(now[0]["id"] != frozen["id"] and now[0]["status"] == "running")
+
+    cluster.wait(rebuilt, "rank 0 declared dead and replaced", 60)
+    dead = cluster.task(frozen["id"])
+    assert dead["status"] == "failed" and dead["status_reason_code"] == "liveness_lost", dead
+    assert "container paused" in dead["error"] and "health endpoint failing" in dead["error"]
+    assert "liveness_lost" in timeline_kinds(cluster, frozen["id"])
+    # Idle the whole time (no request at all since), yet healthy: never touched.
+    untouched = cluster.task(idle["id"])
+    assert untouched["status"] == "running" and untouched["version"] == idle["version"]
+    # What was left of the dead replica is stopped, not left frozen on its cards.
+    cluster.wait(
+        lambda: docker.from_env().containers.get(frozen["container_id"]).status == "exited",
+        "the frozen container stopped",
+    )
