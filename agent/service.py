@@ -46,6 +46,8 @@ from libs.periodic import periodic
 
 from .boost import boost_memory
 from .engine import put_to_sleep, vram_held_mb, wake_from_sleep
+from .engines import profile as pick_profile
+from .engines import profile_env
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
 from .liveness import collect as collect_liveness
 from .reporter import Reporter
@@ -243,17 +245,19 @@ class Agent:
             spec.image, spec.memory_mb, spec.gpu_required > 0 or spec.is_fractional
         )
         vendors = {g.uuid: g.vendor for g in self.inventory.gpus}
+        vendor = vendors.get(gpu_ids[0], "") if gpu_ids else ""
+        engine_env = profile_env(self.engine_profile(cmd), gpu_ids, self._indices(gpu_ids, vendor))
         run = RunSpec(
             task_id=cmd.task_id,
             attempt=cmd.attempt,
             image=spec.image,
             command=spec.command,
-            env=dict(cmd.run.group_env) | dict(spec.env),  # user values win
+            env=engine_env | dict(cmd.run.group_env) | dict(spec.env),  # user values win
             volumes=tuple(v.model_dump() for v in spec.volumes),
             memory_mb=memory,
             cpu_cores=spec.cpu_cores,
             gpu_ids=gpu_ids,
-            gpu_vendor=vendors.get(gpu_ids[0], "") if gpu_ids else "",
+            gpu_vendor=vendor,
             labels={
                 "heteroflow.tenant": cmd.run.tenant_id,
                 LABEL_NODE: self.node_id,
@@ -263,6 +267,22 @@ class Agent:
         )
         timeout = 0.0 if spec.is_inference else float(spec.timeout)
         return run, boost_line, timeout
+
+    def engine_profile(self, cmd: NodeCommand) -> str:
+        """The engine profile of an inference task (agent/engines.py); "" otherwise."""
+        assert cmd.run is not None
+        if not cmd.run.spec.is_inference:
+            return ""
+        vendors = {g.uuid: g.vendor for g in self.inventory.gpus}
+        ids = cmd.run.gpu_ids
+        local = vendors.get(ids[0], "") if ids else ""
+        return pick_profile(cmd.run.spec.image, cmd.run.gpu_label, ids, local)
+
+    def _indices(self, gpu_ids: tuple[str, ...], vendor: str) -> tuple[str, ...]:
+        # Docker renumbers the NVIDIA cards it passes in from 0; elsewhere the ids hold.
+        if self.runtime.name == "docker" and vendor.lower() == "nvidia":
+            return tuple(str(i) for i in range(len(gpu_ids)))
+        return gpu_ids
 
     async def start(self, cmd: NodeCommand) -> None:
         known = self.tracked.get(cmd.task_id)
@@ -291,7 +311,12 @@ class Agent:
         serving = spec_of(cmd).serving
         tracked.health_path = serving.health_path if serving else ""
         running = self.report(
-            handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb, serve_address=address
+            handle,
+            Fact.RUNNING,
+            S.STARTING,
+            memory_mb=run.memory_mb,
+            serve_address=address,
+            engine=self.engine_profile(cmd),
         )
         self._watch(cmd.task_id)
         # The command is acknowledged once its reports are on the stream: a crash before

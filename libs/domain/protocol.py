@@ -49,6 +49,7 @@ class TaskRunSpec(Message):
     tenant_id: str = ""
     group_id: str | None = None
     rank: int | None = None
+    gpu_label: str = ""  # "vendor/model" of the granted cards (engine routing)
     # WORLD_SIZE, MASTER_ADDR, ... for a group member; the user's env wins over these.
     group_env: dict[str, str] = Field(default_factory=dict)
 
@@ -97,6 +98,7 @@ class AgentReport(Message):
     output_tail: list[str] = Field(default_factory=list)
     container_id: str = ""
     serve_address: str = ""  # host:port of the task's serving port (docs/serving.md)
+    engine: str = ""  # the engine profile applied at start (agent/engines.py)
     # PAUSED/RESUMED: "engine" (its /sleep endpoint released VRAM) or "pause" (frozen only),
     # and the VRAM its cards held before and after (None where NVML reads nothing).
     sleep_mode: str = ""
@@ -223,6 +225,8 @@ def _transition(task: Task, target: TaskStatus, report: AgentReport) -> list[Tas
         fields["container_id"] = report.container_id
     if report.serve_address and target is S.RUNNING:
         fields["serve_address"] = report.serve_address
+    if report.engine and target is S.RUNNING:
+        fields["engine"] = report.engine
     if target in TERMINAL:
         fields["exit_code"] = report.exit_code
         fields["result"] = "\n".join(report.output_tail[-20:])

@@ -153,6 +153,10 @@ class Task(BaseModel):
     container_id: str = ""
     # host:port of the task's serving port, as its agent reported it (docs/serving.md).
     serve_address: str = ""
+    # "vendor/model" of its cards, set on placement, and the engine profile the agent chose
+    # from it and the image (docs/serving.md#engine-routing).
+    gpu_label: str = ""
+    engine: str = ""
     retry_count: int = 0
     exit_code: int | None = None
     result: str = ""
@@ -196,6 +200,8 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "qos",
         "container_id",
         "serve_address",
+        "gpu_label",
+        "engine",
         "error",
         "pending_reason",
         "pending_reason_code",
