@@ -197,14 +197,27 @@ class ServingRouter:
                 await self._refresh(t)
                 if t.members and all(m.status in TERMINAL for m in t.members):
                     t.changed.set()
+                    if not (t.window.concurrent or t.window.queued):
+                        self._forget(t)  # ended: a later request learns it afresh
+                        return
                 await self._idle_check(t)
                 if self.clock() - published >= self.settings.serve_metrics_interval_s:
                     published = self.clock()
                     await self.publish(t)
             except asyncio.CancelledError:
                 raise
+            except NotFound:  # deleted
+                self._forget(t)
+                return
             except Exception:  # a store hiccup must not end the watch
                 log.exception("serving_watch_failed", target=t.id)
+
+    def _forget(self, t: Target) -> None:
+        if self.targets.get(t.id) is t:
+            del self.targets[t.id]
+        for gauge in (SERVE_RPS, SERVE_CONCURRENT, SERVE_P95, SERVE_QUEUED, SERVE_READY):
+            with contextlib.suppress(KeyError):
+                gauge.remove(t.id)
 
     def metrics(self, t: Target) -> ServingMetrics:
         f = t.window.figures(self.clock())

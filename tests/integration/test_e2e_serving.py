@@ -26,12 +26,17 @@ HTTPD = (
     'echo "hello from $HETEROFLOW_TASK_ID" > /www/index.html && exec httpd -f -p 8000 -h /www'
 )
 # A fake engine: answers every path with 200 "ok <path>", records /sleep and /wake_up calls
-# in /calls, and drops the connection without an answer on /boom.
+# in /calls, drops the connection without an answer on /boom, and streams three
+# Server-Sent Events one second apart on /events.
 ENGINE = r"""cat > /h <<'EOF'
 #!/bin/sh
 read -r method path rest
 case "$path" in
   /boom*) exit 0 ;;
+  /events*)
+    printf 'HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n'
+    for i in 1 2 3; do printf 'data: %s\n\n' "$i"; sleep 1; done
+    exit 0 ;;
   /sleep*|/wake_up*) echo "$method $path" >> /calls ;;
 esac
 body="ok $path"
@@ -187,6 +192,19 @@ def test_router_refusals_name_what_is_wrong(cluster: Cluster) -> None:
     assert r.status_code == 502, r.text
     assert engine["id"] in r.json()["error"] and r.json()["code"] == 50201, r.text
     # The gateway is unharmed and the replica serves again once its health answers.
+    cluster.wait(lambda: call(cluster, engine["id"], "again").status_code == 200, "served")
+
+    # Server-Sent Events pass through unbuffered: each event arrives as it is sent.
+    url = f"{cluster.url}/serve/{engine['id']}/events"
+    arrivals: list[tuple[float, str]] = []
+    with httpx.stream("GET", url, headers=cluster.tenant, timeout=20) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream"
+        started = time.monotonic()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                arrivals.append((time.monotonic() - started, line))
+    assert [line for _, line in arrivals] == ["data: 1", "data: 2", "data: 3"]
+    assert arrivals[0][0] < 0.8 and arrivals[2][0] > 1.5, arrivals
     assert web.get(f"{cluster.url}/readyz").status_code == 200
     cluster.wait(lambda: call(cluster, engine["id"], "again").status_code == 200, "served again")
 
