@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from libs import auth
 from libs.domain import commands
 from libs.domain.events import TaskStatusChanged
@@ -54,6 +56,7 @@ class Side:
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
     seconds: float = 0.0
+    cpu_s: float = 0.0  # the gateway's user + system CPU over the loop (router side)
 
     def rate(self) -> float:
         return len(self.latencies) / self.seconds if self.seconds else 0.0
@@ -144,7 +147,10 @@ async def run(ctx: Context) -> list[Row]:
                 await closed_loop("warm", up_port, "/v1/completions", "", WARMUP, conns)
                 await closed_loop("warm", gw_port, routed_path, key, WARMUP, conns)
                 direct = await closed_loop("direct", up_port, "/v1/completions", "", n, conns)
+                cpu = psutil.Process(gateway.pid)
+                before = sum(cpu.cpu_times()[:2])
                 routed = await closed_loop("router", gw_port, routed_path, key, n, conns)
+                routed.cpu_s = sum(cpu.cpu_times()[:2]) - before
             finally:
                 await _stop(gateway)
     finally:
@@ -160,6 +166,15 @@ def rows(direct: Side, routed: Side, conns: int) -> list[Row]:
     )
     base = Row("serving.direct.rate", direct.rate(), "req/s", note=note)
     out = [base, against("serving.router.rate", routed.rate(), "req/s", base, note)]
+    answered = len(routed.latencies) + routed.errors
+    out.append(
+        Row(
+            "serving.router.gateway_cpu_per_request",
+            routed.cpu_s / answered * 1000 if answered else float("nan"),
+            "ms",
+            note="the gateway process's CPU time / requests routed: independent of load",
+        )
+    )
     for q in (50, 99):
         d, r = direct.pct(q), routed.pct(q)
         out += [
