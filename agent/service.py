@@ -40,46 +40,24 @@ from libs.domain.protocol import (
     Registration,
 )
 from libs.domain.states import TaskStatus
-from libs.domain.task import TaskSpec
 from libs.domain.telemetry import TelemetryBatch
 from libs.periodic import periodic
 
-from .boost import boost_memory
 from .engine import put_to_sleep, vram_held_mb, wake_from_sleep
-from .engines import profile as pick_profile
-from .engines import profile_env
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
+from .launch import engine_profile, run_spec
 from .liveness import collect as collect_liveness
 from .reporter import Reporter
 from .retention import Retention
 from .routes import routes
-from .runtimes.base import LABEL_NODE, ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
+from .runtimes.base import ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
 from .settings import AgentSettings as AgentSettings
 from .settings import declared, node_inventory
 from .telemetry import holders_of, sample
+from .tracked import Tracked, spec_of
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
-
-
-@dataclass
-class Tracked:
-    handle: Handle
-    expected: TaskStatus
-    timeout_s: float = 0.0
-    gpu_ids: tuple[str, ...] = ()
-    waiter: asyncio.Task[None] | None = None
-    timed_out: bool = False
-    serve_address: str = ""
-    engine_slept: bool = False  # asleep through the engine's /sleep, not frozen
-    inference: bool = False  # reported in the heartbeats' liveness evidence
-    health_path: str = ""
-
-    @property
-    def health_url(self) -> str:
-        if not (self.health_path and self.serve_address):
-            return ""
-        return f"http://{self.serve_address}{self.health_path}"
 
 
 @dataclass
@@ -237,58 +215,13 @@ class Agent:
         elif cmd.kind is CommandKind.RESUME:
             await self.resume(cmd)
 
-    def run_spec(self, cmd: NodeCommand) -> tuple[RunSpec, str | None, float]:
-        assert cmd.run is not None
-        spec = cmd.run.spec
-        gpu_ids = cmd.run.gpu_ids
-        memory, boost_line = boost_memory(
-            spec.image, spec.memory_mb, spec.gpu_required > 0 or spec.is_fractional
-        )
-        vendors = {g.uuid: g.vendor for g in self.inventory.gpus}
-        vendor = vendors.get(gpu_ids[0], "") if gpu_ids else ""
-        engine_env = profile_env(self.engine_profile(cmd), gpu_ids, self._indices(gpu_ids, vendor))
-        run = RunSpec(
-            task_id=cmd.task_id,
-            attempt=cmd.attempt,
-            image=spec.image,
-            command=spec.command,
-            env=engine_env | dict(cmd.run.group_env) | dict(spec.env),  # user values win
-            volumes=tuple(v.model_dump() for v in spec.volumes),
-            memory_mb=memory,
-            cpu_cores=spec.cpu_cores,
-            gpu_ids=gpu_ids,
-            gpu_vendor=vendor,
-            labels={
-                "heteroflow.tenant": cmd.run.tenant_id,
-                LABEL_NODE: self.node_id,
-            },
-            serve_port=spec.serving.port if spec.serving else None,
-            serve_host=self.settings.address,
-        )
-        timeout = 0.0 if spec.is_inference else float(spec.timeout)
-        return run, boost_line, timeout
-
-    def engine_profile(self, cmd: NodeCommand) -> str:
-        """The engine profile of an inference task (agent/engines.py); "" otherwise."""
-        assert cmd.run is not None
-        if not cmd.run.spec.is_inference:
-            return ""
-        vendors = {g.uuid: g.vendor for g in self.inventory.gpus}
-        ids = cmd.run.gpu_ids
-        local = vendors.get(ids[0], "") if ids else ""
-        return pick_profile(cmd.run.spec.image, cmd.run.gpu_label, ids, local)
-
-    def _indices(self, gpu_ids: tuple[str, ...], vendor: str) -> tuple[str, ...]:
-        # Docker renumbers the NVIDIA cards it passes in from 0; elsewhere the ids hold.
-        if self.runtime.name == "docker" and vendor.lower() == "nvidia":
-            return tuple(str(i) for i in range(len(gpu_ids)))
-        return gpu_ids
-
     async def start(self, cmd: NodeCommand) -> None:
         known = self.tracked.get(cmd.task_id)
         if known and known.handle.attempt == cmd.attempt:
             return  # a redelivered start: already running
-        run, boost_line, timeout = self.run_spec(cmd)
+        run, boost_line, timeout = run_spec(
+            cmd, self.inventory, self.node_id, self.settings.address, self.runtime.name
+        )
         if boost_line:
             log.info(boost_line, task_id=cmd.task_id)
         pseudo = Handle(runtime=self.runtime.name, id="", task_id=cmd.task_id, attempt=cmd.attempt)
@@ -316,7 +249,7 @@ class Agent:
             S.STARTING,
             memory_mb=run.memory_mb,
             serve_address=address,
-            engine=self.engine_profile(cmd),
+            engine=engine_profile(cmd, self.inventory),
         )
         self._watch(cmd.task_id)
         # The command is acknowledged once its reports are on the stream: a crash before
@@ -455,11 +388,6 @@ class Agent:
     async def _find_handle(self, task_id: str) -> Handle | None:
         handles = [h for h in await self.runtime.list_managed() if h.task_id == task_id]
         return max(handles, key=lambda h: h.attempt) if handles else None
-
-
-def spec_of(cmd: NodeCommand) -> TaskSpec:
-    assert cmd.run is not None
-    return cmd.run.spec
 
 
 def _now() -> datetime:
