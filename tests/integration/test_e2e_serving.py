@@ -110,7 +110,7 @@ def timeline_kinds(cluster: Cluster, task_id: str) -> list[str]:
 def test_requests_reach_both_replicas_and_survive_a_killed_one(cluster: Cluster) -> None:
     import docker
 
-    cluster.start_agent("d1", "docker")
+    cluster.start_agent("sv1", "docker")
     g = create_group(cluster, task_count=2)
     cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
     seen: dict[str, int] = {}
@@ -157,7 +157,7 @@ def test_requests_reach_both_replicas_and_survive_a_killed_one(cluster: Cluster)
 
 @pytest.mark.cluster_env(HETEROFLOW_SERVE_MAX_BODY_BYTES="1024")
 def test_router_refusals_name_what_is_wrong(cluster: Cluster) -> None:
-    cluster.start_agent("d1", "docker")
+    cluster.start_agent("sv1", "docker")
     engine = cluster.create(name="engine", task_type="inference", command=ENGINE, serving=SERVING)
     plain = cluster.create(name="plain", command="sleep 300")
     cluster.wait_status(engine["id"], "running", timeout=60)
@@ -218,7 +218,7 @@ def group_sleeping(cluster: Cluster, group_id: str) -> bool:
 def test_idle_group_sleeps_and_a_request_wakes_it(cluster: Cluster) -> None:
     import docker
 
-    cluster.start_agent("d1", "docker")
+    cluster.start_agent("sv1", "docker")
     g = create_group(cluster, task_count=2, idle_timeout_minutes=1)  # 3 s here
     cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
     assert call(cluster, g["id"], "index.html").status_code == 200
@@ -246,7 +246,7 @@ def test_idle_group_sleeps_and_a_request_wakes_it(cluster: Cluster) -> None:
 def test_engine_with_a_sleep_endpoint_is_slept_through_it_not_paused(cluster: Cluster) -> None:
     import docker
 
-    cluster.start_agent("d1", "docker")
+    cluster.start_agent("sv1", "docker")
     engine = cluster.create(
         name="engine",
         task_type="inference",
@@ -277,7 +277,7 @@ def test_frozen_replica_is_declared_dead_and_rebuilt_an_idle_one_is_not(
 ) -> None:
     import docker
 
-    cluster.start_agent("d1", "docker")
+    cluster.start_agent("sv1", "docker")
     g = create_group(cluster, task_count=2)
     cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
     members = {t["rank"]: t for t in group(cluster, g["id"])["tasks"]}
@@ -301,3 +301,43 @@ def test_frozen_replica_is_declared_dead_and_rebuilt_an_idle_one_is_not(
         lambda: docker.from_env().containers.get(frozen["container_id"]).status == "exited",
         "the frozen container stopped",
     )
+
+
+@pytest.mark.cluster_env(HETEROFLOW_SERVE_IDLE_MINUTE_S="2", HETEROFLOW_SERVE_WAIT_S="50")
+def test_request_for_a_sleeper_whose_host_is_gone_reschedules_it(cluster: Cluster) -> None:
+    import docker
+
+    cluster.start_agent("sv1", "docker")
+    t = cluster.create(
+        name="llm",
+        task_type="inference",
+        command=HTTPD,
+        serving=SERVING,
+        idle_timeout_minutes=1,
+    )
+    cluster.wait_status(t["id"], "running", timeout=60)
+    cluster.wait(lambda: call(cluster, t["id"], "index.html").status_code == 200, "served")
+    asleep = cluster.wait_status(t["id"], "sleeping", timeout=30)
+    cluster.kill_agent("sv1")
+    # The host is gone with what ran on it (both agents share this machine's engine, where
+    # the old container would otherwise still hold the attempt's name).
+    docker.from_env().containers.get(asleep["container_id"]).remove(force=True)
+    cluster.wait(
+        lambda: any(n["id"] == "sv1" and n["status"] == "offline" for n in cluster.nodes()),
+        "sv1 offline",
+    )
+    cluster.start_agent("sv2", "docker")
+
+    r = call(cluster, t["id"], "index.html")
+    assert r.status_code == 200, r.text
+    assert r.text.strip() == f"hello from {t['id']}"
+    moved = cluster.task(t["id"])
+    assert moved["node_id"] == "sv2" and moved["status"] == "running"
+    assert "wake_rescheduled" in timeline_kinds(cluster, t["id"])
+    assert cluster.statuses(t["id"])[-5:] == [
+        "sleeping",
+        "pending",
+        "scheduled",
+        "starting",
+        "running",
+    ]
