@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from libs.domain.errors import Code, DomainError
 from libs.domain.serving import Replica
@@ -130,9 +131,34 @@ def _done(serving: ServingRouter, t: Target, replica: Replica, started: float) -
     t.last_activity = serving.clock()
 
 
+class _Proxied(StreamingResponse):
+    """A streamed upstream answer that always releases its upstream response and counters,
+    also when the client leaves before the body starts (the body generator then never runs,
+    so its own `finally` cannot)."""
+
+    def __init__(self, body: AsyncIterator[bytes], done: Callable[[], Awaitable[None]], **kw: Any):
+        super().__init__(body, **kw)
+        self._done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._done()
+
+
 def _stream(
     serving: ServingRouter, t: Target, replica: Replica, resp: httpx.Response, started: float
 ) -> StreamingResponse:
+    finished = False
+
+    async def done() -> None:
+        nonlocal finished
+        if not finished:
+            finished = True
+            await resp.aclose()
+            _done(serving, t, replica, started)
+
     async def body() -> AsyncIterator[bytes]:
         try:
             async for chunk in resp.aiter_raw():
@@ -140,15 +166,14 @@ def _stream(
         except httpx.HTTPError as exc:  # the replica went away mid-body: the answer ends
             log.warning("serve_stream_broken", target=t.id, task_id=replica.task_id, error=str(exc))
         finally:
-            await resp.aclose()
-            _done(serving, t, replica, started)
+            await done()
 
     SERVE_REQUESTS.labels(t.id, str(resp.status_code)).inc()
     headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP}
     headers["x-heteroflow-replica"] = replica.task_id
-    if "content-length" in resp.headers and "content-encoding" not in resp.headers:
+    if "content-length" in resp.headers:  # the raw (still encoded) bytes pass through as is
         headers["content-length"] = resp.headers["content-length"]
-    return StreamingResponse(body(), status_code=resp.status_code, headers=headers)
+    return _Proxied(body(), done, status_code=resp.status_code, headers=headers)
 
 
 def serving_view(serving: ServingRouter, t: Target) -> dict[str, Any]:

@@ -205,6 +205,16 @@ def test_router_refusals_name_what_is_wrong(cluster: Cluster) -> None:
                 arrivals.append((time.monotonic() - started, line))
     assert [line for _, line in arrivals] == ["data: 1", "data: 2", "data: 3"]
     assert arrivals[0][0] < 0.8 and arrivals[2][0] > 1.5, arrivals
+    # A client that leaves mid-stream releases the replica: nothing stays outstanding.
+    with httpx.stream("GET", url, headers=cluster.tenant, timeout=20) as r:
+        next(r.iter_lines())
+
+    def released() -> bool:
+        r = web.get(f"{cluster.url}/api/v1/tasks/{engine['id']}/serving", headers=cluster.tenant)
+        view = r.json()
+        return bool(view["concurrent_requests"] == 0 and view["replicas"][0]["outstanding"] == 0)
+
+    cluster.wait(released, "the abandoned stream released", 10)
     assert web.get(f"{cluster.url}/readyz").status_code == 200
     cluster.wait(lambda: call(cluster, engine["id"], "again").status_code == 200, "served again")
 
