@@ -76,6 +76,9 @@ class GatewaySettings(CommonSettings):
     serve_metrics_interval_s: float = Field(
         default=5.0, gt=0, description="how often the router exports and publishes its figures"
     )
+    serve_adopt_interval_s: float = Field(
+        default=30.0, gt=0, description="how often the router looks for serving targets to watch"
+    )
     serve_idle_minute_s: float = Field(
         default=60.0, gt=0, description="seconds in one minute of idle_timeout_minutes (tests)"
     )

@@ -91,6 +91,9 @@ class ServingMetrics(BaseModel):
     queued_requests: int
     replicas: int
     ready_replicas: int
+    # Seconds since this gateway routed its last request to the target (None: never). The
+    # other gateway processes take it into their idle judgement.
+    idle_s: float | None = None
     at: datetime
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,6 +29,7 @@ from . import (
     routes_tenants,
 )
 from .responses import FastJSONResponse
+from .serving import ServingRouter
 
 API_TITLE = "HeteroFlow API"
 API_VERSION = "1.0.0"
@@ -45,9 +48,14 @@ def create_app(
             app.state.store = await EventStore.open(
                 settings.database_url.get_secret_value(), max_size=settings.db_pool_max
             )
+        app.state.serving = ServingRouter(app.state.store, settings, nc)
+        stop = asyncio.Event()
+        background = asyncio.create_task(app.state.serving.run(stop))
         yield
-        if app.state.serving is not None:
-            await app.state.serving.close()
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(background, 10)
+        await app.state.serving.close()
         if owned:
             await app.state.store.close()
 

@@ -24,6 +24,7 @@ import structlog
 from nats.aio.client import Client
 from prometheus_client import Counter, Gauge
 
+from libs.bus.broker import serve
 from libs.bus.subjects import serving_metrics_subject
 from libs.config import GatewaySettings
 from libs.domain import commands
@@ -37,6 +38,8 @@ from libs.store import groups as group_rows
 from libs.store import nodes as node_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
+
+from .bus import routes
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -220,7 +223,8 @@ class ServingRouter:
                 gauge.remove(t.id)
 
     def metrics(self, t: Target) -> ServingMetrics:
-        f = t.window.figures(self.clock())
+        now = self.clock()
+        f = t.window.figures(now)
         return ServingMetrics(
             target_id=t.id,
             tenant_id=t.tenant_id,
@@ -231,6 +235,7 @@ class ServingRouter:
             queued_requests=int(f["queued_requests"]),
             replicas=len(t.members),
             ready_replicas=len(t.ready()),
+            idle_s=None if t.window.last_request_at is None else now - t.window.last_request_at,
             at=datetime.now(UTC),
         )
 
@@ -244,6 +249,42 @@ class ServingRouter:
         SERVE_READY.labels(t.id).set(m.ready_replicas)
         if self.nc is not None and self.nc.is_connected:
             await self.nc.publish(serving_metrics_subject(t.id), m.model_dump_json().encode())
+
+    async def on_metrics(self, m: ServingMetrics) -> None:
+        """Another gateway process's figures: its requests count as activity here too."""
+        t = self.targets.get(m.target_id)
+        if t is None or m.gateway == self.gateway:
+            return
+        now = self.clock()
+        if m.concurrent_requests or m.queued_requests:
+            t.last_activity = now
+        elif m.idle_s is not None:
+            t.last_activity = max(t.last_activity, now - m.idle_s)
+
+    async def adopt(self) -> None:
+        """Watch every serving target with an idle timeout, not only those asked for since
+        this process started (so one nobody calls after a restart still goes to sleep)."""
+        for target_id in await task_rows.serving_targets(self.store):
+            if target_id not in self.targets:
+                with contextlib.suppress(DomainError):
+                    await self.target(target_id, None)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The background part: adopt targets now and then, hear the other gateways."""
+
+        async def adopt_loop() -> None:
+            while not stop.is_set():
+                try:
+                    await self.adopt()
+                except Exception:  # the next round tries again
+                    log.exception("serving_adopt_failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.serve_adopt_interval_s)
+
+        jobs = [adopt_loop()]
+        if self.nc is not None:
+            jobs.append(serve(self.nc, [routes(self.on_metrics)], stop))
+        await asyncio.gather(*jobs)
 
     # --- idle sleep and wake -------------------------------------------------------------
 

@@ -351,3 +351,15 @@ def test_request_for_a_sleeper_whose_host_is_gone_reschedules_it(cluster: Cluste
         "starting",
         "running",
     ]
+
+
+@pytest.mark.cluster_env(HETEROFLOW_SERVE_IDLE_MINUTE_S="2", HETEROFLOW_SERVE_ADOPT_INTERVAL_S="1")
+def test_a_target_nobody_ever_called_still_goes_to_sleep(cluster: Cluster) -> None:
+    cluster.start_agent("sv1", "docker")
+    t = cluster.create(
+        name="llm", task_type="inference", command=HTTPD, serving=SERVING, idle_timeout_minutes=1
+    )
+    cluster.wait_status(t["id"], "running", timeout=60)
+    asleep = cluster.wait_status(t["id"], "sleeping", timeout=30)
+    assert asleep["status_reason_code"] == "idle_sleep"
+    cluster.wait(lambda: "idle_sleep" in timeline_kinds(cluster, t["id"]), "timeline entry")

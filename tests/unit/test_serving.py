@@ -71,3 +71,35 @@ def test_request_window_figures() -> None:
     assert f["requests_per_second"] == pytest.approx(2.0)
     assert f["latency_p95_ms"] == pytest.approx(19.0)
     assert w.figures(now=100.0)["requests_per_second"] == 0
+
+
+async def test_other_gateways_requests_count_as_activity() -> None:
+    from datetime import UTC, datetime
+    from typing import Any, cast
+
+    from libs.config import GatewaySettings
+    from libs.domain.serving import ServingMetrics, ServingSpec
+    from services.api_gateway.serving import ServingRouter, Target
+
+    router = ServingRouter(cast(Any, None), GatewaySettings())
+    now = [1000.0]
+    router.clock = lambda: now[0]
+    t = Target("grp-x", "acme", ServingSpec(port=80), 1, [], RequestWindow(), last_activity=0.0)
+    router.targets[t.id] = t
+
+    def figures(gateway: str, idle_s: float | None, concurrent: int = 0) -> ServingMetrics:
+        return ServingMetrics(
+            target_id="grp-x", tenant_id="acme", gateway=gateway, requests_per_second=0,
+            concurrent_requests=concurrent, latency_p95_ms=0, queued_requests=0, replicas=1,
+            ready_replicas=1, idle_s=idle_s, at=datetime.now(UTC),
+        )  # fmt: skip
+
+    await router.on_metrics(figures(router.gateway, 1.0))
+    assert t.last_activity == 0.0, "its own figures are not news"
+    await router.on_metrics(figures("other:1", 10.0))
+    assert t.last_activity == 990.0
+    await router.on_metrics(figures("other:1", 500.0))
+    assert t.last_activity == 990.0, "older news never moves it back"
+    await router.on_metrics(figures("other:1", None, concurrent=2))
+    assert t.last_activity == 1000.0
+    await router.close()
