@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +28,7 @@ from libs.bus.subjects import (
     node_telemetry_subject,
 )
 from libs.domain.failure import ErrorKind
+from libs.domain.liveness import TaskLiveness
 from libs.domain.protocol import (
     AgentReport,
     CommandKind,
@@ -41,28 +43,21 @@ from libs.domain.states import TaskStatus
 from libs.domain.telemetry import TelemetryBatch
 from libs.periodic import periodic
 
-from .boost import boost_memory
+from .engine import put_to_sleep, vram_held_mb, wake_from_sleep
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
+from .launch import engine_profile, run_spec
+from .liveness import collect as collect_liveness
 from .reporter import Reporter
 from .retention import Retention
 from .routes import routes
-from .runtimes.base import LABEL_NODE, ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
+from .runtimes.base import ExitReport, Handle, RunSpec, Runtime, RuntimeStartError
 from .settings import AgentSettings as AgentSettings
 from .settings import declared, node_inventory
 from .telemetry import holders_of, sample
+from .tracked import Tracked, spec_of
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
-
-
-@dataclass
-class Tracked:
-    handle: Handle
-    expected: TaskStatus
-    timeout_s: float = 0.0
-    gpu_ids: tuple[str, ...] = ()
-    waiter: asyncio.Task[None] | None = None
-    timed_out: bool = False
 
 
 @dataclass
@@ -74,6 +69,7 @@ class Agent:
     inventory: Inventory
     tracked: dict[str, Tracked] = field(default_factory=dict)
     seq: int = 0
+    liveness: dict[str, TaskLiveness] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.reporter = Reporter(self.js)
@@ -103,6 +99,7 @@ class Agent:
         try:
             await asyncio.gather(
                 self._heartbeats(stop),
+                self._liveness(stop),
                 self._telemetry(stop),
                 self._retention(stop),
                 self.reporter.run(stop),
@@ -166,6 +163,7 @@ class Agent:
                 seq=self.seq,
                 visible_gpus=visible,
                 tasks=sorted(self.tracked),
+                liveness={k: v for k, v in self.liveness.items() if k in self.tracked},
                 at=_now(),
             )
             await self.nc.publish(
@@ -173,6 +171,20 @@ class Agent:
             )
 
         await periodic("heartbeat", beat, stop, self.settings.heartbeat_interval_s)
+
+    async def _liveness(self, stop: asyncio.Event) -> None:
+        """Evidence of each inference task for the next heartbeats (agent/liveness.py)."""
+
+        async def look() -> None:
+            # A task the platform put to sleep is frozen on purpose: no evidence either way.
+            watched = [
+                (tid, t.handle, t.health_url)
+                for tid, t in self.tracked.items()
+                if t.inference and t.expected is S.RUNNING
+            ]
+            self.liveness = await collect_liveness(self.runtime, watched)
+
+        await periodic("liveness", look, stop, self.settings.heartbeat_interval_s)
 
     async def _telemetry(self, stop: asyncio.Event) -> None:
         """NVML samples of the cards running tasks hold; nothing for declared cards."""
@@ -203,38 +215,13 @@ class Agent:
         elif cmd.kind is CommandKind.RESUME:
             await self.resume(cmd)
 
-    def run_spec(self, cmd: NodeCommand) -> tuple[RunSpec, str | None, float]:
-        assert cmd.run is not None
-        spec = cmd.run.spec
-        gpu_ids = cmd.run.gpu_ids
-        memory, boost_line = boost_memory(
-            spec.image, spec.memory_mb, spec.gpu_required > 0 or spec.is_fractional
-        )
-        vendors = {g.uuid: g.vendor for g in self.inventory.gpus}
-        run = RunSpec(
-            task_id=cmd.task_id,
-            attempt=cmd.attempt,
-            image=spec.image,
-            command=spec.command,
-            env=dict(cmd.run.group_env) | dict(spec.env),  # user values win
-            volumes=tuple(v.model_dump() for v in spec.volumes),
-            memory_mb=memory,
-            cpu_cores=spec.cpu_cores,
-            gpu_ids=gpu_ids,
-            gpu_vendor=vendors.get(gpu_ids[0], "") if gpu_ids else "",
-            labels={
-                "heteroflow.tenant": cmd.run.tenant_id,
-                LABEL_NODE: self.node_id,
-            },
-        )
-        timeout = float(spec.timeout) if spec.task_type.value != "inference" else 0.0
-        return run, boost_line, timeout
-
     async def start(self, cmd: NodeCommand) -> None:
         known = self.tracked.get(cmd.task_id)
         if known and known.handle.attempt == cmd.attempt:
             return  # a redelivered start: already running
-        run, boost_line, timeout = self.run_spec(cmd)
+        run, boost_line, timeout = run_spec(
+            cmd, self.inventory, self.node_id, self.settings.address, self.runtime.name
+        )
         if boost_line:
             log.info(boost_line, task_id=cmd.task_id)
         pseudo = Handle(runtime=self.runtime.name, id="", task_id=cmd.task_id, attempt=cmd.attempt)
@@ -251,11 +238,30 @@ class Agent:
         self.tracked[cmd.task_id] = Tracked(
             handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids
         )
-        running = self.report(handle, Fact.RUNNING, S.STARTING, memory_mb=run.memory_mb)
+        address = await self._endpoint(handle, run)
+        tracked = self.tracked[cmd.task_id]
+        tracked.serve_address, tracked.inference = address, spec_of(cmd).is_inference
+        serving = spec_of(cmd).serving
+        tracked.health_path = serving.health_path if serving else ""
+        running = self.report(
+            handle,
+            Fact.RUNNING,
+            S.STARTING,
+            memory_mb=run.memory_mb,
+            serve_address=address,
+            engine=engine_profile(cmd, self.inventory),
+        )
         self._watch(cmd.task_id)
         # The command is acknowledged once its reports are on the stream: a crash before
         # that redelivers it, and the runtime's idempotent start finds the process.
         await running
+
+    async def _endpoint(self, handle: Handle, run: RunSpec) -> str:
+        try:
+            return await self.runtime.endpoint(handle, run)
+        except Exception:  # the task runs; the router just cannot reach it
+            log.exception("serve_endpoint_unknown", task_id=handle.task_id)
+            return ""
 
     def _watch(self, task_id: str) -> None:
         tracked = self.tracked[task_id]
@@ -317,20 +323,33 @@ class Agent:
         await self.runtime.stop(tracked.handle, grace_s=cmd.grace_s)
 
     async def pause(self, cmd: NodeCommand) -> None:
+        """Sleep: through the engine's sleep endpoint when it has one (VRAM is released),
+        else by freezing the container (which frees no VRAM). agent/engine.py."""
         tracked = self.tracked.get(cmd.task_id)
         if tracked is None:
             return
-        await self.runtime.pause(tracked.handle)
+        tracked.engine_slept, fields = await put_to_sleep(
+            self.runtime, tracked.handle, tracked.serve_address, self._vram(tracked)
+        )
         tracked.expected = S.SLEEPING
-        await self.report(tracked.handle, Fact.PAUSED, S.SLEEPING)
+        await self.report(tracked.handle, Fact.PAUSED, S.SLEEPING, **fields)
 
     async def resume(self, cmd: NodeCommand) -> None:
         tracked = self.tracked.get(cmd.task_id)
         if tracked is None:
             return
-        await self.runtime.unpause(tracked.handle)
+        tracked.engine_slept, fields = await wake_from_sleep(
+            self.runtime,
+            tracked.handle,
+            tracked.serve_address,
+            tracked.engine_slept,
+            self._vram(tracked),
+        )
         tracked.expected = S.RUNNING
-        await self.report(tracked.handle, Fact.RESUMED, S.WAKING)
+        await self.report(tracked.handle, Fact.RESUMED, S.WAKING, **fields)
+
+    def _vram(self, tracked: Tracked) -> Callable[[], Awaitable[float | None]]:
+        return lambda: vram_held_mb(tracked.gpu_ids, self.settings.detect_nvidia)
 
     # --- reports and logs --------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from agent import routes as agent_routes
 from libs.bus.broker import Routes, broker_for
 from libs.domain.catalog import PAYLOAD_TYPES
 from libs.store import relay
+from services.api_gateway import bus as gateway_bus
 from services.event_timeline import service as timeline
 from services.job_orchestrator import service as job_orchestrator
 from services.retry_engine import service as retry_engine
@@ -46,6 +47,7 @@ def all_routes() -> list[Routes]:
         job_orchestrator.routes(_unused),
         timeline.routes(_unused, _unused),
         agent_routes.routes("{node_id}", "agent-{node_id}", command=_unused, logs=_unused),
+        gateway_bus.routes(),
     ]
 
 

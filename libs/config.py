@@ -81,3 +81,30 @@ class GatewaySettings(CommonSettings):
     carbon_intensity_g_per_kwh: float = Field(
         default=475.0, ge=0, description="grid carbon factor for energy estimates"
     )
+    serve_max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, gt=0, description="largest request body /serve/ proxies; 413"
+    )
+    serve_wait_s: float = Field(
+        default=30.0, gt=0, description="how long /serve/ holds a request for a ready replica"
+    )
+    serve_queue_max: int = Field(
+        default=100, ge=0, description="requests held per target while none is ready; 503 past"
+    )
+    serve_probe_interval_s: float = Field(
+        default=1.0, gt=0, description="how often the router re-reads replicas and probes health"
+    )
+    serve_upstream_timeout_s: float = Field(
+        default=300.0, gt=0, description="read timeout of a proxied request"
+    )
+    serve_window_s: float = Field(
+        default=60.0, gt=0, description="sliding window of the router's requests/s and p95"
+    )
+    serve_metrics_interval_s: float = Field(
+        default=5.0, gt=0, description="how often the router exports and publishes its figures"
+    )
+    serve_adopt_interval_s: float = Field(
+        default=30.0, gt=0, description="how often the router looks for serving targets to watch"
+    )
+    serve_idle_minute_s: float = Field(
+        default=60.0, gt=0, description="seconds in one minute of idle_timeout_minutes (tests)"
+    )

@@ -65,6 +65,9 @@ class RunSpec(BaseModel):
     gpu_ids: tuple[str, ...] = ()  # device indices or UUIDs, as the inventory reported them
     gpu_vendor: str = ""  # "nvidia", "amd", ...; empty when no GPU
     labels: dict[str, str] = Field(default_factory=dict)
+    # The task's serving port (docs/serving.md) and the host address to publish it on.
+    serve_port: int | None = Field(default=None, ge=1, le=65535)
+    serve_host: str = "127.0.0.1"
 
     @field_validator("task_id")
     @classmethod
@@ -196,6 +199,11 @@ class Runtime(ABC):
     @abstractmethod
     async def remove(self, handle: Handle) -> None:
         """Forget the attempt and free what it holds (kills it first if it still runs)."""
+
+    async def endpoint(self, handle: Handle, spec: RunSpec) -> str:
+        """`host:port` where the attempt's serving port answers ("" when none is declared).
+        Runtimes without port mapping (process, simulated) serve on the port itself."""
+        return f"{spec.serve_host}:{spec.serve_port}" if spec.serve_port else ""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most runtimes hold nothing
         """Release connections and threads held by the runtime object."""

@@ -220,6 +220,9 @@ class DockerRuntime(Runtime):
                 for v in spec.volumes
             ],
         }
+        if spec.serve_port:
+            # A free host port on the node's address; `endpoint` reads which one was given.
+            kwargs["ports"] = {f"{spec.serve_port}/tcp": (spec.serve_host, None)}
         if spec.command:
             # Like Kubernetes `command`: the shell replaces the image's entrypoint.
             kwargs["entrypoint"] = ["/bin/sh", "-c"]
@@ -420,6 +423,19 @@ class DockerRuntime(Runtime):
 
     async def remove(self, handle: Handle) -> None:
         await self._run(self._remove_sync, handle)
+
+    def _endpoint_sync(self, handle: Handle, spec: RunSpec) -> str:
+        container = self._container(handle)
+        ports = (container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
+        for binding in ports.get(f"{spec.serve_port}/tcp") or ():
+            if binding.get("HostPort"):
+                return f"{spec.serve_host}:{binding['HostPort']}"
+        return ""
+
+    async def endpoint(self, handle: Handle, spec: RunSpec) -> str:
+        if not spec.serve_port:
+            return ""
+        return await self._run(self._endpoint_sync, handle, spec)
 
     # -- observe --------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ ROOT = "hf"
 EVENTS_PREFIX = f"{ROOT}.events"
 NODE_PREFIX = f"{ROOT}.node"
 DLQ_PREFIX = f"{ROOT}.dlq"
+SERVING_PREFIX = f"{ROOT}.serving"
 
 EVENTS_STREAM = "HF_EVENTS"
 NODE_STREAM = "HF_NODE"
@@ -134,6 +135,11 @@ def node_telemetry_subject(node_id: str) -> str:
 def node_heartbeat_subject(node_id: str) -> str:
     """Liveness beats of one node agent."""
     return f"{NODE_PREFIX}.{escape_token(node_id)}.heartbeat"
+
+
+def serving_metrics_subject(target_id: str) -> str:
+    """The router's request figures for one serving target (core NATS)."""
+    return f"{SERVING_PREFIX}.{escape_token(target_id)}.metrics"
 
 
 def dlq_subject(original_subject: str) -> str:

@@ -20,6 +20,8 @@ class Code(IntEnum):
     FORBIDDEN = 40301
     NOT_FOUND = 40401
     CAS_CONFLICT = 40901
+    # Serving (docs/serving.md); not in SPEC §2's table either.
+    NOT_SERVING = 40902
     # Not in SPEC §2's table, which has no code for these statuses (docs/api.md lists them).
     PAYLOAD_TOO_LARGE = 41301
     UNSUPPORTED_MEDIA_TYPE = 41501
@@ -28,6 +30,8 @@ class Code(IntEnum):
     NODE_UNREACHABLE = 50002
     OVERLOADED = 50301
     STORE_UNAVAILABLE = 50302
+    UPSTREAM_FAILED = 50201
+    SERVE_UNAVAILABLE = 50303
 
 
 HTTP_STATUS: dict[Code, int] = {
@@ -41,6 +45,7 @@ HTTP_STATUS: dict[Code, int] = {
     Code.FORBIDDEN: 403,
     Code.NOT_FOUND: 404,
     Code.CAS_CONFLICT: 409,
+    Code.NOT_SERVING: 409,
     Code.PAYLOAD_TOO_LARGE: 413,
     Code.UNSUPPORTED_MEDIA_TYPE: 415,
     Code.TOO_MANY_REQUESTS: 429,
@@ -48,6 +53,8 @@ HTTP_STATUS: dict[Code, int] = {
     Code.NODE_UNREACHABLE: 502,
     Code.OVERLOADED: 503,
     Code.STORE_UNAVAILABLE: 503,
+    Code.UPSTREAM_FAILED: 502,
+    Code.SERVE_UNAVAILABLE: 503,
 }
 
 

@@ -76,6 +76,9 @@ class TaskStatusChanged(ReasonedPayload):
     gpu_ids: tuple[str, ...] | None = None
     qos: str | None = None
     container_id: str | None = None
+    serve_address: str | None = None
+    gpu_label: str | None = None  # "vendor/model" of the placement's cards
+    engine: str | None = None  # the engine profile the agent applied
     exit_code: int | None = None
     result: str | None = None
     error: str | None = None
@@ -269,8 +272,21 @@ def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str
         "pending_reason_code": None,
     }
     if ev.clear_placement:
-        out.update(node_id=None, gpu_ids=(), qos="", container_id="")
-    for name in ("node_id", "gpu_ids", "qos", "container_id", "exit_code", "result", "error"):
+        out.update(
+            node_id=None, gpu_ids=(), qos="", container_id="", serve_address="", gpu_label=""
+        )
+    for name in (
+        "node_id",
+        "gpu_ids",
+        "qos",
+        "container_id",
+        "serve_address",
+        "gpu_label",
+        "engine",
+        "exit_code",
+        "result",
+        "error",
+    ):
         value = getattr(ev, name)
         if value is not None:
             out[name] = value

@@ -93,7 +93,7 @@ class GroupSpec(BaseModel):
 
     @property
     def is_inference(self) -> bool:
-        return self.template.task_type is TaskType.INFERENCE
+        return self.template.is_inference
 
     def member_spec(self, rank: int) -> TaskSpec:
         labels = dict(self.template.labels) | {"heteroflow.rank": str(rank)}

@@ -37,6 +37,20 @@ class GroupPolicy:
     restart_give_up_after: timedelta = timedelta(minutes=30)
     max_rebuilds: int = 5
     rebuild_priority: int = 100
+    # Replica self-heal of stateless groups: a rank that failed more than
+    # `replica_max_restarts` times within `replica_crash_window` is a crash loop and fails
+    # the group; before that, the k-th failure (k >= 2) waits base × 2^(k-2), capped.
+    replica_max_restarts: int = 5
+    replica_crash_window: timedelta = timedelta(minutes=10)
+    replica_backoff: timedelta = timedelta(seconds=10)
+    replica_backoff_max: timedelta = timedelta(minutes=5)
+
+    def replica_delay(self, failures: int) -> timedelta:
+        """How long the replacement after the `failures`-th recent failure of a rank waits."""
+        if failures <= 1:
+            return timedelta(0)
+        delay: timedelta = self.replica_backoff * 2 ** (failures - 2)
+        return min(delay, self.replica_backoff_max)
 
 
 @dataclass
@@ -70,20 +84,7 @@ def decide_group(
     live = [m for m in members if is_live(m)]
     spec = group.spec
     if failed and not spec.static_world and live:
-        # Stateless replicas: replace only the failed ranks; healthy replicas keep running.
-        ranks = tuple(sorted(m.rank for m in failed if m.rank is not None))
-        out.events.append(
-            GroupRecovery(
-                group_id=group.id,
-                kind="replica_replaced",
-                reason_code=ReasonCode.MEMBER_FAILED,
-                reason=f"replica rank(s) {list(ranks)} failed; {len(live)} live replica(s) kept",
-                ranks=ranks,
-                task_ids=tuple(m.id for m in failed),
-            )
-        )
-        out.new_ranks.extend(ranks)
-        return out
+        return _self_heal(group, tasks, failed, live, now, policy, out)
     if failed and spec.is_inference and not spec.static_world and not live:
         return _rebuild(group, members, out, policy) if allow_rebuild else out
     status = aggregate_status(members, replicas=not spec.static_world)
@@ -107,6 +108,69 @@ def decide_group(
             (out.stop if m.status in GPU_HOLDING and m.node_id else out.fail).append(m.id)
         if spec.static_world:
             _restart(group, members, now, policy, is_infra, out)
+    return out
+
+
+def recent_failures(
+    tasks: Sequence[Task], rank: int | None, now: datetime, window: timedelta
+) -> int:
+    """Failed attempts of one rank (remnants included) that ended within `window`."""
+    return sum(
+        1
+        for t in tasks
+        if t.rank == rank
+        and t.status is S.FAILED
+        and now - (t.finished_at or t.updated_at) <= window
+    )
+
+
+def _self_heal(
+    group: Group,
+    tasks: Sequence[Task],
+    failed: Sequence[Task],
+    live: Sequence[Task],
+    now: datetime,
+    policy: GroupPolicy,
+    out: GroupActions,
+) -> GroupActions:
+    """Stateless replicas: replace only the failed ranks, healthy replicas keep running; a
+    crash-looping rank backs off exponentially and past its cap fails the group."""
+    due: list[Task] = []
+    for m in failed:
+        n = recent_failures(tasks, m.rank, now, policy.replica_crash_window)
+        if n > policy.replica_max_restarts:
+            if group.status not in GROUP_TERMINAL:
+                window_min = policy.replica_crash_window.total_seconds() / 60
+                out.events.append(
+                    GroupStatusChanged(
+                        group_id=group.id,
+                        from_status=group.status,
+                        to_status=GroupStatus.FAILED,
+                        reason_code=ReasonCode.CRASH_LOOP,
+                        reason=f"replica rank {m.rank} failed {n} times within "
+                        f"{window_min:g} min (cap {policy.replica_max_restarts} restarts): "
+                        f"crash loop; last error: {m.error or 'none'}",
+                    )
+                )
+                for t in live:
+                    (out.stop if t.status in GPU_HOLDING and t.node_id else out.fail).append(t.id)
+            return out
+        if now >= (m.finished_at or m.updated_at) + policy.replica_delay(n):
+            due.append(m)
+    if not due:
+        return out  # backing off: the failed rows wait, the group stays as it is
+    ranks = tuple(sorted(m.rank for m in due if m.rank is not None))
+    out.events.append(
+        GroupRecovery(
+            group_id=group.id,
+            kind="replica_replaced",
+            reason_code=ReasonCode.MEMBER_FAILED,
+            reason=f"replica rank(s) {list(ranks)} failed; {len(live)} live replica(s) kept",
+            ranks=ranks,
+            task_ids=tuple(m.id for m in due),
+        )
+    )
+    out.new_ranks.extend(ranks)
     return out
 
 

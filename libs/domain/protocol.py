@@ -18,6 +18,7 @@ from .commands import decide_transition
 from .errors import Conflict
 from .events import TaskStatusChanged
 from .failure import ErrorKind
+from .liveness import TaskLiveness
 from .node import NodeInventory
 from .reasons import report_reason
 from .states import TERMINAL, Actor, TaskStatus
@@ -48,6 +49,7 @@ class TaskRunSpec(Message):
     tenant_id: str = ""
     group_id: str | None = None
     rank: int | None = None
+    gpu_label: str = ""  # "vendor/model" of the granted cards (engine routing)
     # WORLD_SIZE, MASTER_ADDR, ... for a group member; the user's env wins over these.
     group_env: dict[str, str] = Field(default_factory=dict)
 
@@ -95,6 +97,13 @@ class AgentReport(Message):
     error: str = ""
     output_tail: list[str] = Field(default_factory=list)
     container_id: str = ""
+    serve_address: str = ""  # host:port of the task's serving port (docs/serving.md)
+    engine: str = ""  # the engine profile applied at start (agent/engines.py)
+    # PAUSED/RESUMED: "engine" (its /sleep endpoint released VRAM) or "pause" (frozen only),
+    # and the VRAM its cards held before and after (None where NVML reads nothing).
+    sleep_mode: str = ""
+    vram_before_mb: float | None = None
+    vram_after_mb: float | None = None
     memory_mb: int | None = None  # what the agent actually applied (memory boost)
     at: datetime
 
@@ -120,6 +129,8 @@ class Heartbeat(Message):
     seq: int
     visible_gpus: list[str]
     tasks: list[str] = Field(default_factory=list)
+    # Per inference task: container state and health (the liveness floor, liveness.py).
+    liveness: dict[str, TaskLiveness] = Field(default_factory=dict)
     at: datetime
 
 
@@ -212,6 +223,10 @@ def _transition(task: Task, target: TaskStatus, report: AgentReport) -> list[Tas
     fields: dict[str, Any] = {}
     if report.container_id:
         fields["container_id"] = report.container_id
+    if report.serve_address and target is S.RUNNING:
+        fields["serve_address"] = report.serve_address
+    if report.engine and target is S.RUNNING:
+        fields["engine"] = report.engine
     if target in TERMINAL:
         fields["exit_code"] = report.exit_code
         fields["result"] = "\n".join(report.output_tail[-20:])

@@ -28,6 +28,7 @@ class ReasonCode(StrEnum):
     EXITED = "exited"
     START_FAILED = "start_failed"
     CONTAINER_LOST = "container_lost"
+    LIVENESS_LOST = "liveness_lost"
     TIMEOUT = "timeout"
     REPORTED = "reported"
     USER_STOP = "user_stop"
@@ -35,6 +36,8 @@ class ReasonCode(StrEnum):
     USER_SLEEP = "user_sleep"
     USER_WAKE = "user_wake"
     HOST_OFFLINE_ON_WAKE = "host_offline_on_wake"
+    IDLE_SLEEP = "idle_sleep"
+    REQUEST_WAKE = "request_wake"
     PREEMPTED = "preempted"
     NODE_LOST = "node_lost"
     RETRY = "retry"
@@ -44,6 +47,7 @@ class ReasonCode(StrEnum):
     MEMBER_FAILED = "member_failed"
     MEMBERS_CHANGED = "members_changed"
     REBUILDS_EXHAUSTED = "rebuilds_exhausted"
+    CRASH_LOOP = "crash_loop"
     GROUP_RESTART = "group_restart"
     GROUP_REBUILD = "group_rebuild"
     # --- node events --------------------------------------------------------------------
@@ -88,6 +92,7 @@ TEXT: dict[ReasonCode, str] = {
     R.EXITED: "the container exited",
     R.START_FAILED: "the agent could not start the container",
     R.CONTAINER_LOST: "the agent no longer finds the container",
+    R.LIVENESS_LOST: "no positive liveness past the floor and several signals of death",
     R.TIMEOUT: "the task exceeded its timeout",
     R.REPORTED: "status reported over the API",
     R.USER_STOP: "stop requested",
@@ -95,6 +100,8 @@ TEXT: dict[ReasonCode, str] = {
     R.USER_SLEEP: "sleep requested",
     R.USER_WAKE: "wake requested",
     R.HOST_OFFLINE_ON_WAKE: "woken while its host was offline: rescheduled elsewhere",
+    R.IDLE_SLEEP: "no request for its idle timeout: put to sleep",
+    R.REQUEST_WAKE: "a request arrived while it slept: woken",
     R.PREEMPTED: "preempted by higher-priority work",
     R.NODE_LOST: "its node stopped sending heartbeats",
     R.RETRY: "the retry engine requeued it",
@@ -103,6 +110,7 @@ TEXT: dict[ReasonCode, str] = {
     R.MEMBER_FAILED: "a member failed",
     R.MEMBERS_CHANGED: "the members' statuses changed",
     R.REBUILDS_EXHAUSTED: "no live replica and every rebuild used",
+    R.CRASH_LOOP: "a replica kept failing: its restarts are used up",
     R.GROUP_RESTART: "whole-group restart after a start-up infrastructure failure",
     R.GROUP_REBUILD: "no live replica: the group is rebuilt",
     R.NODE_GONE: "the node is gone for good",
@@ -154,7 +162,9 @@ PLACEMENT_REASONS: tuple[ReasonCode, ...] = (
 )
 
 # Failures caused by the infrastructure, not the user's program.
-INFRASTRUCTURE_REASONS: frozenset[ReasonCode] = frozenset({R.NODE_LOST, R.CONTAINER_LOST})
+INFRASTRUCTURE_REASONS: frozenset[ReasonCode] = frozenset(
+    {R.NODE_LOST, R.CONTAINER_LOST, R.LIVENESS_LOST}
+)
 
 # The version of the payloads that carry a code; version 1 carried only the text.
 REASON_SCHEMA_VERSION = 2

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import Code, DomainError
 from .reasons import ReasonCode
+from .serving import ServingSpec, looks_like_inference
 from .states import TaskStatus
 from .validation import check_task_spec
 
@@ -85,6 +86,8 @@ class TaskSpec(BaseModel):
     requested_node_id: str = ""
     anti_affinity: tuple[str, ...] = ()
     idle_timeout_minutes: int = Field(default=0, ge=0)
+    # An HTTP server the router may send traffic to (inference; docs/serving.md).
+    serving: ServingSpec | None = None
     # Per-task overrides of the retry engine's defaults (None = the configured default).
     retry_delay: float | None = Field(default=None, ge=0, le=86_400)
     backoff_multiplier: float | None = Field(default=None, ge=1, le=10)
@@ -123,6 +126,14 @@ class TaskSpec(BaseModel):
         return self.gpu_memory_mb > 0 or self.gpu_compute_ratio > 0
 
     @property
+    def is_inference(self) -> bool:
+        """`task_type` is authoritative; only "" falls back to the heuristic of
+        `looks_like_inference` (an inference image name or a declared serving port)."""
+        if self.task_type is not TaskType.UNSET:
+            return self.task_type is TaskType.INFERENCE
+        return looks_like_inference(self.image, self.serving)
+
+    @property
     def needs_runtime(self) -> str:
         """The node runtime this task requires: `process` without an image, else any ("")."""
         return "" if self.image else "process"
@@ -142,6 +153,12 @@ class Task(BaseModel):
     gpu_ids: tuple[str, ...] = ()
     qos: str = ""
     container_id: str = ""
+    # host:port of the task's serving port, as its agent reported it (docs/serving.md).
+    serve_address: str = ""
+    # "vendor/model" of its cards, set on placement, and the engine profile the agent chose
+    # from it and the image (docs/serving.md#engine-routing).
+    gpu_label: str = ""
+    engine: str = ""
     retry_count: int = 0
     exit_code: int | None = None
     result: str = ""
@@ -184,6 +201,9 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "exit_code",
         "qos",
         "container_id",
+        "serve_address",
+        "gpu_label",
+        "engine",
         "error",
         "pending_reason",
         "pending_reason_code",
@@ -212,7 +232,7 @@ REPORT_FIELDS: frozenset[str] = frozenset(
 # Fields whose null means "the configured default" (name: null is reported as missing; image:
 # null is no image, like an omitted one).
 NULLABLE: frozenset[str] = frozenset(
-    {"name", "image", "retry_delay", "backoff_multiplier", "oom_memory_limit"}
+    {"name", "image", "retry_delay", "backoff_multiplier", "oom_memory_limit", "serving"}
 )
 
 # The only config field a tenant may change after `pending`.

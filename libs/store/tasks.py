@@ -127,6 +127,20 @@ async def of_group(store: EventStore, group_id: str, *, include_deleted: bool = 
     return _tasks(await rows(store, sql, [group_id]))
 
 
+async def serving_targets(store: EventStore) -> list[str]:
+    """Serving targets that may go idle: the group (or the task itself when it has none) of
+    every running task that declares `serving` and an idle timeout."""
+    found = await rows(
+        store,
+        "SELECT DISTINCT COALESCE(group_id, id) AS target FROM tasks"
+        " WHERE status = 'running' AND deleted_at IS NULL"
+        " AND jsonb_typeof(doc->'spec'->'serving') = 'object'"
+        " AND (doc->'spec'->>'idle_timeout_minutes')::int > 0",
+        [],
+    )
+    return [r["target"] for r in found]
+
+
 async def ids_of_group(store: EventStore, group_id: str) -> list[str]:
     """Ids of every task of a group, superseded and deleted members included."""
     found = await rows(store, "SELECT id FROM tasks WHERE group_id = %s", [group_id])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,11 +28,13 @@ from . import (
     routes_ops,
     routes_pools,
     routes_queues,
+    routes_serve,
     routes_tasks,
     routes_tenants,
     shedding,
 )
 from .responses import FastJSONResponse
+from .serving import ServingRouter
 
 API_TITLE = "HeteroFlow API"
 READY_CHECK_TIMEOUT_S = 2.0
@@ -52,7 +55,14 @@ def create_app(
                 settings.database_url.get_secret_value(),
                 max_size=settings.db_pool_max,
             )
+        app.state.serving = ServingRouter(app.state.store, settings, nc)
+        stop = asyncio.Event()
+        background = asyncio.create_task(app.state.serving.run(stop))
         yield
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(background, 10)
+        await app.state.serving.close()
         if owned:
             await app.state.store.close()
 
@@ -68,6 +78,7 @@ def create_app(
     app.state.settings = settings
     app.state.store = store
     app.state.nc = nc
+    app.state.serving = None  # the router, made on the first /serve/ request
     app.state.auth_cache = auth.CredentialCache(settings.auth_cache_ttl_s)
     app.state.tenant_rates = shedding.TenantRates(
         settings.tenant_write_rate_per_s, settings.tenant_write_burst
@@ -81,6 +92,7 @@ def create_app(
     app.include_router(routes_pools.router)
     app.include_router(routes_queues.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_serve.router)
 
     # Inside the metrics middleware, so refused bodies are counted too.
     app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)

@@ -11,7 +11,7 @@ from libs.domain.errors import Code, DomainError
 from libs.store.eventstore import EventStore
 
 from .limits import read_json_object
-from .shedding import READ_METHODS
+from .shedding import READ_METHODS, ROUTED_PREFIX
 
 
 async def get_store(request: Request) -> EventStore:
@@ -37,7 +37,11 @@ async def get_principal(
         secret.get_secret_value() if secret else None,
         request.app.state.auth_cache,
     )
-    if principal.is_tenant and request.method not in READ_METHODS:
+    if (
+        principal.is_tenant
+        and request.method not in READ_METHODS
+        and not request.url.path.startswith(ROUTED_PREFIX)
+    ):
         request.app.state.tenant_rates.take(principal.tenant_id)
     return principal
 

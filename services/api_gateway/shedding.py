@@ -14,7 +14,8 @@ give up: a queue that only grows turns every answer late, the cheap ones too.
   write slot from the others.
 
 Both are per gateway process: with `HETEROFLOW_GATEWAY_WORKERS=N` the platform admits N times
-the bounds. Health and metrics endpoints are never shed.
+the bounds. Health and metrics endpoints are never shed, nor is inference traffic on `/serve/`
+(the router bounds its own queue).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ IN_FLIGHT = Gauge(
 
 READ_METHODS = frozenset({"GET", "HEAD"})
 NEVER_SHED = frozenset({"/healthz", "/readyz", "/metrics"})
+# Inference traffic through the router has its own bounded wait queue (serving.py) and may
+# hold a request for as long as a model generates: the API's bounds would starve it.
+ROUTED_PREFIX = "/serve/"
 RETRY_AFTER_S = 1
 
 
@@ -59,7 +63,8 @@ class Shedding:
         self.in_flight = {"read": 0, "write": 0}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path", "") in NEVER_SHED:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in NEVER_SHED or path.startswith(ROUTED_PREFIX):
             await self.app(scope, receive, send)
             return
         kind = "read" if scope.get("method", "GET") in READ_METHODS else "write"

@@ -47,6 +47,9 @@ KINDS = (
     "group_restart",
     "inference_rebuild",
     "replica_self_heal",
+    "idle_sleep",
+    "request_wake",
+    "liveness_lost",
 )
 
 
@@ -128,8 +131,16 @@ def _status_kind(code: ReasonCode, to: str | None) -> str | None:
         return {"preempting": "preemption", "pending": "preempted_requeue"}.get(to or "")
     if code is R.HOST_OFFLINE_ON_WAKE and to == "pending":
         return "wake_rescheduled"
+    if code is R.IDLE_SLEEP and to == "sleeping":
+        return "idle_sleep"
+    if code is R.REQUEST_WAKE and to == "waking":
+        return "request_wake"
     if to == "failed":
-        return {R.CONTAINER_LOST: "container_lost", R.TIMEOUT: "task_timeout"}.get(code)
+        return {
+            R.CONTAINER_LOST: "container_lost",
+            R.TIMEOUT: "task_timeout",
+            R.LIVENESS_LOST: "liveness_lost",
+        }.get(code)
     return None
 
 

@@ -55,6 +55,7 @@ def run_payload(task: Task) -> TaskRunSpec:
         tenant_id=task.tenant_id,
         group_id=task.group_id,
         rank=task.rank,
+        gpu_label=task.gpu_label,
     )
 
 

@@ -172,11 +172,23 @@ def _fail(t: Task) -> list[Any]:
 
 
 def policy_from(
-    backoffs_s: Sequence[float], window_s: float, give_up_s: float, max_rebuilds: int
+    backoffs_s: Sequence[float],
+    window_s: float,
+    give_up_s: float,
+    max_rebuilds: int,
+    *,
+    replica_max_restarts: int = 5,
+    replica_crash_window_s: float = 600.0,
+    replica_backoff_s: float = 10.0,
+    replica_backoff_max_s: float = 300.0,
 ) -> GroupPolicy:
     return GroupPolicy(
         restart_window=timedelta(seconds=window_s),
         restart_backoffs=tuple(timedelta(seconds=b) for b in backoffs_s),
         restart_give_up_after=timedelta(seconds=give_up_s),
         max_rebuilds=max_rebuilds,
+        replica_max_restarts=replica_max_restarts,
+        replica_crash_window=timedelta(seconds=replica_crash_window_s),
+        replica_backoff=timedelta(seconds=replica_backoff_s),
+        replica_backoff_max=timedelta(seconds=replica_backoff_max_s),
     )

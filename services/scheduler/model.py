@@ -320,6 +320,7 @@ class Placement:
     gpu_ids: tuple[str, ...] = ()
     qos: Qos | None = None  # set for fractions only; whole cards are exclusive
     fractions: tuple[GpuShare, ...] = ()
+    gpu_label: str = ""  # "vendor/model" of the granted cards: the agent's engine routing
 
 
 @dataclass(frozen=True, slots=True)

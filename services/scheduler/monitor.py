@@ -20,6 +20,7 @@ from libs.controller import Controller, Term
 from libs.domain import commands
 from libs.domain.errors import Fenced
 from libs.domain.events import Payload
+from libs.domain.liveness import LivenessWatch, is_dead
 from libs.domain.node import (
     CardWatch,
     GpuLost,
@@ -30,7 +31,7 @@ from libs.domain.node import (
     NodeStatus,
     watch_card,
 )
-from libs.domain.protocol import Heartbeat
+from libs.domain.protocol import CommandKind, Heartbeat, NodeCommand
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task
@@ -39,6 +40,8 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 from libs.store.fencing import Fence
 from libs.store.projections import NODES
+
+from .dispatch import STOP_GRACE_S, send
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -95,6 +98,8 @@ class NodeMonitor(Controller):
         gone_after_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         tick_s: float = 1.0,
+        liveness_floor_s: float = 900.0,
+        liveness_stale_s: float = 30.0,
     ) -> None:
         self.store = store
         self.nc = nc
@@ -103,6 +108,9 @@ class NodeMonitor(Controller):
         self.clock = clock
         self.last_seen: dict[str, float] = {}
         self.cards: dict[tuple[str, str], CardWatch] = {}
+        self.liveness: dict[str, LivenessWatch] = {}
+        self.liveness_floor_s = liveness_floor_s
+        self.liveness_stale_s = liveness_stale_s
         self.nodes: dict[str, Node] = {}
         self.since = clock()
         self.interval_s = tick_s
@@ -114,6 +122,7 @@ class NodeMonitor(Controller):
         self.fence, self._fenced = term.fence, None
         # Every node's clock starts now: what a previous term saw may be long stale.
         self.last_seen.clear()
+        self.liveness.clear()  # a new term watches from now, like the nodes' clocks
         self.since = self.clock()
         await self.refresh()
         self.leading = True
@@ -159,7 +168,14 @@ class NodeMonitor(Controller):
             log.exception("heartbeat_rejected", node_id=hb.node_id)
 
     async def on_heartbeat(self, hb: Heartbeat) -> None:
-        self.last_seen[hb.node_id] = self.clock()
+        now = self.clock()
+        self.last_seen[hb.node_id] = now
+        for task_id, evidence in hb.liveness.items():
+            lw = self.liveness.get(task_id)
+            if lw is None or lw.node_id != hb.node_id:
+                lw = LivenessWatch(hb.node_id, now, now, evidence)
+                self.liveness[task_id] = lw
+            lw.observe(evidence, now)
         node = self.nodes.get(hb.node_id)
         if node is None:
             return  # not registered yet; its registration brings it in
@@ -210,6 +226,55 @@ class NodeMonitor(Controller):
                 await self.node_lost(node, silent)
             elif node.status is NodeStatus.OFFLINE and silent > self.gone_after_s:
                 await self.node_gone(node, silent)
+        await self.liveness_floor(now)
+
+    async def liveness_floor(self, now: float) -> None:
+        """Declare dead the running inference tasks past the floor with ≥2 death signals."""
+        for task_id, watch in list(self.liveness.items()):
+            if now - watch.last_evidence_at > self.liveness_floor_s + self.liveness_stale_s:
+                del self.liveness[task_id]  # ended or moved long ago: stop remembering it
+                continue
+            signals = is_dead(watch, now, self.liveness_floor_s, self.liveness_stale_s)
+            if signals:
+                del self.liveness[task_id]
+                await self.declare_dead(task_id, watch.node_id, signals)
+
+    async def declare_dead(self, task_id: str, node_id: str, signals: list[str]) -> None:
+        """Fail it (its group or the retry engine recovers it), then stop what is left."""
+        text = f"no positive liveness for {self.liveness_floor_s:g}s: {'; '.join(signals)}"
+
+        def decide(t: Task) -> list[Any]:
+            if t.status is not S.RUNNING or t.node_id != node_id:
+                return []
+            return list(
+                commands.decide_transition(
+                    t,
+                    S.FAILED,
+                    actor=Actor.CONTROLLER,
+                    expected_status=S.RUNNING,
+                    reason_code=ReasonCode.LIVENESS_LOST,
+                    error=f"LivenessLost: {text}",
+                )
+            )
+
+        done, _ = await self.store.execute_batch({task_id: decide}, fence=self.fence)
+        task = done.get(task_id)
+        if task is None or task.status is not S.FAILED:
+            return
+        log.warning("task_declared_dead", task_id=task_id, node_id=node_id, signals=signals)
+        cmd = NodeCommand(
+            kind=CommandKind.STOP,
+            node_id=node_id,
+            task_id=task_id,
+            attempt=task.retry_count,
+            status=S.FAILED,
+            task_version=task.version,
+            grace_s=STOP_GRACE_S,
+        )
+        try:
+            await send(self.nc.jetstream(), cmd)
+        except Exception:  # the task is failed either way; its container ends with the node
+            log.exception("dead_task_stop_not_sent", task_id=task_id)
 
     async def node_lost(self, node: Node, silent: float) -> None:
         offline = NodeOffline(

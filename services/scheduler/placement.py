@@ -107,7 +107,9 @@ class Placer:
     async def commit(self, p: Plan, pending: dict[str, Task]) -> RoundResult:
         decisions: dict[str, commands.Decide] = {}
         for pl in p.placements:
-            decisions[pl.task_id] = _place(pl.node_id, pl.gpu_ids, pl.qos.value if pl.qos else "")
+            decisions[pl.task_id] = _place(
+                pl.node_id, pl.gpu_ids, pl.qos.value if pl.qos else "", pl.gpu_label
+            )
         victims: dict[str, commands.Decide] = {}
         for pre in p.preemptions:
             for victim in pre.victims:
@@ -150,7 +152,7 @@ class Placer:
         return result
 
 
-def _place(node_id: str, gpu_ids: tuple[str, ...], qos: str) -> commands.Decide:
+def _place(node_id: str, gpu_ids: tuple[str, ...], qos: str, label: str = "") -> commands.Decide:
     def decide(t: Task) -> list[Any]:
         return list(
             commands.decide_transition(
@@ -163,6 +165,7 @@ def _place(node_id: str, gpu_ids: tuple[str, ...], qos: str) -> commands.Decide:
                 node_id=node_id,
                 gpu_ids=gpu_ids,
                 qos=qos,
+                gpu_label=label,
             )
         )
 

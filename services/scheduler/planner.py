@@ -186,6 +186,14 @@ def _unplaced(task: PendingTask, verdict: Verdict) -> Outcome:
 # --- one task ------------------------------------------------------------------------
 
 
+def gpu_label(gpus: Sequence[Gpu], granted: Sequence[str]) -> str:
+    """`vendor/model` of the first granted card ("" without cards)."""
+    for g in gpus:
+        if granted and g.id == granted[0]:
+            return f"{g.vendor.lower()}/{g.model}"
+    return ""
+
+
 def schedule_task(ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt: bool) -> Outcome:
     """Place one task on the best node (reserving it in `ledger`), or explain why not and
     maybe ask for preemption."""
@@ -209,6 +217,7 @@ def schedule_task(ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt:
             gpu_ids=best.grant.gpu_ids,
             qos=best.grant.qos,
             fractions=best.grant.fractions,
+            gpu_label=gpu_label(best.node.gpus, best.grant.gpu_ids),
         )
         ledger.reserve(_holding(task, best), best.cost)
         return Outcome(placement=placement)

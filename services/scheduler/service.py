@@ -49,11 +49,27 @@ class SchedulerSettings(CommonSettings):
         description="tasks scheduled or starting (not yet running) on one node; 0 = no bound",
     )
     group_scan_interval_s: float = 2.0
+    liveness_floor_s: float = Field(
+        default=900.0, gt=0, description="inference task with no positive liveness this long"
+    )
+    liveness_stale_s: float = Field(
+        default=30.0, gt=0, description="heartbeat evidence older than this is a death signal"
+    )
     group_rebuild_scan_s: float = Field(default=10.0, description="inference rebuild scan")
     group_restart_backoffs_s: list[float] = Field(default_factory=lambda: [60.0, 180.0])
     group_restart_window_s: float = 600.0
     group_restart_give_up_s: float = 1800.0
     group_max_rebuilds: int = 5
+    group_replica_max_restarts: int = Field(
+        default=5, ge=0, description="replica self-heals per rank within the crash window"
+    )
+    group_replica_crash_window_s: float = Field(
+        default=600.0, gt=0, description="failures of a rank counted for the crash-loop cap"
+    )
+    group_replica_backoff_s: float = Field(
+        default=10.0, ge=0, description="wait before the 2nd replacement, doubling after"
+    )
+    group_replica_backoff_max_s: float = Field(default=300.0, ge=0, description="backoff cap")
     instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
@@ -83,6 +99,8 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         ctx.nc,
         offline_after_s=settings.node_offline_after_s,
         gone_after_s=settings.node_gone_after_s,
+        liveness_floor_s=settings.liveness_floor_s,
+        liveness_stale_s=settings.liveness_stale_s,
     )
     groups = GroupController(
         ctx.store,
@@ -91,6 +109,10 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
             settings.group_restart_window_s,
             settings.group_restart_give_up_s,
             settings.group_max_rebuilds,
+            replica_max_restarts=settings.group_replica_max_restarts,
+            replica_crash_window_s=settings.group_replica_crash_window_s,
+            replica_backoff_s=settings.group_replica_backoff_s,
+            replica_backoff_max_s=settings.group_replica_backoff_max_s,
         ),
         ctx.store.clock,
         interval_s=settings.group_scan_interval_s,

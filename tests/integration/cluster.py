@@ -198,9 +198,13 @@ class Cluster:
 
             with psycopg.connect(self.database_url) as conn:
                 ids = {r[0] for r in conn.execute("SELECT id FROM tasks").fetchall()}
-            for c in client.containers.list(all=True, filters={"label": "heteroflow.managed"}):
-                if c.labels.get("heteroflow.task_id") in ids:
-                    c.remove(force=True)
+            # The low-level list: `containers.list` inspects each container it lists and
+            # fails on one that another test removed meanwhile (the engine is shared), which
+            # skipped this whole cleanup and left this test's containers behind.
+            for c in client.api.containers(all=True, filters={"label": "heteroflow.managed"}):
+                if (c.get("Labels") or {}).get("heteroflow.task_id") in ids:
+                    with contextlib.suppress(docker.errors.NotFound):
+                        client.api.remove_container(c["Id"], force=True)
         except Exception:  # noqa: BLE001 - no engine, nothing to clean
             pass
 

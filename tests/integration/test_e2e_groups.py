@@ -222,3 +222,19 @@ def test_group_api_validation_and_membership(cluster: Cluster) -> None:
         web.get(f"{cluster.url}/api/v1/task-groups/{g['id']}", headers=cluster.tenant).status_code
         == 404
     )
+
+
+@pytest.mark.cluster_env(
+    HETEROFLOW_GROUP_REPLICA_MAX_RESTARTS="2", HETEROFLOW_GROUP_REPLICA_BACKOFF_S="1"
+)
+def test_crash_looping_replica_is_bounded_then_the_group_fails(cluster: Cluster) -> None:
+    cluster.start_agent("a", "process")
+    g = create_group(
+        cluster, task_count=2, parallelism="split", command='[ "$RANK" = 0 ] && exit 1; sleep 300'
+    )
+    cluster.wait(lambda: get_group(cluster, g["id"])["status"] == "failed", "group failed", 60)
+    after = get_group(cluster, g["id"])
+    assert after["reason_code"] == "crash_loop" and "rank 0 failed 3 times" in after["reason"]
+    assert after["replacements"] == 2, "two restarts, then the cap"
+    rank0 = [t for t in after["tasks"] if t["rank"] == 0]
+    assert len(after["superseded_tasks"]) == 2 and rank0[0]["status"] == "failed"

@@ -225,3 +225,54 @@ def test_sleeping_group_whose_last_task_fails_is_not_stuck() -> None:
     s = spec(task_type="batch", task_count=1)
     plan = decide_group(group(s, G.SLEEPING), [member(0, S.FAILED, error="x")], T0, POLICY, infra)
     assert any(isinstance(e, GroupStatusChanged) and e.to_status is G.FAILED for e in plan.events)
+
+
+def crash_history(failures: int, last_finished: int) -> list[Task]:
+    """Rank 0 failed `failures` times (the newest at `last_finished` s); rank 1 runs."""
+    rows = [
+        member(0, S.FAILED, age=i, error="exit code 1", finished=last_finished - (failures - i))
+        for i in range(1, failures)
+    ]
+    rows.append(member(0, S.FAILED, age=failures, error="exit code 1", finished=last_finished))
+    return [*rows, member(1, S.RUNNING)]
+
+
+@pytest.mark.parametrize(
+    ("failures", "waited_s", "replaced"),
+    [
+        (1, 0, True),  # the first replacement is immediate
+        (2, 9, False),  # then 10 s
+        (2, 10, True),
+        (3, 19, False),  # 20 s
+        (3, 20, True),
+        (5, 79, False),  # 80 s
+        (5, 80, True),
+    ],
+    ids=lambda v: str(v),
+)
+def test_replica_self_heal_backs_off_exponentially(
+    failures: int, waited_s: int, replaced: bool
+) -> None:
+    g = group(spec(parallelism="split"))
+    plan = decide_group(
+        g, crash_history(failures, 0), T0 + timedelta(seconds=waited_s), POLICY, infra
+    )
+    assert (plan.new_ranks == [0]) is replaced
+    assert not any(isinstance(e, GroupStatusChanged) for e in plan.events), "stays as it is"
+
+
+def test_crash_looping_replica_fails_the_group_with_a_reason() -> None:
+    g = group(spec(parallelism="split"))
+    tasks = crash_history(POLICY.replica_max_restarts + 1, 0)
+    plan = decide_group(g, tasks, T0 + timedelta(seconds=300), POLICY, infra)
+    assert not plan.new_ranks
+    [change] = [e for e in plan.events if isinstance(e, GroupStatusChanged)]
+    assert change.to_status is G.FAILED and change.reason_code.value == "crash_loop"
+    assert "rank 0 failed 6 times" in change.reason
+    assert plan.stop == ["t1-0"], "the healthy replica is stopped with the group"
+    # Judged once: the next scan adds no second failure event.
+    again = decide_group(group(g.spec, G.FAILED), tasks, T0 + timedelta(seconds=302), POLICY, infra)
+    assert not again.events
+    # Failures older than the crash window do not count.
+    late = decide_group(g, tasks, T0 + timedelta(seconds=700), POLICY, infra)
+    assert late.new_ranks == [0]

@@ -139,3 +139,15 @@ async def test_a_stream_gives_its_slot_back_when_its_answer_starts() -> None:
     app.release.set()
     await asyncio.gather(stream, second)
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200, 200]
+
+
+async def test_routed_inference_traffic_is_not_counted() -> None:
+    app = Held()
+    shed = Shedding(app, max_reads=1, max_writes=1, db_wait_s=2.0)
+    transport = httpx.ASGITransport(app=shed)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        held = [asyncio.create_task(client.post("/serve/g1/v1/completions")) for _ in range(3)]
+        await _until(lambda: app.entered >= 3)  # all three reached the router
+        assert shed.in_flight == {"read": 0, "write": 0}
+        app.release.set()
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200, 200]

@@ -1,0 +1,66 @@
+"""What a START command becomes on this node: the runtime's RunSpec (memory boost, engine
+profile, group and user environment, published serving port) and the running timeout."""
+
+from __future__ import annotations
+
+from libs.domain.protocol import NodeCommand
+
+from .boost import boost_memory
+from .engines import profile, profile_env
+from .inventory import Inventory
+from .runtimes.base import LABEL_NODE, RunSpec
+
+
+def card_vendor(inventory: Inventory, gpu_ids: tuple[str, ...]) -> str:
+    vendors = {g.uuid: g.vendor for g in inventory.gpus}
+    return vendors.get(gpu_ids[0], "") if gpu_ids else ""
+
+
+def engine_profile(cmd: NodeCommand, inventory: Inventory) -> str:
+    """The engine profile of an inference task (agent/engines.py); "" otherwise."""
+    assert cmd.run is not None
+    if not cmd.run.spec.is_inference:
+        return ""
+    ids = cmd.run.gpu_ids
+    return profile(cmd.run.spec.image, cmd.run.gpu_label, ids, card_vendor(inventory, ids))
+
+
+def _indices(gpu_ids: tuple[str, ...], vendor: str, runtime: str) -> tuple[str, ...]:
+    # Docker renumbers the NVIDIA cards it passes in from 0; elsewhere the ids hold.
+    if runtime == "docker" and vendor.lower() == "nvidia":
+        return tuple(str(i) for i in range(len(gpu_ids)))
+    return gpu_ids
+
+
+def run_spec(
+    cmd: NodeCommand, inventory: Inventory, node_id: str, address: str, runtime: str
+) -> tuple[RunSpec, str | None, float]:
+    """(the RunSpec, the memory-boost log line if boosted, the timeout; 0 = none)."""
+    assert cmd.run is not None
+    spec = cmd.run.spec
+    gpu_ids = cmd.run.gpu_ids
+    memory, boost_line = boost_memory(
+        spec.image, spec.memory_mb, spec.gpu_required > 0 or spec.is_fractional
+    )
+    vendor = card_vendor(inventory, gpu_ids)
+    engine_env = profile_env(
+        engine_profile(cmd, inventory), gpu_ids, _indices(gpu_ids, vendor, runtime)
+    )
+    run = RunSpec(
+        task_id=cmd.task_id,
+        attempt=cmd.attempt,
+        image=spec.image,
+        command=spec.command,
+        env=engine_env | dict(cmd.run.group_env) | dict(spec.env),  # user values win
+        volumes=tuple(v.model_dump() for v in spec.volumes),
+        memory_mb=memory,
+        cpu_cores=spec.cpu_cores,
+        gpu_ids=gpu_ids,
+        gpu_vendor=vendor,
+        labels={"heteroflow.tenant": cmd.run.tenant_id, LABEL_NODE: node_id},
+        serve_port=spec.serving.port if spec.serving else None,
+        serve_host=address,
+    )
+    # Inference servers run until stopped: no running timeout (SPEC §5).
+    timeout = 0.0 if spec.is_inference else float(spec.timeout)
+    return run, boost_line, timeout

@@ -1,0 +1,384 @@
+"""The serving router's state: targets, their replicas and readiness, the request figures,
+idle sleep and wake on request (docs/serving.md).
+
+A target is an inference group (`grp-…`) or a single task that declares `serving`. The
+router learns a target on its first request, then a background loop per target re-reads its
+members from the store, probes each running replica's `health_path` (ready only after a
+2xx), and sleeps the target once it has had no request for its `idle_timeout_minutes`. The
+proxying itself is in routes_serve.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+import structlog
+from nats.aio.client import Client
+from prometheus_client import Counter, Gauge
+
+from libs.bus.broker import serve
+from libs.bus.subjects import serving_metrics_subject
+from libs.config import GatewaySettings
+from libs.domain import commands
+from libs.domain.errors import Code, DomainError, NotFound
+from libs.domain.group import current_members
+from libs.domain.reasons import ReasonCode
+from libs.domain.serving import Replica, RequestWindow, ServingMetrics, ServingSpec, pick
+from libs.domain.states import TERMINAL, Actor, TaskStatus
+from libs.domain.task import Task
+from libs.store import groups as group_rows
+from libs.store import nodes as node_rows
+from libs.store import tasks as task_rows
+from libs.store.eventstore import EventStore
+
+from .bus import routes
+
+log = structlog.get_logger(__name__)
+S = TaskStatus
+
+SERVE_REQUESTS = Counter(
+    "heteroflow_serve_requests_total", "Requests through /serve/", ["target", "status"]
+)
+SERVE_RPS = Gauge("heteroflow_serve_requests_per_second", "Requests/s over the window", ["target"])
+SERVE_CONCURRENT = Gauge(
+    "heteroflow_serve_concurrent_requests", "Requests being proxied now", ["target"]
+)
+SERVE_P95 = Gauge("heteroflow_serve_latency_p95_seconds", "Latency p95 over the window", ["target"])
+SERVE_QUEUED = Gauge(
+    "heteroflow_serve_queued_requests", "Requests held for a ready replica", ["target"]
+)
+SERVE_READY = Gauge("heteroflow_serve_ready_replicas", "Replicas passing health", ["target"])
+
+
+class ServeUnavailable(DomainError):
+    """No ready replica within the bounded wait, or the wait queue is full: 503 + Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(Code.SERVE_UNAVAILABLE, message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Target:
+    id: str
+    tenant_id: str
+    serving: ServingSpec | None
+    idle_timeout_minutes: int
+    members: list[Task]
+    window: RequestWindow
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    last_activity: float = field(default_factory=time.monotonic)
+    loop: asyncio.Task[None] | None = None
+    waking: bool = False
+
+    @property
+    def statuses(self) -> list[TaskStatus]:
+        return [m.status for m in self.members]
+
+    def ready(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.ready]
+
+
+class ServingRouter:
+    """Per gateway process: what it knows of every target it has been asked for."""
+
+    def __init__(
+        self, store: EventStore, settings: GatewaySettings, nc: Client | None = None
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.nc = nc
+        self.gateway = f"{socket.gethostname()}:{os.getpid()}"
+        self.targets: dict[str, Target] = {}
+        self.clock: Callable[[], float] = time.monotonic
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
+        timeout = httpx.Timeout(settings.serve_upstream_timeout_s, connect=5.0)
+        self.client = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+        self._probe = httpx.AsyncClient(timeout=2.0, trust_env=False)
+
+    async def close(self) -> None:
+        for t in self.targets.values():
+            if t.loop:
+                t.loop.cancel()
+        await self.client.aclose()
+        await self._probe.aclose()
+
+    # --- targets -----------------------------------------------------------------------
+
+    async def _load(self, target_id: str) -> tuple[str, ServingSpec | None, int, list[Task]]:
+        if target_id.startswith("grp-"):
+            group = await group_rows.get(self.store, target_id)
+            if group is None:
+                raise NotFound("serving target")
+            tasks = await task_rows.of_group(self.store, target_id, include_deleted=False)
+            spec = group.spec.template
+            return group.tenant_id, spec.serving, spec.idle_timeout_minutes, current_members(tasks)
+        try:
+            task = await self.store.get_task(target_id)
+        except NotFound:
+            raise NotFound("serving target") from None
+        return task.tenant_id, task.spec.serving, task.spec.idle_timeout_minutes, [task]
+
+    async def target(self, target_id: str, tenant: str | None) -> Target:
+        """The target, learnt on first use; 404 for another tenant's, 409 when not serving."""
+        t = self.targets.get(target_id)
+        if t is None:
+            tenant_id, serving, idle, members = await self._load(target_id)
+            t = Target(
+                target_id,
+                tenant_id,
+                serving,
+                idle,
+                members,
+                RequestWindow(self.settings.serve_window_s),
+            )
+            if tenant is not None and tenant != tenant_id:
+                raise NotFound("serving target")
+            if serving is not None:
+                t = self.targets.setdefault(target_id, t)
+                if t.loop is None:
+                    t.loop = asyncio.create_task(self._watch(t))
+                    await self._refresh(t)
+        if tenant is not None and tenant != t.tenant_id:
+            raise NotFound("serving target")
+        if t.serving is None:
+            raise DomainError(
+                Code.NOT_SERVING,
+                f"{target_id} declares no serving port: add serving: {{port, health_path}} "
+                "to an inference task or group",
+            )
+        if t.members and all(m.status in TERMINAL for m in t.members):
+            raise DomainError(
+                Code.NOT_SERVING,
+                f"{target_id} is not serving: every replica has ended "
+                f"({', '.join(sorted({m.status.value for m in t.members}))})",
+            )
+        return t
+
+    async def _refresh(self, t: Target) -> None:
+        _, _, t.idle_timeout_minutes, t.members = await self._load(t.id)
+        running = {m.id: m for m in t.members if m.status is S.RUNNING and m.serve_address}
+        for gone in set(t.replicas) - set(running):
+            del t.replicas[gone]
+        for tid, m in running.items():
+            known = t.replicas.get(tid)
+            if known is None or known.address != m.serve_address:
+                t.replicas[tid] = Replica(tid, m.serve_address)
+        await asyncio.gather(*(self._check(t, r) for r in list(t.replicas.values())))
+        if t.ready():
+            t.waking = False
+            t.changed.set()
+
+    async def _check(self, t: Target, r: Replica) -> None:
+        assert t.serving is not None
+        try:
+            resp = await self._probe.get(f"http://{r.address}{t.serving.health_path}")
+            ok, why = 200 <= resp.status_code < 300, f"health answered {resp.status_code}"
+        except httpx.HTTPError as exc:
+            ok, why = False, f"health check failed: {type(exc).__name__}"
+        if ok != r.ready:
+            log.info("replica_readiness", target=t.id, task_id=r.task_id, ready=ok, why=why)
+        r.ready, r.last_error = ok, "" if ok else why
+
+    async def _watch(self, t: Target) -> None:
+        """Refresh, probe and judge idleness every probe interval, while the target lives;
+        export and publish the figures every metrics interval."""
+        published = self.clock()
+        while True:
+            await asyncio.sleep(self.settings.serve_probe_interval_s)
+            try:
+                t.changed.clear()
+                await self._refresh(t)
+                if t.members and all(m.status in TERMINAL for m in t.members):
+                    t.changed.set()
+                    if not (t.window.concurrent or t.window.queued):
+                        self._forget(t)  # ended: a later request learns it afresh
+                        return
+                await self._idle_check(t)
+                if self.clock() - published >= self.settings.serve_metrics_interval_s:
+                    published = self.clock()
+                    await self.publish(t)
+            except asyncio.CancelledError:
+                raise
+            except NotFound:  # deleted
+                self._forget(t)
+                return
+            except Exception:  # a store hiccup must not end the watch
+                log.exception("serving_watch_failed", target=t.id)
+
+    def _forget(self, t: Target) -> None:
+        if self.targets.get(t.id) is t:
+            del self.targets[t.id]
+        for gauge in (SERVE_RPS, SERVE_CONCURRENT, SERVE_P95, SERVE_QUEUED, SERVE_READY):
+            with contextlib.suppress(KeyError):
+                gauge.remove(t.id)
+
+    def metrics(self, t: Target) -> ServingMetrics:
+        now = self.clock()
+        f = t.window.figures(now)
+        return ServingMetrics(
+            target_id=t.id,
+            tenant_id=t.tenant_id,
+            gateway=self.gateway,
+            requests_per_second=f["requests_per_second"],
+            concurrent_requests=int(f["concurrent_requests"]),
+            latency_p95_ms=f["latency_p95_ms"],
+            queued_requests=int(f["queued_requests"]),
+            replicas=len(t.members),
+            ready_replicas=len(t.ready()),
+            idle_s=None if t.window.last_request_at is None else now - t.window.last_request_at,
+            at=datetime.now(UTC),
+        )
+
+    async def publish(self, t: Target) -> None:
+        """Export the figures at /metrics and publish them on the bus."""
+        m = self.metrics(t)
+        SERVE_RPS.labels(t.id).set(m.requests_per_second)
+        SERVE_CONCURRENT.labels(t.id).set(m.concurrent_requests)
+        SERVE_P95.labels(t.id).set(m.latency_p95_ms / 1000)
+        SERVE_QUEUED.labels(t.id).set(m.queued_requests)
+        SERVE_READY.labels(t.id).set(m.ready_replicas)
+        if self.nc is not None and self.nc.is_connected:
+            await self.nc.publish(serving_metrics_subject(t.id), m.model_dump_json().encode())
+
+    async def on_metrics(self, m: ServingMetrics) -> None:
+        """Another gateway process's figures: its requests count as activity here too."""
+        t = self.targets.get(m.target_id)
+        if t is None or m.gateway == self.gateway:
+            return
+        now = self.clock()
+        if m.concurrent_requests or m.queued_requests:
+            t.last_activity = now
+        elif m.idle_s is not None:
+            t.last_activity = max(t.last_activity, now - m.idle_s)
+
+    async def adopt(self) -> None:
+        """Watch every serving target with an idle timeout, not only those asked for since
+        this process started (so one nobody calls after a restart still goes to sleep)."""
+        for target_id in await task_rows.serving_targets(self.store):
+            if target_id not in self.targets:
+                with contextlib.suppress(DomainError):
+                    await self.target(target_id, None)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The background part: adopt targets now and then, hear the other gateways."""
+
+        async def adopt_loop() -> None:
+            while not stop.is_set():
+                try:
+                    await self.adopt()
+                except Exception:  # the next round tries again
+                    log.exception("serving_adopt_failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.serve_adopt_interval_s)
+
+        jobs = [adopt_loop()]
+        if self.nc is not None:
+            jobs.append(serve(self.nc, [routes(self.on_metrics)], stop))
+        await asyncio.gather(*jobs)
+
+    # --- idle sleep and wake -------------------------------------------------------------
+
+    async def _idle_check(self, t: Target) -> None:
+        if t.idle_timeout_minutes <= 0 or t.window.concurrent or t.window.queued:
+            return
+        idle_s = t.idle_timeout_minutes * self.settings.serve_idle_minute_s
+        running = [m for m in t.members if m.status is S.RUNNING]
+        if not running or self.clock() - t.last_activity < idle_s:
+            return
+        done, _ = await self.store.execute_batch(
+            {
+                m.id: lambda task: commands.decide_transition(
+                    task,
+                    S.SLEEPING,
+                    actor=Actor.CONTROLLER,
+                    expected_status=S.RUNNING,
+                    reason_code=ReasonCode.IDLE_SLEEP,
+                )
+                for m in running
+            },
+            metadata={"principal": "serving-router"},
+        )
+        log.info("serving_idle_sleep", target=t.id, tasks=sorted(done), idle_s=idle_s)
+        t.replicas.clear()
+
+    async def wake(self, t: Target) -> None:
+        """Lazy wake (SPEC §2): sleeping members go `waking`, or back to `pending` when their
+        host is offline (rescheduled elsewhere); the caller waits for a ready replica."""
+        sleeping = [m for m in t.members if m.status is S.SLEEPING]
+        if not sleeping:
+            return
+        t.waking = True
+        decisions: dict[str, commands.Decide] = {}
+        for m in sleeping:
+            node = await node_rows.get(self.store, m.node_id) if m.node_id else None
+            online = node is not None and node.status.value == "online"
+            decisions[m.id] = _wake_decision(online)
+        done, refused = await self.store.execute_batch(
+            decisions, metadata={"principal": "serving-router"}
+        )
+        log.info("serving_request_wake", target=t.id, tasks=sorted(done), refused=len(refused))
+
+    # --- requests ------------------------------------------------------------------------
+
+    async def acquire(self, t: Target, exclude: set[str]) -> Replica:
+        """A ready replica (least outstanding), waiting a bounded time in a bounded queue."""
+        t.last_activity = self.clock()
+        t.window.started(t.last_activity)
+        replica = pick(t.replicas.values(), exclude)
+        if replica is not None:
+            return replica
+        wait_s = self.settings.serve_wait_s
+        retry_after = max(1, round(wait_s))
+        if t.window.queued >= self.settings.serve_queue_max:
+            raise ServeUnavailable(
+                f"{t.id}: {t.window.queued} requests already wait for a ready replica",
+                retry_after,
+            )
+        t.window.queued += 1
+        try:
+            deadline = self.clock() + wait_s
+            while (replica := pick(t.replicas.values(), exclude)) is None:
+                if any(m.status is S.SLEEPING for m in t.members) and not t.waking:
+                    await self.wake(t)
+                left = deadline - self.clock()
+                if left <= 0:
+                    raise ServeUnavailable(
+                        f"{t.id}: no ready replica within {wait_s:g}s "
+                        f"(replica statuses: {', '.join(s.value for s in t.statuses) or 'none'})",
+                        retry_after,
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(t.changed.wait(), min(left, 1.0))
+            return replica
+        finally:
+            t.window.queued -= 1
+            t.last_activity = self.clock()
+
+
+def _wake_decision(online: bool) -> commands.Decide:
+    if online:
+        return lambda task: commands.decide_transition(
+            task,
+            S.WAKING,
+            actor=Actor.CONTROLLER,
+            expected_status=S.SLEEPING,
+            reason_code=ReasonCode.REQUEST_WAKE,
+        )
+    return lambda task: commands.decide_transition(
+        task,
+        S.PENDING,
+        actor=Actor.CONTROLLER,
+        expected_status=S.SLEEPING,
+        reason_code=ReasonCode.HOST_OFFLINE_ON_WAKE,
+        clear_placement=True,
+    )
