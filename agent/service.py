@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from libs.bus.broker import serve
+from libs.bus.permissions import agent_inbox_prefix
 from libs.bus.subjects import (
     escape_token,
     node_heartbeat_subject,
@@ -99,6 +100,7 @@ class Agent:
             command=self.on_command,
             logs=self.on_logs,
             max_in_flight=self.settings.agent_max_concurrent_commands,
+            inbox_prefix=agent_inbox_prefix(self.node_id),
         )
         try:
             await asyncio.gather(

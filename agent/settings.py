@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from libs.config import CommonSettings
 from libs.domain.node import GpuCard, NodeInventory
@@ -31,6 +31,11 @@ class AgentSettings(CommonSettings):
     )
     node_memory_mb: int | None = Field(
         default=None, ge=1, description="memory (MB) to offer; unset = the host's total"
+    )
+    agent_token: SecretStr | None = Field(
+        default=None,
+        description="this node's agent key (POST /api/v1/nodes/{id}/credentials): its NATS "
+        "password as user agent-<node_id> when HETEROFLOW_NATS_URL carries no credentials",
     )
     address: str = Field(default="127.0.0.1", description="address other members reach")
     heartbeat_interval_s: float = 2.0

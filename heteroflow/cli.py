@@ -105,7 +105,7 @@ def _agent(args: argparse.Namespace) -> int:
     url = settings.nats_url.get_secret_value()
 
     async def main(stop: asyncio.Event) -> None:
-        from heteroflow.platform import serve_agent
+        from heteroflow.node import serve_agent
 
         await serve_agent(settings, url, stop)
 

@@ -3,6 +3,10 @@
 Keys are 32 random bytes, shown once and stored as SHA-256 hashes: with that much entropy a
 fast hash is enough (no dictionary to attack), and lookups stay one indexed equality. JWTs are
 HS256 only: the algorithm list is pinned when decoding, `exp` is required.
+
+Agent keys are issued per node (`issue_node_credential`): the key acts for that node only, in
+the API (reports on tasks placed on it) and on NATS (user `agent-<node_id>`, whose password is
+the same key, checked by the embedded server against a bcrypt hash).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+import bcrypt
 import jwt
 
+from libs.bus.permissions import nats_user as nats_user
 from libs.domain.errors import Code, DomainError
 from libs.domain.events import ApiKeyIssued, SystemCredentialIssued, TenantCreated
 from libs.domain.task import TenantId
@@ -28,6 +34,8 @@ from libs.store.eventstore import EventStore
 
 JWT_ALGORITHM = "HS256"
 TENANT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# Node ids that get credentials: one NATS subject token and consumer name, unescaped.
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
 class Role(StrEnum):
@@ -42,6 +50,9 @@ class Principal:
     role: Role
     subject: str
     tenant_id: str | None = None
+    # The node an agent key acts for; None for every other role (and for an old, unbound
+    # agent key, which may therefore report on nothing).
+    node_id: str | None = None
 
     @property
     def is_tenant(self) -> bool:
@@ -98,6 +109,29 @@ async def issue_system_credential(store: EventStore, role: str, name: str) -> st
         name=name,
         prefix=key[:10],
         key_hash=hash_key(key),
+    )
+    await store.append_stream("system", [ev])
+    return key
+
+
+async def issue_node_credential(store: EventStore, node_id: str) -> str:
+    """A new agent key bound to `node_id` (a previous key of that node stops working)."""
+    if not NODE_ID_RE.match(node_id):
+        raise DomainError(
+            Code.INVALID_VALUE,
+            "node id must be 1-63 letters, digits, '_' or '-', starting with a letter or digit",
+            ["node_id"],
+        )
+    key = new_key("ag")
+    ev = SystemCredentialIssued(
+        credential_id="cred-" + uuid.uuid4().hex[:16],
+        role="agent",
+        name=f"node {node_id}",
+        prefix=key[:10],
+        key_hash=hash_key(key),
+        node_id=node_id,
+        # Cost 10: checked once per NATS login, not per request.
+        nats_password_hash=bcrypt.hashpw(key.encode(), bcrypt.gensalt(10)).decode(),
     )
     await store.append_stream("system", [ev])
     return key
@@ -207,7 +241,7 @@ async def authenticate(
             return principal
         found = await tenants.find_credential(store, digest)
         if isinstance(found, tenants.SystemCredential):
-            principal = Principal(Role(found.role), found.id)
+            principal = Principal(Role(found.role), found.id, node_id=found.node_id)
         elif isinstance(found, tenants.KeyOwner):
             principal = Principal(Role.TENANT_KEY, found.id, found.tenant_id)
         else:

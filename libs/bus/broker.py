@@ -88,6 +88,9 @@ class Routes:
     router: NatsRouter = field(default_factory=NatsRouter)
     durables: list[Durable] = field(default_factory=list)
     pools: list[LanePool] = field(default_factory=list)
+    # Where pulled batches are delivered: an agent's NATS user may subscribe only to inboxes
+    # under its own prefix (libs/bus/permissions.py); None keeps FastStream's `_INBOX.`.
+    inbox_prefix: str | None = None
 
     def durable(
         self,
@@ -210,6 +213,7 @@ class Routes:
             ack_policy=AckPolicy.MANUAL,
             title=f"{durable}:{subject}",
             description=description,
+            inbox_prefix=f"{self.inbox_prefix or '_INBOX'}.".encode(),
         )(consume)
 
     def core(

@@ -224,6 +224,19 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX relay_dead_letters_dead_at ON relay_dead_letters (dead_at);
         """,
     ),
+    (
+        8,
+        """
+        -- Node-bound agent keys: the node a key acts for, the bcrypt hash the embedded NATS
+        -- server checks for that node's user, and when a newer key for the node revoked it.
+        ALTER TABLE system_credentials
+            ADD COLUMN node_id            text,
+            ADD COLUMN nats_password_hash text,
+            ADD COLUMN revoked_at         timestamptz;
+        CREATE INDEX system_credentials_node ON system_credentials (node_id)
+            WHERE node_id IS NOT NULL;
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).

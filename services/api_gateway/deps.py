@@ -30,12 +30,31 @@ async def get_principal(
             Code.UNAUTHENTICATED, "missing bearer token (Authorization: Bearer <token>)"
         )
     secret = request.app.state.settings.jwt_secret
-    return await auth.authenticate(
+    principal = await auth.authenticate(
         store,
         token.strip(),
         secret.get_secret_value() if secret else None,
         request.app.state.auth_cache,
     )
+    if principal.role is auth.Role.AGENT:
+        _agent_may(request)
+    return principal
+
+
+# The one thing an agent key may do in the API: report on a task of its own node (the
+# report path checks the node). Everything else, reads included, is refused here, once,
+# rather than in each route.
+AGENT_ROUTES = frozenset({("PUT", "/api/v1/tasks/{task_id}")})
+
+
+def _agent_may(request: Request) -> None:
+    route = request.scope.get("route")
+    path = getattr(route, "path", request.url.path)
+    if (request.method, path) not in AGENT_ROUTES:
+        raise DomainError(
+            Code.FORBIDDEN,
+            "an agent key may only report on tasks of its own node (PUT /api/v1/tasks/{id})",
+        )
 
 
 Principal = Annotated[auth.Principal, Depends(get_principal)]

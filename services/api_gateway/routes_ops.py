@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from libs import auth
 from libs.bus.subjects import node_logs_subject
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError
@@ -209,3 +210,12 @@ async def task_events(
 async def list_nodes(principal: Principal, store: Store) -> dict[str, Any]:
     require_operator(principal)
     return {"nodes": [n.model_dump(mode="json") for n in await node_rows.all_nodes(store)]}
+
+
+@router.post("/nodes/{node_id}/credentials", status_code=201)
+async def register_node(node_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    """Register a node: issue its agent key (shown once; a previous key of the node stops
+    working). The key is the agent's API bearer token and its NATS password."""
+    require_operator(principal)
+    token = await auth.issue_node_credential(store, node_id)
+    return {"node_id": node_id, "agent_token": token, "nats_user": auth.nats_user(node_id)}
