@@ -44,6 +44,7 @@ from libs.periodic import periodic
 
 from .boost import boost_memory
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
+from .recheck import refusal
 from .reporter import Reporter
 from .retention import Retention
 from .routes import routes
@@ -228,6 +229,7 @@ class Agent:
                 "heteroflow.tenant": cmd.run.tenant_id,
                 LABEL_NODE: self.node_id,
             },
+            tenant_id=cmd.run.tenant_id,
         )
         timeout = float(spec.timeout) if spec.task_type.value != "inference" else 0.0
         return run, boost_line, timeout
@@ -244,6 +246,9 @@ class Agent:
         # reporter keeps it ahead of this task's next report).
         self.report(pseudo, Fact.STARTING, S.SCHEDULED)
         try:
+            if why := refusal(run, self.settings.volume_allow_list):
+                log.warning("command_refused", task_id=cmd.task_id, reason=why)
+                raise RuntimeStartError(ErrorKind.INVALID_CONFIG, f"refused by the node: {why}")
             handle = await self.runtime.start(run)
         except RuntimeStartError as exc:
             await self.report(
@@ -394,7 +399,7 @@ async def run_agent(
         runtime.name if runtime else await asyncio.to_thread(choose_runtime_kind, settings.runtime)
     )
     runtime = runtime or create_runtime(
-        kind, state_dir=state_dir, docker_options={"owner": settings.node_id}
+        kind, state_dir=state_dir, docker_options=settings.docker_options()
     )
     detected = await asyncio.to_thread(
         detect_inventory,

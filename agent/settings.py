@@ -55,6 +55,35 @@ class AgentSettings(CommonSettings):
     remove_finished: bool = Field(
         default=True, description="false: keep every finished task dir and container"
     )
+    volume_allow_list: list[str] = Field(
+        default_factory=lambda: ["/data", "/mnt/datasets", "/tmp/heteroflow"],
+        description="host_path prefixes this node mounts (checked again on every start)",
+    )
+    container_user: str = Field(
+        default="65534:65534", description="uid:gid tenant containers run as (docker)"
+    )
+    root_tenants: list[str] = Field(
+        default_factory=list, description="tenants whose containers keep the image's user"
+    )
+    container_read_only_root: bool = Field(
+        default=False, description="read-only root filesystem, tmpfs /tmp (docker)"
+    )
+    container_nofile: int = Field(default=16384, ge=64, description="open-files limit (docker)")
+    container_isolation: str = Field(
+        default="docker",
+        description="docker | iptables | none: how tenant networks are kept apart; "
+        "iptables when dockerd runs with --iptables=false",
+    )
+
+    def docker_options(self) -> dict[str, object]:
+        return {
+            "owner": self.node_id,
+            "user": self.container_user or None,
+            "root_tenants": frozenset(self.root_tenants),
+            "read_only_root": self.container_read_only_root,
+            "nofile": self.container_nofile,
+            "isolation": self.container_isolation,
+        }
 
     def resolved_state_dir(self) -> Path:
         return self.state_dir or self.home / "agents" / self.node_id

@@ -65,6 +65,7 @@ class RunSpec(BaseModel):
     gpu_ids: tuple[str, ...] = ()  # device indices or UUIDs, as the inventory reported them
     gpu_vendor: str = ""  # "nvidia", "amd", ...; empty when no GPU
     labels: dict[str, str] = Field(default_factory=dict)
+    tenant_id: str = ""  # whose work: the docker runtime's network and user follow it
 
     @field_validator("task_id")
     @classmethod
