@@ -155,13 +155,18 @@ class Routes:
         max_deliver: int = 8,
         nak_delay: float = 1.0,
         deliver_new: bool = False,
+        accept: Callable[[str, M], bool] | None = None,
     ) -> None:
         """Like `durable`, but `handle` gets each fetched batch whole, in delivery order, and
         returns one outcome per message: None acks it, an exception naks it alone. `handle`
-        raising naks the whole batch."""
+        raising naks the whole batch. `accept(subject, message)` False: the message is
+        logged, counted (`refused`) and terminated, never handled nor redelivered."""
 
         async def whole(raws: list[Msg], items: list[BaseModel]) -> None:
-            await _handle_batch(raws, items, handle, durable, nak_delay)
+            if accept is not None:
+                raws, items = await _accepted(raws, items, accept, durable)  # type: ignore[arg-type]
+            if raws:
+                await _handle_batch(raws, items, handle, durable, nak_delay)
 
         self._subscribe(
             model, whole, stream, durable, subject, description, batch, window_s, nak_delay
@@ -282,6 +287,25 @@ async def _handle(
     HANDLED.labels(durable, "ok").inc()
     with contextlib.suppress(Exception):
         await raw.ack()
+
+
+async def _accepted(
+    raws: list[Msg],
+    items: list[BaseModel],
+    accept: Callable[[str, BaseModel], bool],
+    durable: str,
+) -> tuple[list[Msg], list[BaseModel]]:
+    kept: tuple[list[Msg], list[BaseModel]] = ([], [])
+    for raw, item in zip(raws, items, strict=True):
+        if accept(raw.subject, item):
+            kept[0].append(raw)
+            kept[1].append(item)
+            continue
+        log.warning("consumer_message_refused", consumer=durable, subject=raw.subject)
+        HANDLED.labels(durable, "refused").inc()
+        with contextlib.suppress(Exception):
+            await raw.term()
+    return kept
 
 
 async def _handle_batch(
