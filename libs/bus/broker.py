@@ -29,7 +29,7 @@ import structlog
 from faststream import Context
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsRouter, PullSub
-from faststream.nats.message import NatsBatchMessage
+from faststream.nats.message import NatsBatchMessage, NatsMessage
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -230,15 +230,23 @@ class Routes:
         description: str,
         queue: str = "",
         replies: bool = False,
+        accept: Callable[[str, M], bool] | None = None,
     ) -> None:
         """A core NATS subscription: nothing stored, nothing redelivered.
 
         With `replies`, what `handle` returns answers a request. Without, nothing is sent: a
         JetStream publish also carries a reply subject (its ack inbox), and a listener on the
-        same subject answering it would hand the publisher a bogus ack.
+        same subject answering it would hand the publisher a bogus ack. `accept(subject,
+        message)` False: the message is logged, counted (`refused`) and dropped.
         """
+        owner = self.owner
 
-        async def receive(message: Any) -> Any:
+        async def receive(message: Any, raw: NatsMessage = Context("message")) -> Any:
+            subject = raw.raw_message.subject
+            if accept is not None and not accept(subject, message):
+                log.warning("core_message_refused", owner=owner, subject=subject)
+                HANDLED.labels(f"{owner}:core", "refused").inc()
+                return None
             return await handle(message)
 
         receive.__annotations__["message"] = model

@@ -53,7 +53,9 @@ def routes(
         Heartbeat,
         heartbeat,
         subject=f"{NODE_PREFIX}.{{node_id}}.heartbeat",
-        description="Liveness beats (core NATS, not stored); the node monitor's input.",
+        description="Liveness beats (core NATS, not stored); the node monitor's input; a beat "
+        "naming another node than its subject's is dropped.",
+        accept=from_its_node,
     )
     r.core(
         EventEnvelope,
@@ -75,8 +77,9 @@ def routes(
     return r
 
 
-def from_its_node(subject: str, message: NodeReport) -> bool:
-    """A report or registration speaks for the node whose subject it came on, and only that
-    one: an agent's NATS user may publish only on its own subject (libs/bus/permissions.py),
-    so this binds what it says to who it is."""
-    return node_of_subject(subject) == message.root.node_id
+def from_its_node(subject: str, message: NodeReport | Heartbeat) -> bool:
+    """A report, registration or heartbeat speaks for the node whose subject it came on,
+    and only that one: an agent's NATS user may publish only on its own subjects
+    (libs/bus/permissions.py), so this binds what it says to who it is."""
+    node_id = message.root.node_id if isinstance(message, NodeReport) else message.node_id
+    return node_of_subject(subject) == node_id

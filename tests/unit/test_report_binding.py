@@ -8,7 +8,7 @@ import pytest
 
 from libs.bus.subjects import node_of_subject, node_report_subject
 from libs.domain.node import NodeInventory
-from libs.domain.protocol import AgentReport, Fact, NodeReport, Registration
+from libs.domain.protocol import AgentReport, Fact, Heartbeat, NodeReport, Registration
 from libs.domain.states import TaskStatus
 from services.scheduler.routes import from_its_node
 
@@ -54,3 +54,9 @@ def test_node_of_subject() -> None:
     assert node_of_subject("hf.node.n1.report") == "n1"
     assert node_of_subject("hf.node.n1") is None
     assert node_of_subject("hf.other.n1.report") is None
+
+
+def test_a_heartbeat_speaks_for_its_subjects_node_only() -> None:
+    beat = Heartbeat(node_id="n2", seq=1, visible_gpus=[], at=AT)
+    assert from_its_node("hf.node.n2.heartbeat", beat)
+    assert not from_its_node("hf.node.n1.heartbeat", beat)
