@@ -10,6 +10,8 @@ from libs.bus.subjects import node_of_subject, node_report_subject
 from libs.domain.node import NodeInventory
 from libs.domain.protocol import AgentReport, Fact, Heartbeat, NodeReport, Registration
 from libs.domain.states import TaskStatus
+from libs.domain.telemetry import TelemetryBatch
+from services.event_timeline.service import from_its_node as timeline_from_its_node
 from services.scheduler.routes import from_its_node
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -60,3 +62,9 @@ def test_a_heartbeat_speaks_for_its_subjects_node_only() -> None:
     beat = Heartbeat(node_id="n2", seq=1, visible_gpus=[], at=AT)
     assert from_its_node("hf.node.n2.heartbeat", beat)
     assert not from_its_node("hf.node.n1.heartbeat", beat)
+
+
+def test_telemetry_speaks_for_its_subjects_node_only() -> None:
+    batch = TelemetryBatch(node_id="n2", samples=())
+    assert timeline_from_its_node("hf.node.n2.telemetry", batch)
+    assert not timeline_from_its_node("hf.node.n1.telemetry", batch)
