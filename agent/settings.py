@@ -37,6 +37,12 @@ class AgentSettings(CommonSettings):
         description="this node's agent key (POST /api/v1/nodes/{id}/credentials): its NATS "
         "password as user agent-<node_id> when HETEROFLOW_NATS_URL carries no credentials",
     )
+    join_token: SecretStr | None = Field(
+        default=None,
+        description="one-time join token (POST /api/v1/nodes/join-tokens): without an agent "
+        "key, the agent registers itself at HETEROFLOW_SERVER and keeps the key in its state dir",
+    )
+    server: str = Field(default="", description="the API's URL, for joining with a join token")
     address: str = Field(default="127.0.0.1", description="address other members reach")
     heartbeat_interval_s: float = 2.0
     telemetry_interval_s: float = Field(default=10.0, description="NVML sampling period")

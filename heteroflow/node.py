@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
+import httpx
 import structlog
 from nats.errors import NoRespondersError
 from nats.js.errors import NotFoundError
+from pydantic import SecretStr
 
 from agent.service import AgentSettings, run_agent
 from libs.bus import permissions as perms
@@ -57,3 +60,31 @@ async def serve_agent(settings: AgentSettings, nats_url: str, stop: asyncio.Even
 
 def _has_userinfo(url: str) -> bool:
     return any("@" in u for u in url.split(","))
+
+
+def agent_key(settings: AgentSettings) -> SecretStr | None:
+    """The node's key: configured, kept from an earlier join, or got now by spending the join
+    token at HETEROFLOW_SERVER (then kept, 0600, in the state directory for restarts)."""
+    if settings.agent_token is not None:
+        return settings.agent_token
+    kept = settings.resolved_state_dir() / "agent_token"
+    if kept.exists():
+        return SecretStr(kept.read_text().strip())
+    if settings.join_token is None:
+        return None
+    if not settings.server:
+        raise RuntimeError("HETEROFLOW_JOIN_TOKEN needs HETEROFLOW_SERVER (the API's URL)")
+    r = httpx.post(
+        f"{settings.server.rstrip('/')}/api/v1/nodes/{settings.node_id}/join",
+        headers={"Authorization": f"Bearer {settings.join_token.get_secret_value()}"},
+        timeout=httpx.Timeout(10.0, connect=5.0),
+    )
+    if r.status_code != 201:
+        raise RuntimeError(f"join refused ({r.status_code}): {r.text}")
+    key = str(r.json()["agent_token"])
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    log.info("agent_joined", node_id=settings.node_id)
+    return SecretStr(key)

@@ -26,8 +26,14 @@ import bcrypt
 import jwt
 
 from libs.bus.permissions import nats_user as nats_user
-from libs.domain.errors import Code, DomainError
-from libs.domain.events import ApiKeyIssued, SystemCredentialIssued, TenantCreated
+from libs.domain.errors import Code, Conflict, DomainError
+from libs.domain.events import (
+    ApiKeyIssued,
+    JoinTokenIssued,
+    NodeJoined,
+    SystemCredentialIssued,
+    TenantCreated,
+)
 from libs.domain.task import TenantId
 from libs.store import tenants
 from libs.store.eventstore import EventStore
@@ -116,6 +122,12 @@ async def issue_system_credential(store: EventStore, role: str, name: str) -> st
 
 async def issue_node_credential(store: EventStore, node_id: str) -> str:
     """A new agent key bound to `node_id` (a previous key of that node stops working)."""
+    key, ev = _node_credential(node_id)
+    await store.append_stream("system", [ev])
+    return key
+
+
+def _node_credential(node_id: str) -> tuple[str, SystemCredentialIssued]:
     if not NODE_ID_RE.match(node_id):
         raise DomainError(
             Code.INVALID_VALUE,
@@ -133,7 +145,46 @@ async def issue_node_credential(store: EventStore, node_id: str) -> str:
         # Cost 10: checked once per NATS login, not per request.
         nats_password_hash=bcrypt.hashpw(key.encode(), bcrypt.gensalt(10)).decode(),
     )
-    await store.append_stream("system", [ev])
+    return key, ev
+
+
+async def issue_join_token(
+    store: EventStore, ttl: timedelta, now: datetime
+) -> tuple[str, datetime]:
+    """A one-time token with which one new node registers itself before `now + ttl`."""
+    token = new_key("jt")
+    token_id = "join-" + uuid.uuid4().hex[:16]
+    expires = now + ttl
+    ev = JoinTokenIssued(
+        token_id=token_id, prefix=token[:10], key_hash=hash_key(token), expires_at=expires
+    )
+    await store.append_stream(token_id, [ev], expected_version=0)
+    return token, expires
+
+
+async def join_node(store: EventStore, token: str, node_id: str, now: datetime) -> str:
+    """Spend a join token on `node_id` and return the node's key.
+
+    The token is spent and the key issued in one append on the token's stream, conditioned
+    on the token being unspent (version 1): of two nodes racing with one token, one wins. A
+    node that already has a key is not taken over (an operator registers it again instead).
+    """
+    found = (
+        await tenants.find_join_token(store, hash_key(token))
+        if token.startswith("hf_jt_")
+        else None
+    )
+    if found is None or found.used_at is not None or found.expires_at <= now:
+        raise DomainError(Code.UNAUTHENTICATED, "unknown, spent or expired join token")
+    if await tenants.node_credential(store, node_id) is not None:
+        raise DomainError(Code.CAS_CONFLICT, f"node {node_id} is already registered", ["node_id"])
+    key, ev = _node_credential(node_id)
+    try:
+        await store.append_stream(
+            found.id, [NodeJoined(token_id=found.id, node_id=node_id), ev], expected_version=1
+        )
+    except Conflict:
+        raise DomainError(Code.UNAUTHENTICATED, "unknown, spent or expired join token") from None
     return key
 
 

@@ -195,6 +195,28 @@ class SystemCredentialIssued(Payload):
     nats_password_hash: str | None = None
 
 
+class JoinTokenIssued(Payload):
+    """A one-time token with which one new node may register itself (stored as a hash)."""
+
+    type: ClassVar[str] = "join_token_issued"
+    stream_type: ClassVar[str] = "join"
+
+    token_id: str
+    prefix: str
+    key_hash: str
+    expires_at: datetime
+
+
+class NodeJoined(Payload):
+    """A join token was spent by `node_id`; that node's key is issued in the same append."""
+
+    type: ClassVar[str] = "node_joined"
+    stream_type: ClassVar[str] = "join"
+
+    token_id: str
+    node_id: str
+
+
 PAYLOAD_TYPES: dict[str, type[Payload]] = {}
 
 
@@ -216,6 +238,8 @@ register(
     ApiKeyIssued,
     ApiKeyRevoked,
     SystemCredentialIssued,
+    JoinTokenIssued,
+    NodeJoined,
 )
 
 

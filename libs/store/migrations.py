@@ -235,6 +235,17 @@ MIGRATIONS: list[tuple[int, str]] = [
             ADD COLUMN revoked_at         timestamptz;
         CREATE INDEX system_credentials_node ON system_credentials (node_id)
             WHERE node_id IS NOT NULL;
+
+        -- One-time join tokens: a node spends one to get its key (libs/auth.py).
+        CREATE TABLE join_tokens (
+            id          text PRIMARY KEY,
+            prefix      text NOT NULL,
+            key_hash    text NOT NULL UNIQUE,
+            created_at  timestamptz NOT NULL,
+            expires_at  timestamptz NOT NULL,
+            used_at     timestamptz,
+            node_id     text
+        );
         """,
     ),
 ]
@@ -243,6 +254,7 @@ MIGRATIONS: list[tuple[int, str]] = [
 PROJECTION_TABLES: tuple[str, ...] = (
     "api_keys",
     "system_credentials",
+    "join_tokens",
     "tasks",
     "nodes",
     "groups",

@@ -19,6 +19,8 @@ from pydantic import BaseModel
 from libs.domain.events import (
     ApiKeyIssued,
     ApiKeyRevoked,
+    JoinTokenIssued,
+    NodeJoined,
     Payload,
     SystemCredentialIssued,
     TenantCreated,
@@ -194,6 +196,17 @@ async def apply_other(conn: AsyncConnection[Any], stored: StoredEvent, payload: 
                 payload.node_id,
                 payload.nats_password_hash,
             ),
+        )
+    elif isinstance(payload, JoinTokenIssued):
+        await conn.execute(
+            "INSERT INTO join_tokens (id, prefix, key_hash, created_at, expires_at)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (payload.token_id, payload.prefix, payload.key_hash, at, payload.expires_at),
+        )
+    elif isinstance(payload, NodeJoined):
+        await conn.execute(
+            "UPDATE join_tokens SET used_at = %s, node_id = %s WHERE id = %s",
+            (at, payload.node_id, payload.token_id),
         )
     else:
         raise ValueError(f"no projection for event type {stored.type}")

@@ -1,5 +1,5 @@
-"""Reads of the tenant projections: `tenants`, `api_keys` and `system_credentials` (who may
-call the API), plus the GPU quotas the scheduler enforces.
+"""Reads of the tenant projections: `tenants`, `api_keys`, `system_credentials` and
+`join_tokens` (who may call the API), plus the GPU quotas the scheduler enforces.
 
 Rows are written only by the append path (`projections.apply_other`).
 """
@@ -54,6 +54,13 @@ class SystemCredential:
     role: str
     name: str
     node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class JoinToken:
+    id: str
+    expires_at: datetime
+    used_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -138,3 +145,10 @@ async def node_credential(store: EventStore, node_id: str) -> SystemCredential |
         [node_id],
     )
     return SystemCredential(row["id"], row["role"], row["name"], row["node_id"]) if row else None
+
+
+async def find_join_token(store: EventStore, key_hash: str) -> JoinToken | None:
+    row = await one(
+        store, "SELECT id, expires_at, used_at FROM join_tokens WHERE key_hash = %s", [key_hash]
+    )
+    return JoinToken(**row) if row else None

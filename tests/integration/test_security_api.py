@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
+
+from libs import auth
+from libs.domain.errors import Code, DomainError
+from libs.store.replay import rebuild
 
 from .helpers import Api
 
@@ -88,3 +94,42 @@ async def test_only_operators_register_nodes_and_ids_are_checked(api: Api) -> No
     assert r.status_code == 403 and r.json()["code"] == 40301
     r = await api.client.post("/api/v1/nodes/bad.node/credentials", headers=api.operator)
     assert r.status_code == 400 and r.json()["fields"] == ["node_id"]
+
+
+async def test_a_join_token_registers_one_node_once(api: Api) -> None:
+    r = await api.client.post("/api/v1/nodes/join-tokens?ttl_s=600", headers=api.operator)
+    assert r.status_code == 201, r.text
+    join = {"Authorization": f"Bearer {r.json()['join_token']}"}
+    r = await api.client.post("/api/v1/nodes/j1/join", headers=join)
+    assert r.status_code == 201 and r.json()["nats_user"] == "agent-j1", r.text
+    key = {"Authorization": f"Bearer {r.json()['agent_token']}"}
+    # Spent: neither the same node nor another may use it again.
+    for node in ("j1", "j2"):
+        again = await api.client.post(f"/api/v1/nodes/{node}/join", headers=join)
+        assert again.status_code == 401 and again.json()["code"] == 40101
+    tid = await _task(api, "j1")
+    r = await api.client.put(f"/api/v1/tasks/{tid}", json={"status": "starting"}, headers=key)
+    assert r.status_code == 200, r.text
+    # Keys, revocations and join tokens are projections like any other: replay agrees.
+    await api.client.post("/api/v1/nodes/j1/credentials", headers=api.operator)
+    assert (await rebuild(api.store, dry_run=True)).differences == {}
+
+
+async def test_join_tokens_are_refused_when_expired_or_for_a_registered_node(api: Api) -> None:
+    now = datetime.now(UTC)
+    old, _ = await auth.issue_join_token(api.store, timedelta(seconds=60), now - timedelta(hours=1))
+    with pytest.raises(DomainError) as err:
+        await auth.join_node(api.store, old, "j3", now)
+    assert err.value.code is Code.UNAUTHENTICATED
+    fresh, _ = await auth.issue_join_token(api.store, timedelta(seconds=60), now)
+    r = await api.client.post(
+        "/api/v1/nodes/n1/join", headers={"Authorization": f"Bearer {fresh}"}
+    )  # n1 has a key: a join token does not take a node over
+    assert r.status_code == 409 and r.json()["fields"] == ["node_id"]
+    for bad in ("", "Bearer hf_tk_not-a-join-token"):
+        r = await api.client.post("/api/v1/nodes/j4/join", headers={"Authorization": bad})
+        assert r.status_code == 401
+    r = await api.client.post("/api/v1/nodes/join-tokens", headers=api.tenant)
+    assert r.status_code == 403
+    r = await api.client.post("/api/v1/nodes/join-tokens?ttl_s=0", headers=api.operator)
+    assert r.status_code == 400 and r.json()["fields"] == ["ttl_s"]

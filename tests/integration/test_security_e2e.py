@@ -1,7 +1,7 @@
 """Node identities end to end on `heteroflow up` with its embedded servers: a node registered
 through the API runs `heteroflow agent` with nothing but its key and a credential-free NATS
 URL, and runs work; a key that is not the node's cannot even log in, and the node's key
-cannot touch another tenant's task in the API."""
+reads nothing in the API; a node with a one-time join token registers itself."""
 
 from __future__ import annotations
 
@@ -120,6 +120,18 @@ def test_a_registered_node_runs_work_with_its_own_key_only(root: Path) -> None:
         # In the API the key reads nothing, not even the task its node ran.
         agent = {"Authorization": f"Bearer {key}"}
         assert web.get(f"{url}/api/v1/tasks/{tid}", headers=agent).status_code == 403
+        # A node may also register itself with a one-time join token from the operator.
+        r = web.post(f"{url}/api/v1/nodes/join-tokens", headers=operator)
+        assert r.status_code == 201, r.text
+        joiner = node_env | {
+            "HETEROFLOW_NODE_ID": "edge-3",
+            "HETEROFLOW_JOIN_TOKEN": r.json()["join_token"],
+            "HETEROFLOW_SERVER": url,
+            "HETEROFLOW_STATE_DIR": str(root / "edge-3"),
+        }
+        agents.append(_spawn(["agent"], joiner, root / "joiner.log"))
+        _wait(lambda: "edge-3" in online(), "edge-3 joined and online", root / "joiner.log")
+        assert (root / "edge-3" / "agent_token").stat().st_mode & 0o777 == 0o600
     finally:
         for proc in agents:
             _stop(proc)
