@@ -60,6 +60,7 @@ def run_spec(
         labels={"heteroflow.tenant": cmd.run.tenant_id, LABEL_NODE: node_id},
         serve_port=spec.serving.port if spec.serving else None,
         serve_host=address,
+        tenant_id=cmd.run.tenant_id,
     )
     # Inference servers run until stopped: no running timeout (SPEC §5).
     timeout = 0.0 if spec.is_inference else float(spec.timeout)

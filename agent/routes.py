@@ -27,8 +27,9 @@ def routes(
     command: Handle[NodeCommand],
     logs: Callable[[LogsRequest], Awaitable[LogsReply]],
     max_in_flight: int = 32,
+    inbox_prefix: str | None = None,
 ) -> Routes:
-    r = Routes("agent")
+    r = Routes("agent", inbox_prefix=inbox_prefix)
     r.durable(
         NodeCommand,
         command,

@@ -21,6 +21,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from libs.bus.broker import serve
+from libs.bus.permissions import agent_inbox_prefix
 from libs.bus.subjects import (
     escape_token,
     node_heartbeat_subject,
@@ -47,6 +48,7 @@ from .engine import put_to_sleep, vram_held_mb, wake_from_sleep
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
 from .launch import engine_profile, run_spec
 from .liveness import collect as collect_liveness
+from .recheck import refusal
 from .reporter import Reporter
 from .retention import Retention
 from .routes import routes
@@ -95,6 +97,7 @@ class Agent:
             command=self.on_command,
             logs=self.on_logs,
             max_in_flight=self.settings.agent_max_concurrent_commands,
+            inbox_prefix=agent_inbox_prefix(self.node_id),
         )
         try:
             await asyncio.gather(
@@ -229,6 +232,9 @@ class Agent:
         # reporter keeps it ahead of this task's next report).
         self.report(pseudo, Fact.STARTING, S.SCHEDULED)
         try:
+            if why := refusal(run, self.settings.volume_allow_list):
+                log.warning("command_refused", task_id=cmd.task_id, reason=why)
+                raise RuntimeStartError(ErrorKind.INVALID_CONFIG, f"refused by the node: {why}")
             handle = await self.runtime.start(run)
         except RuntimeStartError as exc:
             await self.report(
@@ -411,7 +417,7 @@ async def run_agent(
         runtime.name if runtime else await asyncio.to_thread(choose_runtime_kind, settings.runtime)
     )
     runtime = runtime or create_runtime(
-        kind, state_dir=state_dir, docker_options={"owner": settings.node_id}
+        kind, state_dir=state_dir, docker_options=settings.docker_options()
     )
     detected = await asyncio.to_thread(
         detect_inventory,

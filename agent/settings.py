@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from libs.config import CommonSettings
 from libs.domain.node import GpuCard, NodeInventory
@@ -32,6 +32,17 @@ class AgentSettings(CommonSettings):
     node_memory_mb: int | None = Field(
         default=None, ge=1, description="memory (MB) to offer; unset = the host's total"
     )
+    agent_token: SecretStr | None = Field(
+        default=None,
+        description="this node's agent key (POST /api/v1/nodes/{id}/credentials): its NATS "
+        "password as user agent-<node_id> when HETEROFLOW_NATS_URL carries no credentials",
+    )
+    join_token: SecretStr | None = Field(
+        default=None,
+        description="one-time join token (POST /api/v1/nodes/join-tokens): without an agent "
+        "key, the agent registers itself at HETEROFLOW_SERVER and keeps the key in its state dir",
+    )
+    server: str = Field(default="", description="the API's URL, for joining with a join token")
     address: str = Field(default="127.0.0.1", description="address other members reach")
     heartbeat_interval_s: float = 2.0
     telemetry_interval_s: float = Field(default=10.0, description="NVML sampling period")
@@ -50,6 +61,35 @@ class AgentSettings(CommonSettings):
     remove_finished: bool = Field(
         default=True, description="false: keep every finished task dir and container"
     )
+    volume_allow_list: list[str] = Field(
+        default_factory=lambda: ["/data", "/mnt/datasets", "/tmp/heteroflow"],
+        description="host_path prefixes this node mounts (checked again on every start)",
+    )
+    container_user: str = Field(
+        default="65534:65534", description="uid:gid tenant containers run as (docker)"
+    )
+    root_tenants: list[str] = Field(
+        default_factory=list, description="tenants whose containers keep the image's user"
+    )
+    container_read_only_root: bool = Field(
+        default=False, description="read-only root filesystem, tmpfs /tmp (docker)"
+    )
+    container_nofile: int = Field(default=16384, ge=64, description="open-files limit (docker)")
+    container_isolation: str = Field(
+        default="docker",
+        description="docker | iptables | none: how tenant networks are kept apart; "
+        "iptables when dockerd runs with --iptables=false",
+    )
+
+    def docker_options(self) -> dict[str, object]:
+        return {
+            "owner": self.node_id,
+            "user": self.container_user or None,
+            "root_tenants": frozenset(self.root_tenants),
+            "read_only_root": self.container_read_only_root,
+            "nofile": self.container_nofile,
+            "isolation": self.container_isolation,
+        }
 
     def resolved_state_dir(self) -> Path:
         return self.state_dir or self.home / "agents" / self.node_id

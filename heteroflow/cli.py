@@ -12,6 +12,8 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+import httpx
+
 from heteroflow.cli_check import register_check_commands
 from heteroflow.cli_ops import OPS, build_ops_parser
 from heteroflow.cli_user import register_user_commands
@@ -110,9 +112,16 @@ def _agent(args: argparse.Namespace) -> int:
         print("heteroflow agent: set HETEROFLOW_NATS_URL", file=sys.stderr)
         return 2
     url = settings.nats_url.get_secret_value()
+    from heteroflow.node import agent_key
+
+    try:
+        settings = settings.model_copy(update={"agent_token": agent_key(settings)})
+    except (RuntimeError, httpx.HTTPError) as exc:
+        print(f"heteroflow agent: {exc}", file=sys.stderr)
+        return 2
 
     async def main(stop: asyncio.Event) -> None:
-        from heteroflow.platform import serve_agent
+        from heteroflow.node import serve_agent
 
         await serve_agent(settings, url, stop)
 

@@ -25,15 +25,19 @@ from typing import Any
 import structlog
 from pydantic import Field, SecretStr
 
-from agent.service import AgentSettings, run_agent
+from agent.service import AgentSettings
 from heteroflow import gateway
+from heteroflow.node import serve_agent
 from heteroflow.processes import Supervisor, children
 from libs import auth
+from libs.bus import permissions as perms
+from libs.bus.lease import open_lease_bucket
 from libs.bus.nats import connect, ensure_streams
 from libs.config import GatewaySettings
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.health import READINESS
 from libs.looplag import LoopLagMonitor
+from libs.periodic import periodic
 from libs.service import ServiceContext
 from libs.store import tenants
 from libs.store.eventstore import EventStore
@@ -47,6 +51,8 @@ from services.scheduler import service as scheduler_service
 from services.scheduler.service import SchedulerSettings
 
 log = structlog.get_logger(__name__)
+
+NODE_LOGIN_SYNC_S = 1.0
 
 ServiceRunner = Callable[["Platform", asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -74,6 +80,38 @@ class Platform:
     @property
     def home(self) -> Path:
         return self.settings.home
+
+    def url_for(self, user: str) -> str:
+        """The NATS URL a service logs in with: its own user on the embedded server; the
+        configured URL (whatever it grants) with external NATS."""
+        return self._nats.url_for(user) if self._nats else self.nats_url
+
+    def agent_login(self) -> tuple[str, SecretStr | None]:
+        """(URL, agent key) for the local agent: the key is its NATS password on the embedded
+        server; with external NATS the configured URL carries the login."""
+        if self._nats:
+            return self._nats.plain_url, SecretStr(self.credentials["agent_token"])
+        return self.nats_url, None
+
+    async def declare_bus(self) -> None:
+        """Streams and the lease bucket, declared as the admin: service and agent users may
+        not administer streams (libs/bus/permissions.py)."""
+        nc = await connect(self.nats_url, "heteroflow-up")
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js)
+            await open_lease_bucket(js, scheduler_service.LEASE_TTL_S)
+        finally:
+            await nc.drain()
+
+    async def sync_node_logins(self) -> None:
+        """Let exactly the registered nodes log in to the embedded NATS server."""
+        if self._nats is None or self.store is None:
+            return
+        logins = await tenants.node_logins(self.store)
+        await asyncio.to_thread(
+            self._nats.set_nodes, {n.node_id: n.nats_password_hash for n in logins}
+        )
 
     def start_servers(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -122,14 +160,26 @@ class Platform:
                 "operator_token": await auth.issue_system_credential(
                     self.store, "operator", "local operator"
                 ),
-                "agent_token": await auth.issue_system_credential(self.store, "agent", "agents"),
                 "tenant_api_key": tenant_key,
                 "tenant_id": "default",
                 "url": url,
             }
+        if self.settings.local_agent:
+            await self._local_node_credential(creds)
         _write_private(path, json.dumps(creds, indent=2) + "\n")
         self.credentials = creds
         return creds
+
+    async def _local_node_credential(self, creds: dict[str, str]) -> None:
+        """The local agent's key, bound to its node id: issued on first start, and again when
+        the node id changed or the key in credentials.json is an old unbound one."""
+        assert self.store is not None
+        node_id = AgentSettings().node_id
+        live = await tenants.node_credential(self.store, node_id)
+        token = creds.get("agent_token", "")
+        if live is None or creds.get("agent_node_id") != node_id or not token:
+            creds["agent_token"] = await auth.issue_node_credential(self.store, node_id)
+            creds["agent_node_id"] = node_id
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -164,12 +214,12 @@ async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
     s = platform.settings
     settings = s.model_copy(update={"jwt_secret": platform.jwt_secret()})
     if settings.gateway_workers > 1:
-        workers = gateway.Workers(settings, platform.database_url, platform.nats_url)
+        workers = gateway.Workers(settings, platform.database_url, platform.url_for(perms.GATEWAY))
         READINESS.require("api-gateway: workers serving", lambda: workers.ready)
         await workers.run(stop)
         return
     assert platform.store is not None
-    nc = await connect(platform.nats_url, "api-gateway")
+    nc = await connect(platform.url_for(perms.GATEWAY), "api-gateway")
     listening = asyncio.Event()
     READINESS.require("api-gateway: nats connected", lambda: nc.is_connected)
     READINESS.require("api-gateway: http listening", listening.is_set)
@@ -179,8 +229,17 @@ async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
         await nc.drain()
 
 
+async def run_node_logins(platform: Platform, stop: asyncio.Event) -> None:
+    """Keep the embedded NATS server's node users in step with the registered nodes: a node
+    registered through the API can log in within NODE_LOGIN_SYNC_S."""
+    if platform._nats is None:
+        await stop.wait()  # external NATS: its users are the operator's; `up` lives on
+        return
+    await periodic("node_logins", platform.sync_node_logins, stop, NODE_LOGIN_SYNC_S)
+
+
 async def run_relay(platform: Platform, stop: asyncio.Event) -> None:
-    nc = await connect(platform.nats_url, "outbox-relay")
+    nc = await connect(platform.url_for(perms.RELAY), "outbox-relay")
     READINESS.require("relay: nats connected", lambda: nc.is_connected)
     js = nc.jetstream()
     await ensure_streams(js)
@@ -190,7 +249,7 @@ async def run_relay(platform: Platform, stop: asyncio.Event) -> None:
 
 
 async def _open_context(platform: Platform, name: str) -> ServiceContext:
-    ctx = await ServiceContext.open(platform.database_url, platform.nats_url, name)
+    ctx = await ServiceContext.open(platform.database_url, platform.url_for(name), name)
     READINESS.require(f"{name}: nats connected", lambda: ctx.nc.is_connected)
     return ctx
 
@@ -228,20 +287,8 @@ async def run_timeline(platform: Platform, stop: asyncio.Event) -> None:
 
 
 async def run_local_agent(platform: Platform, stop: asyncio.Event) -> None:
-    await serve_agent(AgentSettings(), platform.nats_url, stop)
-
-
-async def serve_agent(settings: AgentSettings, nats_url: str, stop: asyncio.Event) -> None:
-    """One node agent on its own NATS connection until `stop` (`up`'s local agent and
-    `heteroflow agent` alike)."""
-    nc = await connect(nats_url, f"agent-{settings.node_id}")
-    READINESS.require("agent: nats connected", lambda: nc.is_connected)
-    js = nc.jetstream()
-    await ensure_streams(js)
-    try:
-        await run_agent(settings, nc, js, stop)
-    finally:
-        await nc.drain()
+    url, key = platform.agent_login()
+    await serve_agent(AgentSettings(agent_token=key), url, stop)
 
 
 def banner(creds: dict[str, str], home: Path) -> str:
@@ -249,6 +296,7 @@ def banner(creds: dict[str, str], home: Path) -> str:
     return (
         f"\nHeteroFlow is up at {url}\n"
         f"Credentials: {home / 'credentials.json'} (operator_token, tenant_api_key, agent_token)\n"
+        f"Register another node: POST {url}/api/v1/nodes/<node id>/credentials (operator)\n"
         "Try it:\n"
         '  export HF_KEY=$(python3 -c "import json;'
         f"print(json.load(open('{home}/credentials.json'))['tenant_api_key'])\")\n"
@@ -291,10 +339,13 @@ async def serve(
     try:
         platform.store = await EventStore.open(platform.database_url, max_size=settings.db_pool_max)
         creds = await platform.bootstrap()
+        await platform.declare_bus()
+        await platform.sync_node_logins()  # before the local agent logs in
         if settings.processes:
             await _serve_processes(platform, creds, stop, ready)
             return
         runners: list[ServiceRunner] = [
+            run_node_logins,
             run_relay,
             run_scheduler,
             run_retry_engine,
@@ -337,12 +388,22 @@ async def _serve_processes(
         "HETEROFLOW_NATS_URL": platform.nats_url,
         "HETEROFLOW_DATABASE_URL": platform.database_url,
     }
-    supervisor = Supervisor(
-        children(env, agent=platform.settings.local_agent), platform.home / "processes.json"
-    )
+    kids = children(env, agent=platform.settings.local_agent)
+    for kid in kids:  # each logs in to NATS as itself
+        if kid.name == "agent":
+            url, key = platform.agent_login()
+            kid.env = kid.env | {"HETEROFLOW_NATS_URL": url}
+            if key is not None:
+                kid.env["HETEROFLOW_AGENT_TOKEN"] = key.get_secret_value()
+        else:
+            user = perms.RELAY if kid.name == "relay" else kid.name
+            kid.env = kid.env | {"HETEROFLOW_NATS_URL": platform.url_for(user)}
+    supervisor = Supervisor(kids, platform.home / "processes.json")
+    logins = asyncio.create_task(run_node_logins(platform, stop))
     running = asyncio.create_task(supervisor.run(stop))
     if await supervisor.wait_ready(stop):
         print(banner(creds, platform.home), flush=True)
         if ready:
             ready(creds)
     await running
+    await logins

@@ -3,6 +3,10 @@
 Keys are 32 random bytes, shown once and stored as SHA-256 hashes: with that much entropy a
 fast hash is enough (no dictionary to attack), and lookups stay one indexed equality. JWTs are
 HS256 only: the algorithm list is pinned when decoding, `exp` is required.
+
+Agent keys are issued per node (`issue_node_credential`): the key acts for that node only, in
+the API (reports on tasks placed on it) and on NATS (user `agent-<node_id>`, whose password is
+the same key, checked by the embedded server against a bcrypt hash).
 """
 
 from __future__ import annotations
@@ -18,16 +22,26 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+import bcrypt
 import jwt
 
-from libs.domain.errors import Code, DomainError
-from libs.domain.events import ApiKeyIssued, SystemCredentialIssued, TenantCreated
+from libs.bus.permissions import nats_user as nats_user
+from libs.domain.errors import Code, Conflict, DomainError
+from libs.domain.events import (
+    ApiKeyIssued,
+    JoinTokenIssued,
+    NodeJoined,
+    SystemCredentialIssued,
+    TenantCreated,
+)
 from libs.domain.task import TenantId
 from libs.store import tenants
 from libs.store.eventstore import EventStore
 
 JWT_ALGORITHM = "HS256"
 TENANT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# Node ids that get credentials: one NATS subject token and consumer name, unescaped.
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
 class Role(StrEnum):
@@ -42,6 +56,9 @@ class Principal:
     role: Role
     subject: str
     tenant_id: str | None = None
+    # The node an agent key acts for; None for every other role (and for an old, unbound
+    # agent key, which may therefore report on nothing).
+    node_id: str | None = None
 
     @property
     def is_tenant(self) -> bool:
@@ -100,6 +117,74 @@ async def issue_system_credential(store: EventStore, role: str, name: str) -> st
         key_hash=hash_key(key),
     )
     await store.append_stream("system", [ev])
+    return key
+
+
+async def issue_node_credential(store: EventStore, node_id: str) -> str:
+    """A new agent key bound to `node_id` (a previous key of that node stops working)."""
+    key, ev = _node_credential(node_id)
+    await store.append_stream("system", [ev])
+    return key
+
+
+def _node_credential(node_id: str) -> tuple[str, SystemCredentialIssued]:
+    if not NODE_ID_RE.match(node_id):
+        raise DomainError(
+            Code.INVALID_VALUE,
+            "node id must be 1-63 letters, digits, '_' or '-', starting with a letter or digit",
+            ["node_id"],
+        )
+    key = new_key("ag")
+    ev = SystemCredentialIssued(
+        credential_id="cred-" + uuid.uuid4().hex[:16],
+        role="agent",
+        name=f"node {node_id}",
+        prefix=key[:10],
+        key_hash=hash_key(key),
+        node_id=node_id,
+        # Cost 10: checked once per NATS login, not per request.
+        nats_password_hash=bcrypt.hashpw(key.encode(), bcrypt.gensalt(10)).decode(),
+    )
+    return key, ev
+
+
+async def issue_join_token(
+    store: EventStore, ttl: timedelta, now: datetime
+) -> tuple[str, datetime]:
+    """A one-time token with which one new node registers itself before `now + ttl`."""
+    token = new_key("jt")
+    token_id = "join-" + uuid.uuid4().hex[:16]
+    expires = now + ttl
+    ev = JoinTokenIssued(
+        token_id=token_id, prefix=token[:10], key_hash=hash_key(token), expires_at=expires
+    )
+    await store.append_stream(token_id, [ev], expected_version=0)
+    return token, expires
+
+
+async def join_node(store: EventStore, token: str, node_id: str, now: datetime) -> str:
+    """Spend a join token on `node_id` and return the node's key.
+
+    The token is spent and the key issued in one append on the token's stream, conditioned
+    on the token being unspent (version 1): of two nodes racing with one token, one wins. A
+    node that already has a key is not taken over (an operator registers it again instead).
+    """
+    found = (
+        await tenants.find_join_token(store, hash_key(token))
+        if token.startswith("hf_jt_")
+        else None
+    )
+    if found is None or found.used_at is not None or found.expires_at <= now:
+        raise DomainError(Code.UNAUTHENTICATED, "unknown, spent or expired join token")
+    if await tenants.node_credential(store, node_id) is not None:
+        raise DomainError(Code.CAS_CONFLICT, f"node {node_id} is already registered", ["node_id"])
+    key, ev = _node_credential(node_id)
+    try:
+        await store.append_stream(
+            found.id, [NodeJoined(token_id=found.id, node_id=node_id), ev], expected_version=1
+        )
+    except Conflict:
+        raise DomainError(Code.UNAUTHENTICATED, "unknown, spent or expired join token") from None
     return key
 
 
@@ -207,7 +292,7 @@ async def authenticate(
             return principal
         found = await tenants.find_credential(store, digest)
         if isinstance(found, tenants.SystemCredential):
-            principal = Principal(Role(found.role), found.id)
+            principal = Principal(Role(found.role), found.id, node_id=found.node_id)
         elif isinstance(found, tenants.KeyOwner):
             principal = Principal(Role.TENANT_KEY, found.id, found.tenant_id)
         else:

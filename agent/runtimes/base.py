@@ -68,6 +68,7 @@ class RunSpec(BaseModel):
     # The task's serving port (docs/serving.md) and the host address to publish it on.
     serve_port: int | None = Field(default=None, ge=1, le=65535)
     serve_host: str = "127.0.0.1"
+    tenant_id: str = ""  # whose work: the docker runtime's network and user follow it
 
     @field_validator("task_id")
     @classmethod

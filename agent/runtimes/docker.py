@@ -2,9 +2,12 @@
 
 Containers are named `hf-<task_id>-<attempt>` and labelled so a restarted agent can re-adopt
 them. They run unprivileged (`no-new-privileges`, every capability dropped, memory/CPU/pids
-limits, swap disabled) and are never auto-removed, so their output stays readable after they
-end; `remove` is a separate verb. The SDK blocks, so every call runs in the runtime's own
-thread pool: a long `wait` or log stream never starves the loop's default executor.
+limits, swap disabled, an open-files limit), as a non-root user unless the node's operator
+lets the tenant keep the image's user, optionally on a read-only root filesystem with a
+tmpfs `/tmp`, each tenant on a network of its own (networks.py); they are never
+auto-removed, so their output stays readable after they end; `remove` is a separate verb.
+The SDK blocks, so every call runs in the runtime's own thread pool: a long `wait` or log
+stream never starves the loop's default executor.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import docker.errors
 import requests
 import structlog
 from docker.models.containers import Container
-from docker.types import DeviceRequest, LogConfig, Mount
+from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from .base import (
     LABEL_ATTEMPT,
@@ -46,6 +49,7 @@ from .base import (
     gpu_visibility_env,
     split_output,
 )
+from .networks import TenantNetworks
 
 log = structlog.get_logger(__name__)
 
@@ -126,13 +130,24 @@ class DockerRuntime(Runtime):
         max_threads: int = 64,
         wait_poll_s: float = 5.0,
         owner: str | None = None,
+        user: str | None = "65534:65534",
+        root_tenants: frozenset[str] = frozenset(),
+        read_only_root: bool = False,
+        tmp_size_mb: int = 256,
+        nofile: int = 16384,
+        isolation: str = "docker",
+        tenant_networks: bool = True,
     ) -> None:
         """`pull`: fetch a missing image from its registry (off: a missing image is
         `ImageNotFound` at once). `init`: run docker-init as PID 1 so `stop`'s SIGTERM reaches
         the task and zombies are reaped. `wait_poll_s`: how long one blocking wait call lasts
         before it is re-issued, which bounds how long a cancelled `wait` keeps a thread.
         `owner`: only containers labelled `heteroflow.node=<owner>` are listed (re-adopted),
-        so agents sharing one engine never take each other's containers."""
+        so agents sharing one engine never take each other's containers. `user`: uid:gid of
+        tenant containers (None: the image's), except for `root_tenants`. `read_only_root`:
+        the root filesystem read-only, with a `tmp_size_mb` tmpfs on /tmp. `nofile`: the
+        open-files limit. `tenant_networks`: one network per tenant, kept apart as
+        `isolation` says (networks.py)."""
         self._client = client
         self.owner = owner
         self.pull = pull
@@ -142,6 +157,14 @@ class DockerRuntime(Runtime):
         self.log_max_size = log_max_size
         self.vendor_devices = vendor_devices
         self.wait_poll_s = wait_poll_s
+        self.user = user
+        self.root_tenants = root_tenants
+        self.read_only_root = read_only_root
+        self.tmp_size_mb = tmp_size_mb
+        self.nofile = nofile
+        self.isolation = isolation
+        self.tenant_networks = tenant_networks
+        self._networks: TenantNetworks | None = None
         self._max_threads = max_threads
         self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="hf-docker")
 
@@ -220,6 +243,7 @@ class DockerRuntime(Runtime):
                 for v in spec.volumes
             ],
         }
+        self._harden(spec, kwargs)
         if spec.serve_port:
             # A free host port on the node's address; `endpoint` reads which one was given.
             kwargs["ports"] = {f"{spec.serve_port}/tcp": (spec.serve_host, None)}
@@ -244,6 +268,27 @@ class DockerRuntime(Runtime):
             env.update(gpu_visibility_env(vendor, spec.gpu_ids))
         return kwargs
 
+    def _harden(self, spec: RunSpec, kwargs: dict[str, Any]) -> None:
+        """User, root filesystem, open files and network: the node's defaults."""
+        if self.user and spec.tenant_id not in self.root_tenants:
+            kwargs["user"] = self.user
+        if self.read_only_root:
+            kwargs["read_only"] = True
+            kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={self.tmp_size_mb}m,mode=1777"}
+        kwargs["ulimits"] = [Ulimit(name="nofile", soft=self.nofile, hard=self.nofile)]
+
+    def _network_sync(self, spec: RunSpec) -> dict[str, Any]:
+        """The tenant's network (created on first use), as create arguments."""
+        if not self.tenant_networks:
+            return {}
+        if self._networks is None:
+            self._networks = TenantNetworks(self.client, self.isolation)
+        try:
+            return {"network": self._networks.ensure(spec.tenant_id)}
+        except (RuntimeFault, docker.errors.DockerException) as e:
+            # Never start a tenant's container outside its network: the start fails instead.
+            raise RuntimeStartError(ErrorKind.CONTAINER_RUNTIME_ERROR, str(e)) from e
+
     def _pull_sync(self, image: str) -> None:
         try:
             self.client.images.pull(image)
@@ -256,7 +301,7 @@ class DockerRuntime(Runtime):
             raise RuntimeStartError(ErrorKind.NETWORK_TIMEOUT, f"pulling {image}: {e}") from e
 
     def _create_sync(self, spec: RunSpec) -> Container:
-        kwargs = self._create_kwargs(spec)
+        kwargs = self._create_kwargs(spec) | self._network_sync(spec)
         try:
             return self.client.containers.create(**kwargs)
         except docker.errors.ImageNotFound as e:

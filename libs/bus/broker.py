@@ -96,6 +96,8 @@ class Core:
     subject: str
     queue: str
     replies: bool
+    accept: Callable[[str, BaseModel], bool] | None = None
+    owner: str = ""
 
     def callback(self) -> Callable[[Msg], Awaitable[None]]:
         async def receive(msg: Msg) -> None:
@@ -103,6 +105,10 @@ class Core:
                 item = self.model.model_validate_json(msg.data)
             except ValidationError as exc:
                 log.warning("core_bad_message", subject=msg.subject, error=str(exc)[:200])
+                return
+            if self.accept is not None and not self.accept(msg.subject, item):
+                log.warning("core_message_refused", owner=self.owner, subject=msg.subject)
+                HANDLED.labels(f"{self.owner}:core", "refused").inc()
                 return
             try:
                 answer = await self.handle(item)
@@ -128,6 +134,9 @@ class Routes:
     cores: list["Core"] = field(default_factory=list)
     # Core subscriptions as FastStream documents them (served with nats-py, see `core`).
     documented: NatsRouter = field(default_factory=NatsRouter)
+    # Where pulled batches are delivered: an agent's NATS user may subscribe only to inboxes
+    # under its own prefix (libs/bus/permissions.py); None keeps FastStream's `_INBOX.`.
+    inbox_prefix: str | None = None
 
     def durable(
         self,
@@ -188,13 +197,18 @@ class Routes:
         max_deliver: int = 8,
         nak_delay: float = 1.0,
         deliver_new: bool = False,
+        accept: Callable[[str, M], bool] | None = None,
     ) -> None:
         """Like `durable`, but `handle` gets each fetched batch whole, in delivery order, and
         returns one outcome per message: None acks it, an exception naks it alone. `handle`
-        raising naks the whole batch."""
+        raising naks the whole batch. `accept(subject, message)` False: the message is
+        logged, counted (`refused`) and terminated, never handled nor redelivered."""
 
         async def whole(raws: list[Msg], items: list[BaseModel]) -> None:
-            await _handle_batch(raws, items, handle, durable, nak_delay)
+            if accept is not None:
+                raws, items = await _accepted(raws, items, accept, durable)  # type: ignore[arg-type]
+            if raws:
+                await _handle_batch(raws, items, handle, durable, nak_delay)
 
         self._subscribe(model, whole, stream, durable, subject, description, batch, nak_delay)
         self.durables.append(
@@ -243,6 +257,7 @@ class Routes:
             ack_policy=AckPolicy.MANUAL,
             title=f"{durable}:{subject}",
             description=description,
+            inbox_prefix=f"{self.inbox_prefix or '_INBOX'}.".encode(),
         )
         subscriber(consume)
         subscriber.__class__ = _EagerBatchPull
@@ -256,12 +271,14 @@ class Routes:
         description: str,
         queue: str = "",
         replies: bool = False,
+        accept: Callable[[str, M], bool] | None = None,
     ) -> None:
         """A core NATS subscription: nothing stored, nothing redelivered.
 
         With `replies`, what `handle` returns answers a request. Without, nothing is sent: a
         JetStream publish also carries a reply subject (its ack inbox), and a listener on the
-        same subject answering it would hand the publisher a bogus ack.
+        same subject answering it would hand the publisher a bogus ack. `accept(subject,
+        message)` False: the message is logged, counted (`refused`) and dropped.
 
         The declaration documents the channel through FastStream, but `serve` subscribes with
         nats-py: core subjects are the platform's busiest (every node's heartbeat, every task
@@ -280,7 +297,9 @@ class Routes:
             title=f"{self.owner}:{subject}",
             description=description,
         )(receive)
-        self.cores.append(Core(model, handle, _filter(subject), queue, replies))
+        self.cores.append(
+            Core(model, handle, _filter(subject), queue, replies, accept, self.owner)  # type: ignore[arg-type]
+        )
 
     def publishes(
         self, model: Any, *, subject: str, description: str, kind: str = "publish"
@@ -319,6 +338,25 @@ async def _handle(
     HANDLED.labels(durable, "ok").inc()
     with contextlib.suppress(Exception):
         await raw.ack()
+
+
+async def _accepted(
+    raws: list[Msg],
+    items: list[BaseModel],
+    accept: Callable[[str, BaseModel], bool],
+    durable: str,
+) -> tuple[list[Msg], list[BaseModel]]:
+    kept: tuple[list[Msg], list[BaseModel]] = ([], [])
+    for raw, item in zip(raws, items, strict=True):
+        if accept(raw.subject, item):
+            kept[0].append(raw)
+            kept[1].append(item)
+            continue
+        log.warning("consumer_message_refused", consumer=durable, subject=raw.subject)
+        HANDLED.labels(durable, "refused").inc()
+        with contextlib.suppress(Exception):
+            await raw.term()
+    return kept
 
 
 async def _handle_batch(

@@ -21,7 +21,12 @@ from typing import Any, Protocol
 
 import structlog
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    BucketNotFoundError,
+    KeyWrongLastSequenceError,
+)
 from nats.js.kv import KeyValue
 
 from .subjects import LEASE_BUCKET
@@ -42,13 +47,19 @@ async def open_lease_bucket(
     exists with another TTL it is used as it is, and that TTL is logged.
     """
     try:
-        return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)
-    except BadRequestError as exc:
-        if exc.err_code != _STREAM_NAME_IN_USE:
-            raise
-    kv = await js.key_value(bucket)
+        # Bound first: a service user may not create streams (the bucket is one), and `up`
+        # declares the bucket before the services start.
+        kv = await js.key_value(bucket)
+    except BucketNotFoundError:
+        try:
+            return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)
+        except BadRequestError as exc:
+            if exc.err_code != _STREAM_NAME_IN_USE:
+                raise
+        kv = await js.key_value(bucket)
     status = await kv.status()
-    log.warning("lease_bucket_ttl_differs", bucket=bucket, wanted_s=ttl, actual_s=status.ttl)
+    if status.ttl is not None and abs(status.ttl - ttl) > 1e-3:
+        log.warning("lease_bucket_ttl_differs", bucket=bucket, wanted_s=ttl, actual_s=status.ttl)
     return kv
 
 

@@ -8,6 +8,7 @@ that exists is brought to the declared configuration instead of failing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import nats
@@ -44,14 +45,28 @@ HDR_DLQ_SUBJECT = "Hf-Dlq-Subject"
 
 
 async def connect(
-    url: str, name: str, *, connect_timeout: float = 5.0, give_up_after: float = 60.0
+    url: str,
+    name: str,
+    *,
+    connect_timeout: float = 5.0,
+    give_up_after: float = 60.0,
+    user: str | None = None,
+    password: str | None = None,
+    inbox_prefix: str | None = None,
 ) -> Client:
     """A client that reconnects forever.
 
     `url` may list several servers separated by commas. With unbounded reconnects nats-py also
     retries the first connect without end (services may start before the server does); that
     first connect is bounded by `give_up_after` seconds so a wrong URL fails the start.
+    `user`/`password` log in when the URL carries no credentials; `inbox_prefix` is the
+    prefix of this client's reply inboxes (an agent may subscribe only under its own).
     """
+    login: dict[str, str] = {}
+    if user is not None and password is not None:
+        login = {"user": user, "password": password}
+    if inbox_prefix is not None:
+        login["inbox_prefix"] = inbox_prefix
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats_error", client=name, error=str(exc))
@@ -77,6 +92,7 @@ async def connect(
             error_cb=on_error,
             disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,
+            **login,
         ),
         give_up_after,
     )
@@ -112,13 +128,28 @@ def stream_configs(
 
 
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInfo:
-    """Create `config`'s stream, or update it to `config` when it exists with another one."""
+    """Create `config`'s stream, or update it to `config` when it exists with another one.
+
+    A stream that already has `config` is left alone without a write, so a service whose NATS
+    user may not administer streams passes here once `up` (or an operator) declared them.
+    """
+    with contextlib.suppress(NotFoundError):
+        info = await js.stream_info(config.name or "")
+        if _same(info.config, config):
+            return info
     try:
         return await js.add_stream(config)
     except BadRequestError as exc:
         if exc.err_code != _STREAM_NAME_IN_USE:
             raise
     return await js.update_stream(config)
+
+
+def _same(have: StreamConfig, want: StreamConfig) -> bool:
+    fields = ("subjects", "storage", "retention", "discard", "max_age", "duplicate_window")
+    return all(getattr(have, f) == getattr(want, f) for f in fields) and (
+        (have.num_replicas or 1) == (want.num_replicas or 1)
+    )
 
 
 async def ensure_streams(
@@ -166,6 +197,10 @@ async def ensure_durable_consumer(
     """
     return await js.add_consumer(
         stream,
+        # With a name the create subject carries the filter
+        # ($JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>), which is what lets an agent's
+        # NATS user create its own consumer and no consumer on another node's commands.
+        name=durable,
         durable_name=durable,
         filter_subject=filter_subject,
         ack_policy=AckPolicy.EXPLICIT,

@@ -142,6 +142,14 @@ def serving_metrics_subject(target_id: str) -> str:
     return f"{SERVING_PREFIX}.{escape_token(target_id)}.metrics"
 
 
+def node_of_subject(subject: str) -> str | None:
+    """The (unescaped) node id of a ``hf.node.<id>.<kind>`` subject, else None."""
+    tokens = subject.split(".")
+    if len(tokens) != 4 or ".".join(tokens[:2]) != NODE_PREFIX:
+        return None
+    return unescape_token(tokens[2])
+
+
 def dlq_subject(original_subject: str) -> str:
     """Where a message that exhausted its deliveries is parked for inspection."""
     return f"{DLQ_PREFIX}.{original_subject}"

@@ -178,7 +178,13 @@ class ApiKeyRevoked(Payload):
 
 
 class SystemCredentialIssued(Payload):
-    """An operator token or an agent system key (stored as a hash, like tenant keys)."""
+    """An operator token or an agent key (stored as a hash, like tenant keys).
+
+    An agent key issued for a node carries `node_id` (it acts for that node only, and a newer
+    key for the same node revokes it) and `nats_password_hash`, the bcrypt hash of the same
+    key, which the embedded NATS server checks when the agent logs in as `agent-<node_id>`.
+    Older agent keys have neither and can do nothing in the API.
+    """
 
     type: ClassVar[str] = "system_credential_issued"
     stream_type: ClassVar[str] = "system"
@@ -188,6 +194,30 @@ class SystemCredentialIssued(Payload):
     name: str
     prefix: str
     key_hash: str
+    node_id: str | None = None
+    nats_password_hash: str | None = None
+
+
+class JoinTokenIssued(Payload):
+    """A one-time token with which one new node may register itself (stored as a hash)."""
+
+    type: ClassVar[str] = "join_token_issued"
+    stream_type: ClassVar[str] = "join"
+
+    token_id: str
+    prefix: str
+    key_hash: str
+    expires_at: datetime
+
+
+class NodeJoined(Payload):
+    """A join token was spent by `node_id`; that node's key is issued in the same append."""
+
+    type: ClassVar[str] = "node_joined"
+    stream_type: ClassVar[str] = "join"
+
+    token_id: str
+    node_id: str
 
 
 PAYLOAD_TYPES: dict[str, type[Payload]] = {}
@@ -211,6 +241,8 @@ register(
     ApiKeyIssued,
     ApiKeyRevoked,
     SystemCredentialIssued,
+    JoinTokenIssued,
+    NodeJoined,
 )
 
 

@@ -275,12 +275,37 @@ MIGRATIONS: list[tuple[int, str]] = [
             WHERE labels ? 'heteroflow.job';
         """,
     ),
+    (
+        10,
+        """
+        -- Node-bound agent keys: the node a key acts for, the bcrypt hash the embedded NATS
+        -- server checks for that node's user, and when a newer key for the node revoked it.
+        ALTER TABLE system_credentials
+            ADD COLUMN node_id            text,
+            ADD COLUMN nats_password_hash text,
+            ADD COLUMN revoked_at         timestamptz;
+        CREATE INDEX system_credentials_node ON system_credentials (node_id)
+            WHERE node_id IS NOT NULL;
+
+        -- One-time join tokens: a node spends one to get its key (libs/auth.py).
+        CREATE TABLE join_tokens (
+            id          text PRIMARY KEY,
+            prefix      text NOT NULL,
+            key_hash    text NOT NULL UNIQUE,
+            created_at  timestamptz NOT NULL,
+            expires_at  timestamptz NOT NULL,
+            used_at     timestamptz,
+            node_id     text
+        );
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).
 PROJECTION_TABLES: tuple[str, ...] = (
     "api_keys",
     "system_credentials",
+    "join_tokens",
     "tasks",
     "nodes",
     "groups",

@@ -19,6 +19,8 @@ from pydantic import BaseModel
 from libs.domain.events import (
     ApiKeyIssued,
     ApiKeyRevoked,
+    JoinTokenIssued,
+    NodeJoined,
     Payload,
     SystemCredentialIssued,
     TenantCreated,
@@ -253,9 +255,17 @@ async def apply_other(conn: AsyncConnection[Any], stored: StoredEvent, payload: 
             (at, payload.key_id, payload.tenant_id),
         )
     elif isinstance(payload, SystemCredentialIssued):
+        if payload.node_id is not None:
+            # One live key per node: a new one revokes the one it replaces.
+            await conn.execute(
+                "UPDATE system_credentials SET revoked_at = %s"
+                " WHERE node_id = %s AND revoked_at IS NULL",
+                (at, payload.node_id),
+            )
         await conn.execute(
-            "INSERT INTO system_credentials (id, role, name, prefix, key_hash, created_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s)",
+            "INSERT INTO system_credentials"
+            " (id, role, name, prefix, key_hash, created_at, node_id, nats_password_hash)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 payload.credential_id,
                 payload.role,
@@ -263,7 +273,20 @@ async def apply_other(conn: AsyncConnection[Any], stored: StoredEvent, payload: 
                 payload.prefix,
                 payload.key_hash,
                 at,
+                payload.node_id,
+                payload.nats_password_hash,
             ),
+        )
+    elif isinstance(payload, JoinTokenIssued):
+        await conn.execute(
+            "INSERT INTO join_tokens (id, prefix, key_hash, created_at, expires_at)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (payload.token_id, payload.prefix, payload.key_hash, at, payload.expires_at),
+        )
+    elif isinstance(payload, NodeJoined):
+        await conn.execute(
+            "UPDATE join_tokens SET used_at = %s, node_id = %s WHERE id = %s",
+            (at, payload.node_id, payload.token_id),
         )
     else:
         raise ValueError(f"no projection for event type {stored.type}")

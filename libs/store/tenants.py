@@ -1,5 +1,5 @@
-"""Reads of the tenant projections: `tenants`, `api_keys` and `system_credentials` (who may
-call the API), plus the GPU quotas the scheduler enforces.
+"""Reads of the tenant projections: `tenants`, `api_keys`, `system_credentials` and
+`join_tokens` (who may call the API), plus the GPU quotas the scheduler enforces.
 
 Rows are written only by the append path (`projections.apply_other`).
 """
@@ -53,6 +53,22 @@ class SystemCredential:
     id: str
     role: str
     name: str
+    node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class JoinToken:
+    id: str
+    expires_at: datetime
+    used_at: datetime | None
+
+
+@dataclass(frozen=True)
+class NodeLogin:
+    """A node's live agent key as the embedded NATS server checks it (a bcrypt hash)."""
+
+    node_id: str
+    nats_password_hash: str
 
 
 async def get_tenant(store: EventStore, tenant_id: str) -> Tenant | None:
@@ -87,10 +103,10 @@ async def find_credential(store: EventStore, key_hash: str) -> SystemCredential 
     """Who holds a key: a system credential, else a live tenant API key (one round trip)."""
     found = await rows(
         store,
-        "SELECT 0 AS rank, id, role, NULL AS tenant_id, name FROM system_credentials"
-        " WHERE key_hash = %s"
+        "SELECT 0 AS rank, id, role, NULL AS tenant_id, name, node_id FROM system_credentials"
+        " WHERE key_hash = %s AND revoked_at IS NULL"
         " UNION ALL"
-        " SELECT 1, id, NULL, tenant_id, name FROM api_keys"
+        " SELECT 1, id, NULL, tenant_id, name, NULL FROM api_keys"
         " WHERE key_hash = %s AND revoked_at IS NULL"
         " ORDER BY rank LIMIT 1",
         [key_hash, key_hash],
@@ -99,7 +115,7 @@ async def find_credential(store: EventStore, key_hash: str) -> SystemCredential 
         return None
     row = found[0]
     if row["rank"] == 0:
-        return SystemCredential(row["id"], row["role"], row["name"])
+        return SystemCredential(row["id"], row["role"], row["name"], row["node_id"])
     return KeyOwner(row["id"], row["tenant_id"], row["name"])
 
 
@@ -107,3 +123,32 @@ async def has_operator(store: EventStore) -> bool:
     """Whether any operator credential was ever issued (first start bootstraps one)."""
     row = await one(store, "SELECT 1 AS ok FROM system_credentials WHERE role = 'operator' LIMIT 1")
     return row is not None
+
+
+async def node_logins(store: EventStore) -> list[NodeLogin]:
+    """Every node's live agent key that can log in to NATS, by node id."""
+    found = await rows(
+        store,
+        "SELECT node_id, nats_password_hash FROM system_credentials"
+        " WHERE node_id IS NOT NULL AND nats_password_hash IS NOT NULL AND revoked_at IS NULL"
+        " ORDER BY node_id",
+    )
+    return [NodeLogin(r["node_id"], r["nats_password_hash"]) for r in found]
+
+
+async def node_credential(store: EventStore, node_id: str) -> SystemCredential | None:
+    """The live agent key of `node_id`, if one was issued."""
+    row = await one(
+        store,
+        "SELECT id, role, name, node_id FROM system_credentials"
+        " WHERE node_id = %s AND revoked_at IS NULL",
+        [node_id],
+    )
+    return SystemCredential(row["id"], row["role"], row["name"], row["node_id"]) if row else None
+
+
+async def find_join_token(store: EventStore, key_hash: str) -> JoinToken | None:
+    row = await one(
+        store, "SELECT id, expires_at, used_at FROM join_tokens WHERE key_hash = %s", [key_hash]
+    )
+    return JoinToken(**row) if row else None

@@ -43,7 +43,25 @@ async def get_principal(
         and not request.url.path.startswith(ROUTED_PREFIX)
     ):
         request.app.state.tenant_rates.take(principal.tenant_id)
+    if principal.role is auth.Role.AGENT:
+        _agent_may(request)
     return principal
+
+
+# The one thing an agent key may do in the API: report on a task of its own node (the
+# report path checks the node). Everything else, reads included, is refused here, once,
+# rather than in each route.
+AGENT_ROUTES = frozenset({("PUT", "/api/v1/tasks/{task_id}")})
+
+
+def _agent_may(request: Request) -> None:
+    route = request.scope.get("route")
+    path = getattr(route, "path", request.url.path)
+    if (request.method, path) not in AGENT_ROUTES:
+        raise DomainError(
+            Code.FORBIDDEN,
+            "an agent key may only report on tasks of its own node (PUT /api/v1/tasks/{id})",
+        )
 
 
 Principal = Annotated[auth.Principal, Depends(get_principal)]

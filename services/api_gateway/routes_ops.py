@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from libs import auth
 from libs.bus.subjects import node_logs_subject
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError
@@ -209,3 +211,40 @@ async def task_events(
 async def list_nodes(principal: Principal, store: Store) -> dict[str, Any]:
     require_operator(principal)
     return {"nodes": [n.model_dump(mode="json") for n in await node_rows.all_nodes(store)]}
+
+
+@router.post("/nodes/{node_id}/credentials", status_code=201)
+async def register_node(node_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+    """Register a node: issue its agent key (shown once; a previous key of the node stops
+    working). The key is the agent's API bearer token and its NATS password."""
+    require_operator(principal)
+    token = await auth.issue_node_credential(store, node_id)
+    return {"node_id": node_id, "agent_token": token, "nats_user": auth.nats_user(node_id)}
+
+
+JOIN_TTL_MAX_S = 7 * 24 * 3600
+
+
+@router.post("/nodes/join-tokens", status_code=201)
+async def issue_join_token(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
+    """A one-time token with which one new node registers itself (`?ttl_s=`, default 1 h)."""
+    require_operator(principal)
+    raw = request.query_params.get("ttl_s", "3600")
+    if not raw.isdigit() or not 1 <= int(raw) <= JOIN_TTL_MAX_S:
+        raise DomainError(
+            Code.INVALID_VALUE, f"ttl_s must be 1..{JOIN_TTL_MAX_S} seconds", ["ttl_s"]
+        )
+    now = datetime.now(UTC)
+    token, expires = await auth.issue_join_token(store, timedelta(seconds=int(raw)), now)
+    return {"join_token": token, "expires_at": expires.isoformat()}
+
+
+@router.post("/nodes/{node_id}/join", status_code=201)
+async def join_node(request: Request, node_id: str, store: Store) -> dict[str, Any]:
+    """A node registers itself with a join token (`Authorization: Bearer hf_jt_…`) and gets
+    its key once; the token is spent."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise DomainError(Code.UNAUTHENTICATED, "missing join token (Authorization: Bearer)")
+    key = await auth.join_node(store, token.strip(), node_id, datetime.now(UTC))
+    return {"node_id": node_id, "agent_token": key, "nats_user": auth.nats_user(node_id)}

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from libs import auth
 from libs.auth import Principal as PrincipalT
+from libs.auth import Role
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError
 from libs.domain.reasons import ReasonCode
@@ -225,20 +226,36 @@ async def _report(store: Store, task_id: str, principal: PrincipalT, body: dict[
                 )
             fields[name] = body[name]
     actor = actor_of(principal)
+    if (
+        principal.role is Role.AGENT
+        and fields.get("node_id", principal.node_id) != principal.node_id
+    ):
+        raise DomainError(Code.FORBIDDEN, "an agent reports for its own node only", ["node_id"])
+
+    def decide(t: Task) -> list[Any]:
+        if principal.role is Role.AGENT and (
+            principal.node_id is None or t.node_id != principal.node_id
+        ):
+            # 403, not 404: the key is valid but acts for another node (SPEC §2's 404 hides
+            # one tenant's task from another tenant; an agent is no tenant).
+            raise DomainError(
+                Code.FORBIDDEN, f"task {t.id} is not placed on this agent's node", ["node_id"]
+            )
+        return list(
+            commands.decide_transition(
+                t,
+                to,
+                actor=actor,
+                expected_status=expected,
+                report=True,
+                reason_code=ReasonCode.REPORTED,
+                reason=str(body.get("reason") or "reported"),
+                **fields,
+            )
+        )
+
     return await store.execute(
-        task_id,
-        lambda t: commands.decide_transition(
-            t,
-            to,
-            actor=actor,
-            expected_status=expected,
-            report=True,
-            reason_code=ReasonCode.REPORTED,
-            reason=str(body.get("reason") or "reported"),
-            **fields,
-        ),
-        metadata={"principal": principal.subject},
-        include_deleted=True,
+        task_id, decide, metadata={"principal": principal.subject}, include_deleted=True
     )
 
 

@@ -20,7 +20,7 @@ from prometheus_client import Counter
 from pydantic import Field
 
 from libs.bus.broker import Handle, Routes, serve
-from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, NODE_PREFIX
+from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, NODE_PREFIX, node_of_subject
 from libs.config import CommonSettings
 from libs.domain.envelope import EventEnvelope
 from libs.domain.telemetry import TelemetryBatch
@@ -130,6 +130,13 @@ def routes(events: Handle[EventEnvelope], telemetry: Handle[TelemetryBatch]) -> 
         telemetry,
         subject=f"{NODE_PREFIX}.{{node_id}}.telemetry",
         queue="telemetry",
-        description="GPU samples (core NATS: a lost sample is a gap, not an error).",
+        description="GPU samples (core NATS: a lost sample is a gap, not an error); a batch "
+        "naming another node than its subject's is dropped.",
+        accept=from_its_node,
     )
     return r
+
+
+def from_its_node(subject: str, batch: TelemetryBatch) -> bool:
+    """Samples speak for the node whose subject they came on (agents publish only there)."""
+    return node_of_subject(subject) == batch.node_id

@@ -7,7 +7,13 @@ declarations without a database (see heteroflow/asyncapi.py).
 from __future__ import annotations
 
 from libs.bus.broker import Handle, HandleBatch, Routes
-from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, NODE_PREFIX, NODE_STREAM
+from libs.bus.subjects import (
+    EVENTS_PREFIX,
+    EVENTS_STREAM,
+    NODE_PREFIX,
+    NODE_STREAM,
+    node_of_subject,
+)
 from libs.domain.envelope import EventEnvelope
 from libs.domain.protocol import Heartbeat, NodeCommand, NodeReport
 
@@ -37,7 +43,9 @@ def routes(
         stream=NODE_STREAM,
         durable="scheduler-reports",
         subject=f"{NODE_PREFIX}.{{node_id}}.report",
-        description="Applies agent reports and registrations through the store's CAS.",
+        description="Applies agent reports and registrations through the store's CAS; a "
+        "report naming another node than its subject's is refused.",
+        accept=from_its_node,
     )
     # Core subscriptions (every replica, no ack): beats feed the node monitor while this
     # replica leads it; task and node events wake the placer early.
@@ -45,7 +53,9 @@ def routes(
         Heartbeat,
         heartbeat,
         subject=f"{NODE_PREFIX}.{{node_id}}.heartbeat",
-        description="Liveness beats (core NATS, not stored); the node monitor's input.",
+        description="Liveness beats (core NATS, not stored); the node monitor's input; a beat "
+        "naming another node than its subject's is dropped.",
+        accept=from_its_node,
     )
     r.core(
         EventEnvelope,
@@ -65,3 +75,11 @@ def routes(
         description=f"Commands for one agent (stream {NODE_STREAM}, one durable per agent).",
     )
     return r
+
+
+def from_its_node(subject: str, message: NodeReport | Heartbeat) -> bool:
+    """A report, registration or heartbeat speaks for the node whose subject it came on,
+    and only that one: an agent's NATS user may publish only on its own subjects
+    (libs/bus/permissions.py), so this binds what it says to who it is."""
+    node_id = message.root.node_id if isinstance(message, NodeReport) else message.node_id
+    return node_of_subject(subject) == node_id

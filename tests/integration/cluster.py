@@ -43,6 +43,7 @@ class Cluster:
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     url: str = ""
     creds: dict[str, str] = field(default_factory=dict)
+    node_keys: dict[str, str] = field(default_factory=dict)
 
     def start(self, **extra_env: str) -> Cluster:
         port = free_port()
@@ -80,11 +81,20 @@ class Cluster:
         path = self.root / f"{name}.log"
         return path.read_text()[-6000:] if path.exists() else ""
 
+    def register(self, node_id: str) -> str:
+        """The node's agent key, as an operator registers a node."""
+        if node_id not in self.node_keys:
+            r = web.post(f"{self.url}/api/v1/nodes/{node_id}/credentials", headers=self.operator)
+            assert r.status_code == 201, r.text
+            self.node_keys[node_id] = r.json()["agent_token"]
+        return self.node_keys[node_id]
+
     def start_agent(self, node_id: str, runtime: str = "process", **extra_env: str) -> None:
         env = (
             self.env
             | {
                 "HETEROFLOW_NODE_ID": node_id,
+                "HETEROFLOW_AGENT_TOKEN": self.register(node_id),
                 "HETEROFLOW_RUNTIME": runtime,
                 "HETEROFLOW_DETECT_NVIDIA": "false",
                 "HETEROFLOW_HEARTBEAT_INTERVAL_S": "0.5",
@@ -118,9 +128,8 @@ class Cluster:
     def operator(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.creds['operator_token']}"}
 
-    @property
-    def agent_key(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.creds['agent_token']}"}
+    def agent_key(self, node_id: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.register(node_id)}"}
 
     def create(self, **body: Any) -> dict[str, Any]:
         body = {"name": "t", "image": "busybox:latest"} | body

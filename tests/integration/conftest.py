@@ -19,7 +19,7 @@ from services.api_gateway.app import create_app
 
 from . import web
 from .cluster import Cluster
-from .helpers import Api, bearer
+from .helpers import AGENT_NODE, Api, bearer
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ async def api(database_url: str) -> AsyncIterator[Api]:
         volume_allow_list=["/data", "/tmp/heteroflow"],
     )
     op = await auth.issue_system_credential(store, "operator", "root")
-    agent = await auth.issue_system_credential(store, "agent", "agents")
+    agent = await auth.issue_node_credential(store, AGENT_NODE)
     await auth.create_tenant(store, "acme", "Acme")
     await auth.create_tenant(store, "globex", "Globex")
     _, key = await auth.issue_api_key(store, "acme", "ci")

@@ -17,8 +17,21 @@ class Api:
     operator: dict[str, str]
     tenant: dict[str, str]
     other_tenant: dict[str, str]
-    agent: dict[str, str]
+    agent: dict[str, str]  # the agent key of node AGENT_NODE
     settings: GatewaySettings
+
+    async def place(self, task_id: str, node_id: str = "n1") -> None:
+        """Put a pending task on `node_id` as the scheduler would (an operator report), so
+        that node's agent key may report on it."""
+        r = await self.client.put(
+            f"/api/v1/tasks/{task_id}",
+            json={"status": "scheduled", "node_id": node_id},
+            headers=self.operator,
+        )
+        assert r.status_code == 200, r.text
+
+
+AGENT_NODE = "n1"
 
 
 def bearer(token: str) -> dict[str, str]:

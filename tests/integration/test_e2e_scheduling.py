@@ -50,7 +50,7 @@ def test_stop_ends_stopped_and_late_success_gets_409(cluster: Cluster, runtime: 
     assert done["status"] == "stopped"
     late = web.put(
         f"{cluster.url}/api/v1/tasks/{t['id']}",
-        headers=cluster.agent_key,
+        headers=cluster.agent_key("n1"),
         json={"status": "completed", "expected_status": "running", "exit_code": 0},
     )
     assert late.status_code == 409 and late.json()["code"] == 40901

@@ -163,6 +163,7 @@ async def test_the_group_template_is_checked_too(api: Api) -> None:
 
 async def test_a_report_with_an_oversized_result_is_400(api: Api) -> None:
     created = (await api.client.post("/api/v1/tasks", json=BASE, headers=api.tenant)).json()
+    await api.place(created["id"])
     body = {"status": "failed", "result": "r" * (v.REPORT_TEXT_MAX + 1)}
     r = await api.client.put(f"/api/v1/tasks/{created['id']}", json=body, headers=api.agent)
     refused(r, 400, 40003, "result")

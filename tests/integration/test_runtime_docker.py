@@ -6,6 +6,7 @@ Uses the locally built `busybox:latest`; no registry is involved.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -223,14 +224,15 @@ async def test_follow_logs_can_be_abandoned(rt: DockerRuntime) -> None:
 
 async def test_security_and_limits(rt: DockerRuntime, engine: docker.DockerClient) -> None:
     s = spec(
-        "id -u; touch /tmp/f; chown 65534 /tmp/f 2>/dev/null || echo chown-refused",
+        "id -u; touch /tmp/f; chown 0 /tmp/f 2>/dev/null || echo chown-refused",
         labels={"team": "x"},
     )
     h = await rt.start(s)
     report = await rt.wait(h)
-    assert report.output_tail[0] == "0"
-    assert "chown-refused" in report.output_tail  # root without capabilities
+    assert report.output_tail[0] == "65534"  # non-root by default (test_container_hardening)
+    assert "chown-refused" in report.output_tail
     attrs = engine.containers.get(h.id).attrs
+    assert attrs["Config"]["User"] == "65534:65534"
     host = attrs["HostConfig"]
     assert host["CapDrop"] == ["ALL"]
     assert host["SecurityOpt"] == ["no-new-privileges"]
@@ -248,6 +250,7 @@ async def test_security_and_limits(rt: DockerRuntime, engine: docker.DockerClien
 
 async def test_env_and_read_only_volume(rt: DockerRuntime, tmp_path: Path) -> None:
     (tmp_path / "in.txt").write_text("payload\n")
+    os.chmod(tmp_path, 0o755)  # the container runs as uid 65534, not as the owner
     s = spec(
         'echo "$GREETING"; cat /data/in.txt; touch /data/x 2>/dev/null || echo read-only',
         env={"GREETING": "hi there"},
