@@ -183,6 +183,20 @@ class GroupConfigUpdated(Payload):
     changes: dict[str, Any]
 
 
+class GroupScaled(ReasonedPayload):
+    """The group's replica count changed (manual scale, AutoScaler, schedule window)."""
+
+    type: ClassVar[str] = "group_scaled"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    from_replicas: int
+    to_replicas: int
+    source: str = "user"  # user | autoscaler | schedule_window
+    added_ranks: tuple[int, ...] = ()
+    removed_task_ids: tuple[str, ...] = ()
+
+
 class GroupDeleted(Payload):
     """The group and its members were deleted."""
 
@@ -192,7 +206,14 @@ class GroupDeleted(Payload):
     group_id: str
 
 
-register(GroupCreated, GroupStatusChanged, GroupRecovery, GroupConfigUpdated, GroupDeleted)
+register(
+    GroupCreated,
+    GroupStatusChanged,
+    GroupRecovery,
+    GroupConfigUpdated,
+    GroupScaled,
+    GroupDeleted,
+)
 
 
 class Group(BaseModel):
@@ -209,10 +230,16 @@ class Group(BaseModel):
     replacements: int = 0
     restart_due_at: datetime | None = None
     failed_at: datetime | None = None
+    replicas: int | None = None  # set by a scale; None = the shape's task_count
     version: int = 0
     created_at: datetime
     updated_at: datetime
     deleted_at: datetime | None = None
+
+    @property
+    def size(self) -> int:
+        """The current replica count: ranks `0..size-1` are members, higher ranks are gone."""
+        return self.spec.shape.task_count if self.replicas is None else self.replicas
 
 
 def evolve_group(group: Group | None, event: Payload, at: datetime, version: int) -> Group:
@@ -258,6 +285,8 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
     elif isinstance(event, GroupConfigUpdated):
         template = group.spec.template.model_copy(update=event.changes)
         up["spec"] = group.spec.model_copy(update={"template": template})
+    elif isinstance(event, GroupScaled):
+        up["replicas"] = event.to_replicas
     elif isinstance(event, GroupDeleted):
         up["deleted_at"] = at
     else:
@@ -278,6 +307,16 @@ def current_members(tasks: Sequence[Task]) -> list[Task]:
         if seen is None or (t.created_at, t.id) > (seen.created_at, seen.id):
             newest[t.rank] = t
     return [newest[r] for r in sorted(newest)]
+
+
+def sized_members(group: Group, members: Sequence[Task]) -> list[Task]:
+    """The members within the group's current size (ranks scaled away are left out); a
+    group never scaled keeps every member, one scaled to zero keeps its ended members so
+    that it reads as stopped."""
+    if group.replicas is None:
+        return list(members)
+    within = [m for m in members if m.rank is not None and m.rank < group.size]
+    return within if within or group.size else list(members)
 
 
 def aggregate_status(members: Sequence[Task], *, replicas: bool = False) -> GroupStatus:
