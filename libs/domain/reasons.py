@@ -52,6 +52,7 @@ class ReasonCode(StrEnum):
     GROUP_REBUILD = "group_rebuild"
     USER_SCALE = "user_scale"
     SCALED_DOWN = "scaled_down"
+    SCHEDULE_WINDOW = "schedule_window"
     # --- node events --------------------------------------------------------------------
     NODE_GONE = "node_gone"
     GPU_LOST = "gpu_lost"
@@ -117,6 +118,7 @@ TEXT: dict[ReasonCode, str] = {
     R.GROUP_REBUILD: "no live replica: the group is rebuilt",
     R.USER_SCALE: "replica count changed on request",
     R.SCALED_DOWN: "its rank was removed by a scale-down",
+    R.SCHEDULE_WINDOW: "the group's schedule window opened or closed",
     R.NODE_GONE: "the node is gone for good",
     R.GPU_LOST: "a card disappeared from the heartbeats",
     R.GPU_RECOVERED: "a lost card is seen again",

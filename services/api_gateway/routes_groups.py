@@ -60,6 +60,12 @@ def group_view(group: Group, tasks: list[Task] | None = None) -> dict[str, Any]:
         **shape,
         "template": group.spec.template.model_dump(mode="json"),
         "replicas": group.size,
+        "schedule_window": (
+            group.spec.schedule_window.model_dump(mode="json")
+            if group.spec.schedule_window
+            else None
+        ),
+        "group_labels": group.labels,
         "restarts": group.restarts,
         "rebuilds": group.rebuilds,
         "replacements": group.replacements,

@@ -149,3 +149,41 @@ async def test_tenant_update_is_for_operators(api: Api) -> None:
     assert r.status_code == 404
     r = await api.client.put("/api/v1/tenants/acme", json={"gpu_quota": 4}, headers=api.operator)
     assert r.json()["gpu_quota"] == 4 and r.json()["suspended"] is False
+
+
+async def test_schedule_window_at_creation(api: Api) -> None:
+    window = {"start": "22:00", "end": "06:00", "timezone": "Europe/Paris", "action": "pause"}
+    group = await make_group(api, schedule_window=window)
+    assert group["schedule_window"]["days"] == ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+    assert group["schedule_window"]["timezone"] == "Europe/Paris"
+    assert group["group_labels"] == {}
+    assert "schedule_window" not in group["template"]
+
+
+WINDOW_REFUSED = [
+    (
+        "static world scale above 0",
+        {"task_type": "training"},
+        {"action": "scale", "scale_to": 2},
+        40003,
+        "static-world",
+    ),
+    ("bad time", {}, {"action": "pause", "start": "25:00"}, 40003, "schedule_window.start"),
+    ("unknown field", {}, {"action": "pause", "cron": "x"}, 40001, "schedule_window.cron"),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "window", "code", "text"),
+    [c[1:] for c in WINDOW_REFUSED],
+    ids=[c[0] for c in WINDOW_REFUSED],
+)
+async def test_schedule_window_refused(
+    api: Api, shape: dict[str, Any], window: dict[str, Any], code: int, text: str
+) -> None:
+    body = GROUP | shape | {"schedule_window": {"start": "09:00", "end": "17:00"} | window}
+    r = await api.client.post("/api/v1/task-groups", json=body, headers=api.tenant)
+    assert r.status_code == 400 and r.json()["code"] == code, r.text
+    assert text in r.json()["error"]
+    listed = (await api.client.get("/api/v1/task-groups", headers=api.tenant)).json()
+    assert listed["total"] == 0
