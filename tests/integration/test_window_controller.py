@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from libs.domain.commands import decide_transition
+from libs.domain.errors import Fenced
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
+from libs.store.fencing import Fence
 from services.autoscaler.windows import WindowController
 
 from .helpers import Api
@@ -91,3 +93,15 @@ async def test_stop_stays_stopped(api: Api) -> None:
     g = await view(api, gid)
     assert {t["status"] for t in g["tasks"]} == {"stopping"}
     assert g["group_labels"]["heteroflow.window.action"] == "stop"
+
+
+async def test_a_deposed_leader_is_refused_by_the_fence(api: Api) -> None:
+    gid = await make_group(api, {"action": "scale", "scale_to": 0})
+    old = WindowController(api.store, lambda: NOON)
+    old.fence = Fence("schedule-windows", 1)
+    await api.store.claim_fence(Fence("schedule-windows", 2))  # a newer leader was elected
+    with pytest.raises(Fenced):
+        await old.scan()
+    g = await view(api, gid)
+    assert g["replicas"] == 2 and g["group_labels"] == {}
+    assert {t["status"] for t in g["tasks"]} == {"pending"}
