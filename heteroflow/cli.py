@@ -26,6 +26,7 @@ SERVICES = (
     "retry-engine",
     "job-orchestrator",
     "event-timeline",
+    "autoscaler",
     "relay",
 )
 
@@ -135,6 +136,7 @@ def _service(args: argparse.Namespace) -> int:
     from heteroflow.platform import (
         Platform,
         PlatformSettings,
+        run_autoscaler,
         run_gateway,
         run_job_orchestrator,
         run_relay,
@@ -159,6 +161,7 @@ def _service(args: argparse.Namespace) -> int:
         "retry-engine": run_retry_engine,
         "job-orchestrator": run_job_orchestrator,
         "event-timeline": run_timeline,
+        "autoscaler": run_autoscaler,
         "relay": run_relay,
     }[args.name]
 

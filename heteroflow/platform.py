@@ -42,6 +42,8 @@ from libs.service import ServiceContext
 from libs.store import tenants
 from libs.store.eventstore import EventStore
 from libs.store.relay import OutboxRelay
+from services.autoscaler import service as autoscaler_service
+from services.autoscaler.service import AutoscalerSettings
 from services.event_timeline import service as timeline_service
 from services.event_timeline.service import TimelineSettings
 from services.job_orchestrator import service as job_service
@@ -286,6 +288,14 @@ async def run_timeline(platform: Platform, stop: asyncio.Event) -> None:
         await ctx.close()
 
 
+async def run_autoscaler(platform: Platform, stop: asyncio.Event) -> None:
+    ctx = await _open_context(platform, "autoscaler")
+    try:
+        await autoscaler_service.run(ctx, stop, AutoscalerSettings())
+    finally:
+        await ctx.close()
+
+
 async def run_local_agent(platform: Platform, stop: asyncio.Event) -> None:
     url, key = platform.agent_login()
     await serve_agent(AgentSettings(agent_token=key), url, stop)
@@ -351,6 +361,7 @@ async def serve(
             run_retry_engine,
             run_job_orchestrator,
             run_timeline,
+            run_autoscaler,
             run_gateway,
         ]
         if settings.local_agent:

@@ -30,6 +30,7 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
     "retry-engine": ("retry-engine",),
     "job-orchestrator": ("job-orchestrator",),
     "event-timeline": ("event-timeline",),
+    "autoscaler": (),
 }
 
 

@@ -38,6 +38,7 @@ SERVICE_ORDER = (
     "retry-engine",
     "job-orchestrator",
     "event-timeline",
+    "autoscaler",
     "api-gateway",
 )
 PARENT_PID_ENV = "HETEROFLOW_PARENT_PID"

@@ -71,11 +71,18 @@ def settings_table(
 def up_settings() -> str:
     from agent.settings import AgentSettings
     from heteroflow.platform import PlatformSettings
+    from services.autoscaler.service import AutoscalerSettings
     from services.event_timeline.service import TimelineSettings
     from services.retry_engine.service import RetrySettings
     from services.scheduler.service import SchedulerSettings
 
-    classes = (PlatformSettings, SchedulerSettings, RetrySettings, TimelineSettings)
+    classes = (
+        PlatformSettings,
+        SchedulerSettings,
+        RetrySettings,
+        TimelineSettings,
+        AutoscalerSettings,
+    )
     seen: set[str] = set()
     return "\n\n".join(
         [

@@ -33,6 +33,7 @@ from libs.domain.events import (
     NodeJoined,
     SystemCredentialIssued,
     TenantCreated,
+    TenantUpdated,
 )
 from libs.domain.task import TenantId
 from libs.store import tenants
@@ -261,6 +262,9 @@ class CredentialCache:
             del self._entries[next(iter(self._entries))]
         self._entries[key] = (self.clock() + self.ttl_s, value)
 
+    def drop(self, key: str) -> None:
+        self._entries.pop(key, None)
+
 
 NO_CACHE = CredentialCache(0)
 
@@ -276,6 +280,38 @@ async def tenant_exists(
     if found:
         cache.put(key, True)
     return found
+
+
+async def admit_tenant(
+    store: EventStore, tenant_id: str, cache: CredentialCache = NO_CACHE
+) -> None:
+    """Refuse new work for an unknown tenant (40003) or a suspended one (403). Only an active
+    tenant is cached, so a suspension takes effect within the cache TTL on every worker."""
+    key = "tenant-active:" + tenant_id
+    if cache.get(key):
+        return
+    tenant = await tenants.get_tenant(store, tenant_id)
+    if tenant is None:
+        raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
+    if tenant.suspended:
+        raise DomainError(
+            Code.FORBIDDEN,
+            f"tenant {tenant_id!r} is suspended: no new tasks, groups or scale-ups",
+            ["tenant_id"],
+        )
+    cache.put(key, True)
+
+
+def forget_tenant(cache: CredentialCache, tenant_id: str) -> None:
+    """Drop this worker's cached admission of a tenant (after its suspension)."""
+    cache.drop("tenant-active:" + tenant_id)
+
+
+async def update_tenant(
+    store: EventStore, tenant_id: str, *, suspended: bool | None, gpu_quota: int | None
+) -> None:
+    ev = TenantUpdated(tenant_id=TenantId(tenant_id), suspended=suspended, gpu_quota=gpu_quota)
+    await store.append_stream(f"tenant-{tenant_id}", [ev])
 
 
 async def authenticate(

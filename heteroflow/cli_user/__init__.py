@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import commands, events, jobs
+from . import commands, events, jobs, scale
 from .client import Client, CliError, Context, resolve_target
 from .output import FORMATS
 
@@ -89,6 +89,12 @@ def _positive(raw: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _replicas(raw: str) -> int:
+    if not raw.isdigit():
+        raise argparse.ArgumentTypeError(f"not a replica count: {raw!r}")
+    return int(raw)
 
 
 def _add_run(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -169,7 +175,7 @@ def _add_task_commands(
 
 def _add_groups(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentParser) -> None:
     groups = sub.add_parser(
-        "groups", help="task groups: ls, describe, events, stop, sleep, wake, rm"
+        "groups", help="task groups: ls, describe, events, scale, stop, sleep, wake, rm"
     )
     gsub = groups.add_subparsers(dest="group_command", required=True, metavar="COMMAND")
     p = gsub.add_parser("ls", parents=[conn, fmt], help="list task groups")
@@ -181,6 +187,12 @@ def _add_groups(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentP
     p = gsub.add_parser("describe", parents=[conn, fmt], help="a group and its tasks")
     p.add_argument("group_id")
     p.set_defaults(func=_entry(events.cmd_groups_describe))
+    p = gsub.add_parser(
+        "scale", parents=[conn, fmt], help="set a group's replica count (not static-world groups)"
+    )
+    p.add_argument("group_id")
+    p.add_argument("replicas", type=_replicas, help="the new replica count (0 allowed)")
+    p.set_defaults(func=_entry(scale.cmd_groups_scale))
     for op in OPS:
         p = gsub.add_parser(op, parents=[conn, fmt], help=f"{OP_HELP[op]}, for every member")
         p.add_argument("group_ids", nargs="+", metavar="GROUP_ID")

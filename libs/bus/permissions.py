@@ -33,6 +33,7 @@ SERVICE_USERS: tuple[str, ...] = (
     "retry-engine",
     "event-timeline",
     "job-orchestrator",
+    "autoscaler",
 )
 
 # Stream administration: create, change, delete, purge, edit messages, snapshot/restore,

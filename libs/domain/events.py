@@ -154,6 +154,18 @@ class TenantCreated(Payload):
     gpu_quota: int = 0  # 0 = unlimited
 
 
+class TenantUpdated(Payload):
+    """An operator changed a tenant: `suspended` stops new work and scale-ups; `gpu_quota`
+    (0 = unlimited). A field left None is unchanged."""
+
+    type: ClassVar[str] = "tenant_updated"
+    stream_type: ClassVar[str] = "tenant"
+
+    tenant_id: TenantId
+    suspended: bool | None = None
+    gpu_quota: int | None = None
+
+
 class ApiKeyIssued(Payload):
     """A tenant API key; only its SHA-256 hash and prefix are recorded."""
 
@@ -238,6 +250,7 @@ register(
     TaskPendingReason,
     TaskDeleted,
     TenantCreated,
+    TenantUpdated,
     ApiKeyIssued,
     ApiKeyRevoked,
     SystemCredentialIssued,

@@ -20,6 +20,7 @@ from .events import Payload, ReasonedPayload, register
 from .reasons import ReasonCode
 from .states import TERMINAL, TaskStatus
 from .task import Task, TaskSpec, TaskType, TenantId, parse_create
+from .windows import ScheduleWindow, parse_window
 
 S = TaskStatus
 
@@ -78,6 +79,7 @@ class GroupSpec(BaseModel):
 
     template: TaskSpec
     shape: GroupShape
+    schedule_window: ScheduleWindow | None = None
 
     @property
     def is_training(self) -> bool:
@@ -116,7 +118,7 @@ def parse_group(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()
             owned,
         )
     template = parse_create(
-        {k: v for k, v in raw.items() if k not in GROUP_FIELDS},
+        {k: v for k, v in raw.items() if k not in GROUP_FIELDS and k != "schedule_window"},
         tenant=tenant,
         volume_allow_list=volume_allow_list,
     )
@@ -132,7 +134,11 @@ def parse_group(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()
         fields = [".".join(str(p) for p in e["loc"]) or "parallelism" for e in exc.errors()]
         msg = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise DomainError(Code.INVALID_VALUE, f"invalid value: {msg}", fields) from None
-    return GroupSpec(template=template, shape=shape)
+    spec = GroupSpec(template=template, shape=shape)
+    if raw.get("schedule_window") is not None:
+        window = parse_window(raw["schedule_window"], static_world=spec.static_world)
+        spec = spec.model_copy(update={"schedule_window": window})
+    return spec
 
 
 # --- events ----------------------------------------------------------------------------
@@ -183,6 +189,32 @@ class GroupConfigUpdated(Payload):
     changes: dict[str, Any]
 
 
+class GroupScaled(ReasonedPayload):
+    """The group's replica count changed (manual scale, AutoScaler, schedule window)."""
+
+    type: ClassVar[str] = "group_scaled"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    from_replicas: int
+    to_replicas: int
+    source: str = "user"  # user | autoscaler | schedule_window
+    added_ranks: tuple[int, ...] = ()
+    removed_task_ids: tuple[str, ...] = ()
+
+
+class GroupWindowApplied(ReasonedPayload):
+    """A schedule window's action (pause, scale, stop) or its restore; the labels keep the
+    action in force and the replica count to restore, so a controller restart loses nothing."""
+
+    type: ClassVar[str] = "group_window_applied"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    action: str  # pause | scale | stop | restore
+    labels: dict[str, str]
+
+
 class GroupDeleted(Payload):
     """The group and its members were deleted."""
 
@@ -192,7 +224,15 @@ class GroupDeleted(Payload):
     group_id: str
 
 
-register(GroupCreated, GroupStatusChanged, GroupRecovery, GroupConfigUpdated, GroupDeleted)
+register(
+    GroupCreated,
+    GroupStatusChanged,
+    GroupRecovery,
+    GroupConfigUpdated,
+    GroupScaled,
+    GroupWindowApplied,
+    GroupDeleted,
+)
 
 
 class Group(BaseModel):
@@ -209,10 +249,17 @@ class Group(BaseModel):
     replacements: int = 0
     restart_due_at: datetime | None = None
     failed_at: datetime | None = None
+    replicas: int | None = None  # set by a scale; None = the shape's task_count
+    labels: dict[str, str] = Field(default_factory=dict)  # group-level, e.g. window state
     version: int = 0
     created_at: datetime
     updated_at: datetime
     deleted_at: datetime | None = None
+
+    @property
+    def size(self) -> int:
+        """The current replica count: ranks `0..size-1` are members, higher ranks are gone."""
+        return self.spec.shape.task_count if self.replicas is None else self.replicas
 
 
 def evolve_group(group: Group | None, event: Payload, at: datetime, version: int) -> Group:
@@ -258,6 +305,10 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
     elif isinstance(event, GroupConfigUpdated):
         template = group.spec.template.model_copy(update=event.changes)
         up["spec"] = group.spec.model_copy(update={"template": template})
+    elif isinstance(event, GroupScaled):
+        up["replicas"] = event.to_replicas
+    elif isinstance(event, GroupWindowApplied):
+        up["labels"] = dict(event.labels)
     elif isinstance(event, GroupDeleted):
         up["deleted_at"] = at
     else:
@@ -278,6 +329,16 @@ def current_members(tasks: Sequence[Task]) -> list[Task]:
         if seen is None or (t.created_at, t.id) > (seen.created_at, seen.id):
             newest[t.rank] = t
     return [newest[r] for r in sorted(newest)]
+
+
+def sized_members(group: Group, members: Sequence[Task]) -> list[Task]:
+    """The members within the group's current size (ranks scaled away are left out); a
+    group never scaled keeps every member, one scaled to zero keeps its ended members so
+    that it reads as stopped."""
+    if group.replicas is None:
+        return list(members)
+    within = [m for m in members if m.rank is not None and m.rank < group.size]
+    return within if within or group.size else list(members)
 
 
 def aggregate_status(members: Sequence[Task], *, replicas: bool = False) -> GroupStatus:

@@ -22,6 +22,7 @@ from .group import (
     aggregate_status,
     current_members,
     is_live,
+    sized_members,
 )
 from .reasons import ReasonCode
 from .states import GPU_HOLDING, TaskStatus
@@ -79,7 +80,7 @@ def decide_group(
     out = GroupActions()
     if group.deleted_at is not None:
         return out
-    members = current_members(tasks)
+    members = sized_members(group, current_members(tasks))
     failed = [m for m in members if m.status is S.FAILED]
     live = [m for m in members if is_live(m)]
     spec = group.spec
@@ -197,7 +198,7 @@ def _rebuild(
                 )
             )
         return out
-    ranks = tuple(range(group.spec.shape.task_count))
+    ranks = tuple(range(group.size))
     out.events.append(
         GroupRecovery(
             group_id=group.id,

@@ -50,6 +50,9 @@ class ReasonCode(StrEnum):
     CRASH_LOOP = "crash_loop"
     GROUP_RESTART = "group_restart"
     GROUP_REBUILD = "group_rebuild"
+    USER_SCALE = "user_scale"
+    SCALED_DOWN = "scaled_down"
+    SCHEDULE_WINDOW = "schedule_window"
     # --- node events --------------------------------------------------------------------
     NODE_GONE = "node_gone"
     GPU_LOST = "gpu_lost"
@@ -113,6 +116,9 @@ TEXT: dict[ReasonCode, str] = {
     R.CRASH_LOOP: "a replica kept failing: its restarts are used up",
     R.GROUP_RESTART: "whole-group restart after a start-up infrastructure failure",
     R.GROUP_REBUILD: "no live replica: the group is rebuilt",
+    R.USER_SCALE: "replica count changed on request",
+    R.SCALED_DOWN: "its rank was removed by a scale-down",
+    R.SCHEDULE_WINDOW: "the group's schedule window opened or closed",
     R.NODE_GONE: "the node is gone for good",
     R.GPU_LOST: "a card disappeared from the heartbeats",
     R.GPU_RECOVERED: "a lost card is seen again",

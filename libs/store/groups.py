@@ -64,3 +64,13 @@ async def live_or_recent(
         [[s.value for s in terminal], within],
     )
     return _groups(found)
+
+
+async def with_windows(store: EventStore) -> list[Group]:
+    """Live groups that carry a schedule window (the window controller's scan)."""
+    found = await rows(
+        store,
+        "SELECT doc FROM groups WHERE deleted_at IS NULL"
+        " AND jsonb_typeof(doc->'spec'->'schedule_window') = 'object' ORDER BY id",
+    )
+    return _groups(found)

@@ -299,6 +299,13 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        11,
+        """
+        -- A suspended tenant creates no new work and gets no scale-up (docs/autoscaling.md).
+        ALTER TABLE tenants ADD COLUMN suspended boolean NOT NULL DEFAULT false;
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).

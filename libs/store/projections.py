@@ -24,6 +24,7 @@ from libs.domain.events import (
     Payload,
     SystemCredentialIssued,
     TenantCreated,
+    TenantUpdated,
     evolve_task,
 )
 from libs.domain.group import Group, evolve_group
@@ -242,6 +243,12 @@ async def apply_other(conn: AsyncConnection[Any], stored: StoredEvent, payload: 
         await conn.execute(
             "INSERT INTO tenants (id, name, gpu_quota, created_at) VALUES (%s, %s, %s, %s)",
             (payload.tenant_id, payload.name, payload.gpu_quota, at),
+        )
+    elif isinstance(payload, TenantUpdated):
+        await conn.execute(
+            "UPDATE tenants SET suspended = COALESCE(%s, suspended),"
+            " gpu_quota = COALESCE(%s, gpu_quota) WHERE id = %s",
+            (payload.suspended, payload.gpu_quota, payload.tenant_id),
         )
     elif isinstance(payload, ApiKeyIssued):
         await conn.execute(

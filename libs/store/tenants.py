@@ -20,6 +20,7 @@ class Tenant:
     name: str
     gpu_quota: int
     created_at: datetime
+    suspended: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,13 +74,17 @@ class NodeLogin:
 
 async def get_tenant(store: EventStore, tenant_id: str) -> Tenant | None:
     row = await one(
-        store, "SELECT id, name, gpu_quota, created_at FROM tenants WHERE id = %s", [tenant_id]
+        store,
+        "SELECT id, name, gpu_quota, created_at, suspended FROM tenants WHERE id = %s",
+        [tenant_id],
     )
     return Tenant(**row) if row else None
 
 
 async def list_tenants(store: EventStore) -> list[Tenant]:
-    found = await rows(store, "SELECT id, name, gpu_quota, created_at FROM tenants ORDER BY id")
+    found = await rows(
+        store, "SELECT id, name, gpu_quota, created_at, suspended FROM tenants ORDER BY id"
+    )
     return [Tenant(**r) for r in found]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from libs import auth
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError, NotFound
 from libs.domain.events import Payload
@@ -24,13 +25,13 @@ from libs.domain.group import (
     current_members,
     is_live,
     parse_group,
+    sized_members,
 )
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TenantId
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
-from libs.store import tenants
 from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import GROUPS
 
@@ -58,6 +59,13 @@ def group_view(group: Group, tasks: list[Task] | None = None) -> dict[str, Any]:
         "static_world": group.spec.static_world,
         **shape,
         "template": group.spec.template.model_dump(mode="json"),
+        "replicas": group.size,
+        "schedule_window": (
+            group.spec.schedule_window.model_dump(mode="json")
+            if group.spec.schedule_window
+            else None
+        ),
+        "group_labels": group.labels,
         "restarts": group.restarts,
         "rebuilds": group.rebuilds,
         "replacements": group.replacements,
@@ -65,7 +73,7 @@ def group_view(group: Group, tasks: list[Task] | None = None) -> dict[str, Any]:
         "updated_at": group.updated_at.isoformat(),
     }
     if tasks is not None:
-        members = current_members(tasks)
+        members = sized_members(group, current_members(tasks))
         body["tasks"] = [task_view(t) for t in members]
         body["superseded_tasks"] = sorted(t.id for t in tasks if t not in members)
     return body
@@ -87,8 +95,7 @@ async def create_group(
     request: Request, principal: Principal, store: Store, body: Body
 ) -> JSONResponse:
     tenant_id = tenant_for_create(principal, request)
-    if await tenants.get_tenant(store, tenant_id) is None:
-        raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
+    await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
     spec: GroupSpec = parse_group(
         body,
         tenant=principal.is_tenant,

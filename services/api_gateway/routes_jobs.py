@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from libs import auth
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError, NotFound
 from libs.domain.events import Payload
@@ -109,6 +110,7 @@ async def create_job(
     request: Request, principal: Principal, store: Store, body: Body
 ) -> JSONResponse:
     tenant_id = tenant_for_create(principal, request)
+    await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
     raw_queue = body.get("queue", "")
     queue, queue_problem = None, ""
     if not isinstance(raw_queue, str):

@@ -76,8 +76,7 @@ async def create_task(
 ) -> JSONResponse:
     settings = request.app.state.settings
     tenant_id = tenant_for_create(principal, request)
-    if not await auth.tenant_exists(store, tenant_id, request.app.state.auth_cache):
-        raise DomainError(Code.INVALID_VALUE, f"unknown tenant {tenant_id!r}", ["tenant_id"])
+    await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
     spec = parse_create(
         body, tenant=principal.is_tenant, volume_allow_list=settings.volume_allow_list
     )

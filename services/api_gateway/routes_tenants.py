@@ -56,6 +56,25 @@ async def _tenant(store: Store, tenant_id: str) -> dict[str, Any]:
     return tenant.as_dict()
 
 
+@router.put("/{tenant_id}")
+async def update_tenant(
+    request: Request, tenant_id: str, principal: Principal, store: Store, body: Body
+) -> dict[str, Any]:
+    """Operators suspend or resume a tenant and change its GPU quota."""
+    require_operator(principal)
+    _fields(body, {"suspended", "gpu_quota"})
+    await _tenant(store, tenant_id)
+    suspended = body.get("suspended")
+    if suspended is not None and not isinstance(suspended, bool):
+        raise DomainError(Code.INVALID_VALUE, "suspended must be true or false", ["suspended"])
+    quota = body.get("gpu_quota")
+    if quota is not None and (isinstance(quota, bool) or not isinstance(quota, int) or quota < 0):
+        raise DomainError(Code.INVALID_VALUE, "gpu_quota must be an integer >= 0", ["gpu_quota"])
+    await auth.update_tenant(store, tenant_id, suspended=suspended, gpu_quota=quota)
+    auth.forget_tenant(request.app.state.auth_cache, tenant_id)
+    return await _tenant(store, tenant_id)
+
+
 @router.post("/{tenant_id}/api-keys", status_code=201)
 async def create_api_key(
     tenant_id: str, principal: Principal, store: Store, body: Body

@@ -200,6 +200,36 @@ def group_entries(env: dict[str, Any]) -> list[Entry]:
                 replaced=p.get("task_ids", []),
             )
         ]
+    if env["type"] == "group_scaled":
+        return [
+            _entry(
+                env,
+                "group",
+                gid,
+                "group_scaled",
+                f"{p['source']} scale {p['from_replicas']} → {p['to_replicas']}: {p['reason']}",
+                reason_code=reason_code_of(env["type"], p).value,
+                source=p["source"],
+                from_replicas=p["from_replicas"],
+                to_replicas=p["to_replicas"],
+                added_ranks=p.get("added_ranks", []),
+                removed=p.get("removed_task_ids", []),
+            )
+        ]
+    if env["type"] == "group_window_applied":
+        kind = "schedule_window_restore" if p["action"] == "restore" else "schedule_window"
+        return [
+            _entry(
+                env,
+                "group",
+                gid,
+                kind,
+                p["reason"],
+                reason_code=reason_code_of(env["type"], p).value,
+                action=p["action"],
+                labels=p.get("labels", {}),
+            )
+        ]
     if env["type"] == "group_status_changed" and p["to_status"] == "failed":
         code = reason_code_of(env["type"], p)
         return [_entry(env, "group", gid, "group_failed", p["reason"], reason_code=code.value)]

@@ -39,6 +39,7 @@ CHILDREN = {
     "retry-engine",
     "job-orchestrator",
     "event-timeline",
+    "autoscaler",
     "api-gateway",
     "agent",
 }

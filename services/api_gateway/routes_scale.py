@@ -1,0 +1,80 @@
+"""`POST /api/v1/task-groups/{id}/scale`: change a group's replica count by hand.
+
+The group event and the new member tasks are one transaction (the group row is locked
+while the plan is made); members of removed ranks are then stopped like a user stop.
+Static-world groups answer 400; a suspended tenant may scale down but not up (403).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from libs import auth
+from libs.domain import commands
+from libs.domain.errors import Code, DomainError
+from libs.domain.events import Payload
+from libs.domain.group import Group
+from libs.domain.reasons import ReasonCode
+from libs.domain.scaling import ScalePlan, check_scalable, decide_scale, parse_replicas
+from libs.domain.task import TenantId
+from libs.store import tasks as task_rows
+from libs.store.eventstore import NewTask
+from libs.store.projections import GROUPS
+
+from .deps import Body, Principal, Store, tenant_scope
+from .routes_groups import _load, _tasks, group_view
+from .routes_tasks import actor_of
+
+router = APIRouter(prefix="/api/v1/task-groups", tags=["task-groups"])
+
+
+@router.post("/{group_id}/scale")
+async def scale_group(
+    group_id: str, principal: Principal, store: Store, body: Body
+) -> dict[str, Any]:
+    group = await _load(store, group_id, tenant_scope(principal))
+    unknown = sorted(set(body) - {"replicas"})
+    if unknown:
+        raise DomainError(Code.UNKNOWN_FIELD, f"unknown field(s): {', '.join(unknown)}", unknown)
+    if "replicas" not in body:
+        raise DomainError(Code.INVALID_VALUE, "replicas is required", ["replicas"])
+    replicas = parse_replicas(body["replicas"])
+    check_scalable(group)
+    if replicas > group.size:
+        await auth.admit_tenant(store, group.tenant_id)  # uncached: a suspension counts now
+    tasks = await task_rows.of_group(store, group.id, include_deleted=False)
+    plan = ScalePlan()
+
+    def decide(current: Group | None) -> tuple[list[Payload], list[NewTask]]:
+        nonlocal plan
+        assert current is not None
+        plan = decide_scale(
+            current, tasks, replicas, reason=f"scale requested by {principal.subject}"
+        )
+        if plan.event is None:
+            return [], []
+        spec = current.spec
+        new: list[NewTask] = [
+            (TenantId(current.tenant_id), spec.member_spec(r), current.id, r)
+            for r in plan.new_ranks
+        ]
+        return [plan.event], new
+
+    updated, _ = await store.execute_with_tasks(
+        GROUPS, group.id, decide, metadata={"principal": principal.subject}
+    )
+    actor = actor_of(principal)
+    await store.execute_batch(
+        {
+            m.id: lambda t: commands.decide_stop(
+                t, actor, ReasonCode.SCALED_DOWN, f"rank {t.rank} removed by a scale-down"
+            )
+            for m in plan.stop
+        },
+        metadata={"principal": principal.subject},
+    )
+    assert updated is not None
+    body_out = group_view(updated, await _tasks(store, group.id))
+    return body_out | {"replicas": updated.size}
