@@ -39,6 +39,7 @@ from libs.domain.protocol import (
 )
 from libs.domain.states import TaskStatus
 from libs.domain.telemetry import TelemetryBatch
+from libs.installation import installation_id
 from libs.periodic import periodic
 
 from .boost import boost_memory
@@ -135,8 +136,17 @@ class Agent:
         )
 
     async def readopt(self) -> None:
-        """Pick up containers started before a restart; report what happened meanwhile."""
-        for handle in await self.runtime.list_managed():
+        """Pick up containers started before a restart; report what happened meanwhile.
+        One task may have several attempts' containers: the newest is adopted, the older
+        ones are stopped (their attempts are over; retention removes them later)."""
+        keep, older = newest_attempts(await self.runtime.list_managed())
+        for handle in older:
+            try:
+                await self.runtime.stop(handle, grace_s=5.0)
+                log.info("older_attempt_stopped", task_id=handle.task_id, attempt=handle.attempt)
+            except Exception:
+                log.exception("older_attempt_stop_failed", task_id=handle.task_id)
+        for handle in keep:
             try:
                 state = await self.runtime.inspect(handle)
                 if state.value == "missing":
@@ -233,7 +243,10 @@ class Agent:
     async def start(self, cmd: NodeCommand) -> None:
         known = self.tracked.get(cmd.task_id)
         if known and known.handle.attempt == cmd.attempt:
-            return  # a redelivered start: already running
+            # A redelivered start, or this attempt placed here again after the node was
+            # declared offline: it already runs, so say so (a `running` task ignores it).
+            await self.report(known.handle, Fact.RUNNING, S.SCHEDULED)
+            return
         run, boost_line, timeout = self.run_spec(cmd)
         if boost_line:
             log.info(boost_line, task_id=cmd.task_id)
@@ -304,8 +317,9 @@ class Agent:
 
     async def stop(self, cmd: NodeCommand) -> None:
         tracked = self.tracked.get(cmd.task_id)
-        if tracked is None or tracked.handle.attempt != cmd.attempt:
-            # Nothing of ours runs it: say so, so a `stopping` task can end.
+        if tracked is None or tracked.handle.attempt > cmd.attempt:
+            # Nothing of ours runs it: say so, so a `stopping` task can end. (A stop for a
+            # later attempt does stop an older one here: that attempt is over anyway.)
             pseudo = Handle(
                 runtime=self.runtime.name, id="", task_id=cmd.task_id, attempt=cmd.attempt
             )
@@ -392,7 +406,12 @@ async def run_agent(
         runtime.name if runtime else await asyncio.to_thread(choose_runtime_kind, settings.runtime)
     )
     runtime = runtime or create_runtime(
-        kind, state_dir=state_dir, docker_options={"owner": settings.node_id}
+        kind,
+        state_dir=state_dir,
+        docker_options={
+            "owner": settings.node_id,
+            "installation": settings.installation_id or installation_id(settings.home),
+        },
     )
     detected = await asyncio.to_thread(
         detect_inventory,
@@ -407,3 +426,13 @@ async def run_agent(
         await agent.run(stop)
     finally:
         await runtime.close()
+
+
+def newest_attempts(handles: list[Handle]) -> tuple[list[Handle], list[Handle]]:
+    """Split found containers into the newest attempt of each task and the older ones."""
+    newest: dict[str, Handle] = {}
+    for h in handles:
+        if h.task_id not in newest or h.attempt > newest[h.task_id].attempt:
+            newest[h.task_id] = h
+    kept = set(map(id, newest.values()))
+    return list(newest.values()), [h for h in handles if id(h) not in kept]

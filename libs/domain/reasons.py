@@ -37,6 +37,7 @@ class ReasonCode(StrEnum):
     HOST_OFFLINE_ON_WAKE = "host_offline_on_wake"
     PREEMPTED = "preempted"
     NODE_LOST = "node_lost"
+    TASK_UNCONFIRMED = "task_unconfirmed"
     RETRY = "retry"
     RETRY_GIVEN_UP = "retry_given_up"
     GROUP_FAILED = "group_failed"
@@ -96,6 +97,7 @@ TEXT: dict[ReasonCode, str] = {
     R.HOST_OFFLINE_ON_WAKE: "woken while its host was offline: rescheduled elsewhere",
     R.PREEMPTED: "preempted by higher-priority work",
     R.NODE_LOST: "its node stopped sending heartbeats",
+    R.TASK_UNCONFIRMED: "its node stopped listing it in its heartbeats",
     R.RETRY: "the retry engine requeued it",
     R.RETRY_GIVEN_UP: "the retry engine gave up: no retry left or a permanent failure",
     R.GROUP_FAILED: "its group failed",

@@ -9,7 +9,7 @@ the controller runtime (libs/controller.py); every write carries the term's fenc
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -18,7 +18,7 @@ from prometheus_client import Gauge
 
 from libs.controller import Controller, Term
 from libs.domain import commands
-from libs.domain.errors import Fenced
+from libs.domain.errors import Conflict, Fenced, NotFound
 from libs.domain.events import Payload
 from libs.domain.node import (
     CardWatch,
@@ -30,7 +30,7 @@ from libs.domain.node import (
     NodeStatus,
     watch_card,
 )
-from libs.domain.protocol import Heartbeat
+from libs.domain.protocol import CommandKind, Heartbeat, NodeCommand
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task
@@ -39,6 +39,9 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 from libs.store.fencing import Fence
 from libs.store.projections import NODES
+
+from .confirm import SWEPT, Confirmations
+from .dispatch import send_all
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -58,10 +61,18 @@ ON_NODE_LOSS: dict[TaskStatus, TaskStatus] = {
 }
 
 
-def migrate_decision(node_id: str) -> commands.Decide:
+def migrate_decision(
+    node_id: str,
+    targets: dict[TaskStatus, TaskStatus] = ON_NODE_LOSS,
+    code: ReasonCode = ReasonCode.NODE_LOST,
+    why: str = "",
+) -> commands.Decide:
+    """Move a task of `node_id` to its target for what happened to the node (`targets`)."""
+    reason = why or f"node_lost: {node_id}"
+
     def decide(t: Task) -> list[Any]:
-        target = ON_NODE_LOSS.get(t.status)
-        if target is None or t.node_id != node_id:
+        target = targets.get(t.status)
+        if target is None or (t.node_id or "") != node_id:
             return []
         return list(
             commands.decide_transition(
@@ -69,10 +80,10 @@ def migrate_decision(node_id: str) -> commands.Decide:
                 target,
                 actor=Actor.CONTROLLER,
                 expected_status=t.status,
-                reason_code=ReasonCode.NODE_LOST,
-                reason=f"node_lost: {node_id}",
+                reason_code=code,
+                reason=reason,
                 clear_placement=target is S.PENDING,
-                error=f"node {node_id} lost" if target is not S.PENDING else None,
+                error=(why or f"node {node_id} lost") if target is not S.PENDING else None,
             )
         )
 
@@ -95,6 +106,7 @@ class NodeMonitor(Controller):
         gone_after_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         tick_s: float = 1.0,
+        unconfirmed_after_s: float = 300.0,
     ) -> None:
         self.store = store
         self.nc = nc
@@ -109,12 +121,17 @@ class NodeMonitor(Controller):
         self.fence: Fence | None = None
         self._fenced: Fenced | None = None  # seen by a heartbeat's write; ends the term
         self.leading = False  # beats arrive on every replica; only the leader acts on them
+        self.confirmations = Confirmations(unconfirmed_after_s)
+        self.sweep_every_s = min(30.0, max(1.0, unconfirmed_after_s / 4))
+        self.next_sweep = 0.0
 
     async def elected(self, term: Term) -> None:
         self.fence, self._fenced = term.fence, None
         # Every node's clock starts now: what a previous term saw may be long stale.
         self.last_seen.clear()
         self.since = self.clock()
+        self.confirmations.reset()
+        self.next_sweep = self.since + self.sweep_every_s
         await self.refresh()
         self.leading = True
 
@@ -159,13 +176,16 @@ class NodeMonitor(Controller):
             log.exception("heartbeat_rejected", node_id=hb.node_id)
 
     async def on_heartbeat(self, hb: Heartbeat) -> None:
-        self.last_seen[hb.node_id] = self.clock()
+        self.last_seen[hb.node_id] = now = self.clock()
+        self.confirmations.confirm(hb.node_id, hb.tasks, now)
         node = self.nodes.get(hb.node_id)
         if node is None:
             return  # not registered yet; its registration brings it in
         if node.status is not NodeStatus.ONLINE:
-            # Back after an outage without a restart: online again with what it had.
+            # Back after an outage without a restart: online again with what it had, and
+            # what it still runs for tasks placed elsewhere meanwhile is told to stop.
             await self._append(node.id, [NodeRegistered(node_id=node.id, inventory=node.inventory)])
+            await self.stop_strays(node.id, hb.tasks)
             return
         visible = set(hb.visible_gpus)
         events: list[Payload] = []
@@ -210,6 +230,50 @@ class NodeMonitor(Controller):
                 await self.node_lost(node, silent)
             elif node.status is NodeStatus.OFFLINE and silent > self.gone_after_s:
                 await self.node_gone(node, silent)
+        if now >= self.next_sweep:
+            self.next_sweep = now + self.sweep_every_s
+            await self.sweep(now)
+
+    async def sweep(self, now: float) -> None:
+        """Resolve the tasks their node has not confirmed for `unconfirmed_after_s`."""
+        placed = await task_rows.placements(self.store, SWEPT)
+        late = self.confirmations.overdue(placed, now)
+        after = self.confirmations.after_s
+        for task_id, node_id, status in late:
+            why = f"node {node_id or '(none)'} has not confirmed it for {after:.0f}s"
+            decide = migrate_decision(node_id, ON_NODE_LOSS, ReasonCode.TASK_UNCONFIRMED, why)
+            try:
+                await self.store.execute(
+                    task_id, decide, metadata={"node_id": node_id}, fence=self.fence
+                )
+            except (Conflict, NotFound):
+                continue  # it moved on meanwhile: the next sweep sees where it is
+            log.warning("task_unconfirmed", task_id=task_id, node_id=node_id, status=status.value)
+
+    async def stop_strays(self, node_id: str, task_ids: Sequence[str]) -> None:
+        """Stop commands to `node_id` for the tasks it lists that are no longer placed on it."""
+        if not task_ids:
+            return
+        placed = await task_rows.nodes_of(self.store, task_ids)
+        strays = [
+            NodeCommand(
+                kind=CommandKind.STOP,
+                node_id=node_id,
+                task_id=task_id,
+                attempt=attempt,
+                status=TaskStatus.STOPPING,
+                grace_s=5.0,
+            )
+            for task_id, (where, attempt) in placed.items()
+            if where != node_id
+        ]
+        failed = await send_all(self.nc.jetstream(), strays)
+        log.warning(
+            "stray_containers_stopped",
+            node_id=node_id,
+            tasks=[c.task_id for c in strays],
+            failed=sum(1 for f in failed if f),
+        )
 
     async def node_lost(self, node: Node, silent: float) -> None:
         offline = NodeOffline(
