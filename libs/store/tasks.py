@@ -211,14 +211,15 @@ async def of_job(store: EventStore, job_id: str) -> list[Task]:
 
 async def placements(
     store: EventStore, statuses: Collection[TaskStatus]
-) -> list[tuple[str, str, TaskStatus]]:
-    """(id, node id or "", status) of every task in one of `statuses` (the confirmation sweep)."""
+) -> list[tuple[str, str, TaskStatus, int]]:
+    """(id, node id or "", status, attempt) of every task in one of `statuses` (the sweep)."""
     found = await rows(
         store,
-        "SELECT id, COALESCE(node_id, '') AS node_id, status FROM tasks WHERE status = ANY(%s)",
+        "SELECT id, COALESCE(node_id, '') AS node_id, status,"
+        " (doc->>'retry_count')::int AS attempt FROM tasks WHERE status = ANY(%s)",
         [[s.value for s in statuses]],
     )
-    return [(r["id"], r["node_id"], TaskStatus(r["status"])) for r in found]
+    return [(r["id"], r["node_id"], TaskStatus(r["status"]), r["attempt"] or 0) for r in found]
 
 
 async def nodes_of(store: EventStore, ids: Sequence[str]) -> dict[str, tuple[str, int]]:

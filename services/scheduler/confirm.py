@@ -42,6 +42,18 @@ class Confirmations:
         self.confirmed.clear()
         self.met.clear()
 
+    def strays(
+        self, placed: Sequence[Placement], now: float, within_s: float
+    ) -> list[tuple[str, str]]:
+        """(task, node) of the tasks a node other than theirs listed within `within_s`: what
+        that node still runs for them is a stray (an agent back after its tasks moved)."""
+        where = {task: node for task, node, _ in placed}
+        return [
+            (task, node)
+            for (task, node), at in self.confirmed.items()
+            if task in where and where[task] not in ("", node) and now - at <= within_s
+        ]
+
     def overdue(self, placed: Sequence[Placement], now: float) -> list[Placement]:
         """The placements unconfirmed for longer than `after_s`; forgets what left `placed`."""
         current = set(placed)

@@ -236,7 +236,11 @@ class NodeMonitor(Controller):
 
     async def sweep(self, now: float) -> None:
         """Resolve the tasks their node has not confirmed for `unconfirmed_after_s`."""
-        placed = await task_rows.placements(self.store, SWEPT)
+        rows = await task_rows.placements(self.store, SWEPT)
+        placed = [(task_id, node_id, status) for task_id, node_id, status, _ in rows]
+        attempts = {row[0]: row[3] for row in rows}
+        strays = self.confirmations.strays(placed, now, within_s=2 * self.sweep_every_s)
+        await self.send_stops([(node, task, attempts[task]) for task, node in strays])
         late = self.confirmations.overdue(placed, now)
         after = self.confirmations.after_s
         for task_id, node_id, status in late:
@@ -251,11 +255,26 @@ class NodeMonitor(Controller):
             log.warning("task_unconfirmed", task_id=task_id, node_id=node_id, status=status.value)
 
     async def stop_strays(self, node_id: str, task_ids: Sequence[str]) -> None:
-        """Stop commands to `node_id` for the tasks it lists that are no longer placed on it."""
+        """Stop commands to `node_id` for the tasks it lists that are placed elsewhere now."""
         if not task_ids:
             return
         placed = await task_rows.nodes_of(self.store, task_ids)
-        strays = [
+        # Only tasks placed on another node: a pending one may yet come back here, and is
+        # stopped by the sweep if it is placed elsewhere instead.
+        await self.send_stops(
+            [
+                (node_id, task_id, attempt)
+                for task_id, (where, attempt) in placed.items()
+                if where not in ("", node_id)
+            ]
+        )
+
+    async def send_stops(self, strays: Sequence[tuple[str, str, int]]) -> None:
+        """Stop commands for (node, task, attempt): a container a node runs for a task that
+        is now another node's."""
+        if not strays:
+            return
+        commands = [
             NodeCommand(
                 kind=CommandKind.STOP,
                 node_id=node_id,
@@ -264,14 +283,12 @@ class NodeMonitor(Controller):
                 status=TaskStatus.STOPPING,
                 grace_s=5.0,
             )
-            for task_id, (where, attempt) in placed.items()
-            if where != node_id
+            for node_id, task_id, attempt in strays
         ]
-        failed = await send_all(self.nc.jetstream(), strays)
+        failed = await send_all(self.nc.jetstream(), commands)
         log.warning(
             "stray_containers_stopped",
-            node_id=node_id,
-            tasks=[c.task_id for c in strays],
+            strays=[(c.node_id, c.task_id) for c in commands],
             failed=sum(1 for f in failed if f),
         )
 

@@ -35,6 +35,9 @@ LEASE_TTL_S = 6.0
 class SchedulerSettings(CommonSettings):
     node_offline_after_s: float = Field(default=10.0, description="heartbeat silence → offline")
     node_gone_after_s: float = Field(default=600.0, description="offline this long → gone")
+    task_unconfirmed_after_s: float = Field(
+        default=300.0, gt=0, description="a task its node has not listed this long is resolved"
+    )
     schedule_batch: int = 512
     schedule_max_candidates: int = Field(
         default=DEFAULT_MAX_CANDIDATES, ge=0, description="fits scored per task; 0 = all"
@@ -70,6 +73,7 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         ctx.nc,
         offline_after_s=settings.node_offline_after_s,
         gone_after_s=settings.node_gone_after_s,
+        unconfirmed_after_s=settings.task_unconfirmed_after_s,
     )
     groups = GroupController(
         ctx.store,

@@ -107,3 +107,13 @@ def test_overdue_task_is_resolved_through_the_state_machine(status: TaskStatus) 
     assert event.to_status is ON_NODE_LOSS[status]
     assert event.reason_code is ReasonCode.TASK_UNCONFIRMED
     assert decide(task(status, node="n2")) == []  # moved meanwhile: nothing
+
+
+def test_a_task_listed_by_a_node_other_than_its_own_is_a_stray_there() -> None:
+    c = Confirmations(after_s=30.0)
+    placed = [("t1", "n2", S.RUNNING), ("t2", "", S.SCHEDULED), ("t3", "n1", S.RUNNING)]
+    c.confirm("n1", ["t1", "t2", "t3"], now=10.0)
+    # t1 runs on n2 now: n1's copy is a stray; t2 is not placed yet (it may come back to
+    # n1); t3 is n1's own.
+    assert c.strays(placed, now=12.0, within_s=5.0) == [("t1", "n1")]
+    assert c.strays(placed, now=20.0, within_s=5.0) == []  # not listed lately

@@ -1,0 +1,116 @@
+"""An agent away for three times the offline threshold (SIGSTOP, real NATS and PostgreSQL,
+process runtime): its tasks end with what their processes really did, each run once; and a
+task its node stops confirming is resolved by the sweep, with a timeline reason."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from .cluster import Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+OFFLINE_S = 3.0  # the cluster fixture's HETEROFLOW_NODE_OFFLINE_AFTER_S
+
+
+def runs(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def freeze(cluster: Cluster, node_id: str) -> None:
+    cluster.agents[node_id].send_signal(signal.SIGSTOP)
+
+
+def thaw(cluster: Cluster, node_id: str) -> None:
+    cluster.agents[node_id].send_signal(signal.SIGCONT)
+
+
+def test_agent_back_after_three_offline_thresholds_reports_real_outcomes(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("away1")
+    marks = cluster.root / "runs"
+    marks.mkdir()
+    ok = cluster.create(
+        command=f"echo x >> {marks}/ok; sleep 3; exit 0", max_retries=0, cpu_cores=0.1, memory_mb=64
+    )
+    bad = cluster.create(
+        command=f"echo x >> {marks}/bad; sleep 3; exit 3",
+        max_retries=0,
+        cpu_cores=0.1,
+        memory_mb=64,
+    )
+    # Still running when its agent is back, and placed there again at the same attempt.
+    late = cluster.create(
+        command=f"echo x >> {marks}/late; sleep 20; exit 0",
+        max_retries=0,
+        cpu_cores=0.1,
+        memory_mb=64,
+    )
+    for t in (ok, bad, late):
+        cluster.wait_status(t["id"], "running")
+    freeze(cluster, "away1")
+    away_since = time.monotonic()
+    try:
+        cluster.wait(
+            lambda: any(n["id"] == "away1" and n["status"] == "offline" for n in cluster.nodes()),
+            "away1 declared offline",
+        )
+        # Away for three times the threshold: the tasks' processes end meanwhile
+        # (but `late`'s).
+        cluster.wait(
+            lambda: (
+                time.monotonic() - away_since > 3 * OFFLINE_S
+                and all(cluster.task(t["id"])["status"] == "pending" for t in (ok, bad, late))
+            ),
+            "three offline thresholds with the tasks back in pending",
+        )
+    finally:
+        thaw(cluster, "away1")
+    assert cluster.wait_status(ok["id"], "completed", "failed", timeout=60)["status"] == "completed"
+    done = cluster.wait_status(bad["id"], "completed", "failed", timeout=60)
+    assert done["status"] == "failed" and done["exit_code"] == 3
+    back = cluster.wait_status(late["id"], "completed", "failed", timeout=60)
+    assert back["status"] == "completed", (
+        back["error"],
+        back["exit_code"],
+        cluster.statuses(late["id"])[4:],
+    )
+    assert [runs(marks / name) for name in ("ok", "bad", "late")] == [1, 1, 1]  # none twice
+    assert "node_lost" in reasons(cluster, ok["id"])
+
+
+@pytest.mark.cluster_env(
+    HETEROFLOW_NODE_OFFLINE_AFTER_S="120", HETEROFLOW_TASK_UNCONFIRMED_AFTER_S="3"
+)
+def test_task_its_node_stops_confirming_is_resolved_by_the_sweep(cluster: Cluster) -> None:
+    cluster.start_agent("quiet1")
+    t = cluster.create(command="sleep 300", max_retries=0, cpu_cores=0.1, memory_mb=64)
+    cluster.wait_status(t["id"], "running")
+    freeze(cluster, "quiet1")  # no heartbeat: the node is not yet offline (120 s)
+    try:
+        cluster.wait(
+            lambda: "task_unconfirmed" in reasons(cluster, t["id"]),
+            "the sweep to resolve the unconfirmed task",
+            timeout=60,
+        )
+    finally:
+        thaw(cluster, "quiet1")
+    # Back, the agent still runs it: placed there again, it is confirmed running.
+    assert cluster.wait_status(t["id"], "running", timeout=60)["status"] == "running"
+
+
+def reasons(cluster: Cluster, task_id: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(cluster.database_url) as conn:
+        rows = conn.execute(
+            "SELECT payload->>'reason_code' FROM events WHERE stream_id = %s"
+            " AND type = 'task_status_changed' ORDER BY version",
+            (task_id,),
+        ).fetchall()
+    return [r[0] for r in rows]
