@@ -18,7 +18,7 @@ from prometheus_client import Gauge
 
 from libs.controller import Controller, Term
 from libs.domain import commands
-from libs.domain.errors import Conflict, Fenced, NotFound
+from libs.domain.errors import DomainError, Fenced
 from libs.domain.events import Payload
 from libs.domain.node import (
     CardWatch,
@@ -250,8 +250,8 @@ class NodeMonitor(Controller):
                 await self.store.execute(
                     task_id, decide, metadata={"node_id": node_id}, fence=self.fence
                 )
-            except (Conflict, NotFound):
-                continue  # it moved on meanwhile: the next sweep sees where it is
+            except DomainError:
+                continue  # it moved on meanwhile (or is deleted): the next sweep sees it
             log.warning("task_unconfirmed", task_id=task_id, node_id=node_id, status=status.value)
 
     async def stop_strays(self, node_id: str, task_ids: Sequence[str]) -> None:
@@ -274,7 +274,7 @@ class NodeMonitor(Controller):
         is now another node's."""
         if not strays:
             return
-        commands = [
+        stops = [
             NodeCommand(
                 kind=CommandKind.STOP,
                 node_id=node_id,
@@ -285,10 +285,10 @@ class NodeMonitor(Controller):
             )
             for node_id, task_id, attempt in strays
         ]
-        failed = await send_all(self.nc.jetstream(), commands)
+        failed = await send_all(self.nc.jetstream(), stops)
         log.warning(
             "stray_containers_stopped",
-            strays=[(c.node_id, c.task_id) for c in commands],
+            strays=[(c.node_id, c.task_id) for c in stops],
             failed=sum(1 for f in failed if f),
         )
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from . import web
 from .cluster import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -100,6 +102,10 @@ def test_task_its_node_stops_confirming_is_resolved_by_the_sweep(cluster: Cluste
         )
     finally:
         thaw(cluster, "quiet1")
+    entries = cluster_timeline(cluster, t["id"])
+    assert [e["details"]["reason_code"] for e in entries if e["kind"] == "task_unconfirmed"] == [
+        "task_unconfirmed"
+    ]
     # Back, the agent still runs it: placed there again, it is confirmed running.
     assert cluster.wait_status(t["id"], "running", timeout=60)["status"] == "running"
 
@@ -114,3 +120,14 @@ def reasons(cluster: Cluster, task_id: str) -> list[str]:
             (task_id,),
         ).fetchall()
     return [r[0] for r in rows]
+
+
+def cluster_timeline(cluster: Cluster, task_id: str) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 30
+    while True:  # the timeline is derived after the event is published: poll for it
+        r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/events", headers=cluster.tenant)
+        assert r.status_code == 200, r.text
+        entries: list[dict[str, Any]] = r.json()["events"]
+        if any(e["kind"] == "task_unconfirmed" for e in entries) or time.monotonic() > deadline:
+            return entries
+        time.sleep(0.2)
