@@ -131,3 +131,39 @@ def cluster_timeline(cluster: Cluster, task_id: str) -> list[dict[str, Any]]:
         if any(e["kind"] == "task_unconfirmed" for e in entries) or time.monotonic() > deadline:
             return entries
         time.sleep(0.2)
+
+
+def test_stray_of_a_task_placed_elsewhere_is_stopped_when_its_agent_returns(
+    cluster: Cluster,
+) -> None:
+    import psutil
+
+    cluster.start_agent("first1")
+    pids = cluster.root / "pids"
+    t = cluster.create(
+        command=f"echo $$ >> {pids}; sleep 120", max_retries=0, cpu_cores=0.1, memory_mb=64
+    )
+    cluster.wait_status(t["id"], "running")
+    cluster.wait(lambda: pids.exists() and pids.read_text().strip() != "", "the first run's pid")
+    stray = int(pids.read_text().split()[0])
+    freeze(cluster, "first1")
+    try:
+        cluster.start_agent("second1")
+        cluster.wait(
+            lambda: (
+                cluster.task(t["id"])["node_id"] == "second1"
+                and cluster.task(t["id"])["status"] == "running"
+            ),
+            "the task running on second1",
+        )
+    finally:
+        thaw(cluster, "first1")
+
+    def stopped() -> bool:
+        try:
+            return bool(psutil.Process(stray).status() == psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return True
+
+    cluster.wait(stopped, "first1's stray process stopped", timeout=60)
+    assert cluster.task(t["id"])["status"] == "running"  # the moved task runs on
