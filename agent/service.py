@@ -42,6 +42,7 @@ from libs.domain.protocol import (
 )
 from libs.domain.states import TaskStatus
 from libs.domain.telemetry import TelemetryBatch
+from libs.installation import installation_id
 from libs.periodic import periodic
 
 from .engine import put_to_sleep, vram_held_mb, wake_from_sleep
@@ -135,8 +136,17 @@ class Agent:
         )
 
     async def readopt(self) -> None:
-        """Pick up containers started before a restart; report what happened meanwhile."""
-        for handle in await self.runtime.list_managed():
+        """Pick up containers started before a restart; report what happened meanwhile.
+        One task may have several attempts' containers: the newest is adopted, the older
+        ones are stopped (their attempts are over; retention removes them later)."""
+        keep, older = newest_attempts(await self.runtime.list_managed())
+        for handle in older:
+            try:
+                await self.runtime.stop(handle, grace_s=5.0)
+                log.info("older_attempt_stopped", task_id=handle.task_id, attempt=handle.attempt)
+            except Exception:
+                log.exception("older_attempt_stop_failed", task_id=handle.task_id)
+        for handle in keep:
             try:
                 state = await self.runtime.inspect(handle)
                 if state.value == "missing":
@@ -221,7 +231,10 @@ class Agent:
     async def start(self, cmd: NodeCommand) -> None:
         known = self.tracked.get(cmd.task_id)
         if known and known.handle.attempt == cmd.attempt:
-            return  # a redelivered start: already running
+            # A redelivered start, or this attempt placed here again after the node was
+            # declared offline: it already runs, so say so (a `running` task ignores it).
+            await self.report(known.handle, Fact.RUNNING, S.SCHEDULED)
+            return
         run, boost_line, timeout = run_spec(
             cmd, self.inventory, self.node_id, self.settings.address, self.runtime.name
         )
@@ -316,8 +329,9 @@ class Agent:
 
     async def stop(self, cmd: NodeCommand) -> None:
         tracked = self.tracked.get(cmd.task_id)
-        if tracked is None or tracked.handle.attempt != cmd.attempt:
-            # Nothing of ours runs it: say so, so a `stopping` task can end.
+        if tracked is None or tracked.handle.attempt > cmd.attempt:
+            # Nothing of ours runs it: say so, so a `stopping` task can end. (A stop for a
+            # later attempt does stop an older one here: that attempt is over anyway.)
             pseudo = Handle(
                 runtime=self.runtime.name, id="", task_id=cmd.task_id, attempt=cmd.attempt
             )
@@ -417,7 +431,10 @@ async def run_agent(
         runtime.name if runtime else await asyncio.to_thread(choose_runtime_kind, settings.runtime)
     )
     runtime = runtime or create_runtime(
-        kind, state_dir=state_dir, docker_options=settings.docker_options()
+        kind,
+        state_dir=state_dir,
+        docker_options=settings.docker_options()
+        | {"installation": settings.installation_id or installation_id(settings.home)},
     )
     detected = await asyncio.to_thread(
         detect_inventory,
@@ -432,3 +449,13 @@ async def run_agent(
         await agent.run(stop)
     finally:
         await runtime.close()
+
+
+def newest_attempts(handles: list[Handle]) -> tuple[list[Handle], list[Handle]]:
+    """Split found containers into the newest attempt of each task and the older ones."""
+    newest: dict[str, Handle] = {}
+    for h in handles:
+        if h.task_id not in newest or h.attempt > newest[h.task_id].attempt:
+            newest[h.task_id] = h
+    kept = set(map(id, newest.values()))
+    return list(newest.values()), [h for h in handles if id(h) not in kept]

@@ -58,6 +58,10 @@ class AgentSettings(CommonSettings):
     finished_keep_s: float = Field(
         default=3600.0, ge=0, description="and none kept longer than this; 0 = no age limit"
     )
+    installation_id: str = Field(
+        default="",
+        description="the platform installation's id; unset = $HETEROFLOW_HOME/installation_id",
+    )
     remove_finished: bool = Field(
         default=True, description="false: keep every finished task dir and container"
     )

@@ -36,6 +36,7 @@ from libs.bus.nats import connect, ensure_streams
 from libs.config import GatewaySettings
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.health import READINESS
+from libs.installation import installation_id
 from libs.looplag import LoopLagMonitor
 from libs.periodic import periodic
 from libs.service import ServiceContext
@@ -117,6 +118,7 @@ class Platform:
 
     def start_servers(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
+        installation_id(self.home)  # made once, before any agent it starts reads it
         s = self.settings
         if s.nats_url:
             self.nats_url = s.nats_url.get_secret_value()

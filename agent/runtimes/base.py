@@ -27,6 +27,8 @@ LABEL_MANAGED = "heteroflow.managed"
 LABEL_TASK_ID = "heteroflow.task_id"
 LABEL_NODE = "heteroflow.node"
 LABEL_ATTEMPT = "heteroflow.attempt"
+# The platform installation that started it: agents adopt only their own installation's.
+LABEL_INSTALLATION = "heteroflow.installation"
 
 # Task ids end up in container names and directory names: keep them to a safe alphabet
 # (no path separators, no `..`).

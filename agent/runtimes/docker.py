@@ -31,6 +31,7 @@ from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from .base import (
     LABEL_ATTEMPT,
+    LABEL_INSTALLATION,
     LABEL_MANAGED,
     LABEL_NODE,
     LABEL_TASK_ID,
@@ -137,6 +138,7 @@ class DockerRuntime(Runtime):
         nofile: int = 16384,
         isolation: str = "docker",
         tenant_networks: bool = True,
+        installation: str | None = None,
     ) -> None:
         """`pull`: fetch a missing image from its registry (off: a missing image is
         `ImageNotFound` at once). `init`: run docker-init as PID 1 so `stop`'s SIGTERM reaches
@@ -147,9 +149,12 @@ class DockerRuntime(Runtime):
         tenant containers (None: the image's), except for `root_tenants`. `read_only_root`:
         the root filesystem read-only, with a `tmp_size_mb` tmpfs on /tmp. `nofile`: the
         open-files limit. `tenant_networks`: one network per tenant, kept apart as
-        `isolation` says (networks.py)."""
+        `isolation` says (networks.py). `installation`: the
+        same for the platform installation's id (label `heteroflow.installation`), so two
+        installations whose nodes share a name and an engine never adopt each other's."""
         self._client = client
         self.owner = owner
+        self.installation = installation
         self.pull = pull
         self.init = init
         self.pids_limit = pids_limit
@@ -224,7 +229,7 @@ class DockerRuntime(Runtime):
         kwargs: dict[str, Any] = {
             "image": spec.image,
             "name": spec.name,
-            "labels": spec.managed_labels(),
+            "labels": spec.managed_labels() | self._installation_label(),
             "environment": env,
             "detach": True,
             "restart_policy": {"Name": "no"},
@@ -327,13 +332,18 @@ class DockerRuntime(Runtime):
         except docker.errors.NotFound as e:  # removed between create and get
             raise RuntimeStartError(ErrorKind.TRANSIENT_ERROR, str(conflict)) from e
         labels = existing.labels
-        if labels.get(LABEL_TASK_ID) != spec.task_id or labels.get(LABEL_ATTEMPT) != str(
-            spec.attempt
+        if (
+            labels.get(LABEL_TASK_ID) != spec.task_id
+            or labels.get(LABEL_ATTEMPT) != str(spec.attempt)
+            or labels.get(LABEL_INSTALLATION) != self.installation
         ):
             raise RuntimeStartError(
                 ErrorKind.INVALID_CONFIG, f"name {spec.name} is taken by another container"
             )
         return existing
+
+    def _installation_label(self) -> dict[str, str]:
+        return {LABEL_INSTALLATION: self.installation} if self.installation else {}
 
     def _start_created(self, container: Container) -> None:
         try:
@@ -562,6 +572,8 @@ class DockerRuntime(Runtime):
         labels = [f"{LABEL_MANAGED}=true"]
         if self.owner:
             labels.append(f"{LABEL_NODE}={self.owner}")
+        if self.installation:
+            labels.append(f"{LABEL_INSTALLATION}={self.installation}")
         # The low-level list: one call. `containers.list` inspects each container after
         # listing, and fails with NotFound when one is removed in between.
         found = self.client.api.containers(all=True, filters={"label": labels})

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
 
 from .commands import decide_transition
 from .errors import Conflict
-from .events import TaskStatusChanged
+from .events import TaskStatusChanged, evolve_task
 from .failure import ErrorKind
 from .liveness import TaskLiveness
 from .node import NodeInventory
@@ -215,8 +215,21 @@ def decide_reconcile(task: Task, report: AgentReport) -> list[TaskStatusChanged]
     """After a Conflict: apply the fact from the task's current status (no CAS on the agent)."""
     if report.attempt != task.retry_count or task.node_id != report.node_id:
         return []
+    if task.status is S.SCHEDULED and report.fact is Fact.EXITED:
+        return _ran_unseen(task, report)
     target = report_target(task, report)
     return [] if target is None else _transition(task, target, report)
+
+
+def _ran_unseen(task: Task, report: AgentReport) -> list[TaskStatusChanged]:
+    """An exit for a task still `scheduled` on the reporting node: the container ran while
+    its reports were refused (an agent back after an outage, its task placed on it again at
+    the same attempt). The real outcome is recorded through `running`, the edge it took."""
+    ran = report.model_copy(update={"fact": Fact.RUNNING})
+    started = _transition(task, S.RUNNING, ran)
+    running = evolve_task(task, started[0], report.at, task.version + 1)
+    target = report_target(running, report)
+    return started if target is None else started + _transition(running, target, report)
 
 
 def _transition(task: Task, target: TaskStatus, report: AgentReport) -> list[TaskStatusChanged]:

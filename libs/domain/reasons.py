@@ -40,6 +40,7 @@ class ReasonCode(StrEnum):
     REQUEST_WAKE = "request_wake"
     PREEMPTED = "preempted"
     NODE_LOST = "node_lost"
+    TASK_UNCONFIRMED = "task_unconfirmed"
     RETRY = "retry"
     RETRY_GIVEN_UP = "retry_given_up"
     GROUP_FAILED = "group_failed"
@@ -107,6 +108,7 @@ TEXT: dict[ReasonCode, str] = {
     R.REQUEST_WAKE: "a request arrived while it slept: woken",
     R.PREEMPTED: "preempted by higher-priority work",
     R.NODE_LOST: "its node stopped sending heartbeats",
+    R.TASK_UNCONFIRMED: "its node stopped listing it in its heartbeats",
     R.RETRY: "the retry engine requeued it",
     R.RETRY_GIVEN_UP: "the retry engine gave up: no retry left or a permanent failure",
     R.GROUP_FAILED: "its group failed",

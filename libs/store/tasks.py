@@ -221,3 +221,27 @@ async def of_job(store: EventStore, job_id: str) -> list[Task]:
         [job_id],
     )
     return _tasks(found)
+
+
+async def placements(
+    store: EventStore, statuses: Collection[TaskStatus]
+) -> list[tuple[str, str, TaskStatus, int]]:
+    """(id, node id or "", status, attempt) of every task in one of `statuses` (the sweep)."""
+    found = await rows(
+        store,
+        "SELECT id, COALESCE(node_id, '') AS node_id, status,"
+        " (doc->>'retry_count')::int AS attempt FROM tasks WHERE status = ANY(%s)",
+        [[s.value for s in statuses]],
+    )
+    return [(r["id"], r["node_id"], TaskStatus(r["status"]), r["attempt"] or 0) for r in found]
+
+
+async def nodes_of(store: EventStore, ids: Sequence[str]) -> dict[str, tuple[str, int]]:
+    """Task id → (the node it is placed on, "" when none; its attempt) for the ids that exist."""
+    found = await rows(
+        store,
+        "SELECT id, COALESCE(node_id, '') AS node_id, (doc->>'retry_count')::int AS attempt"
+        " FROM tasks WHERE id = ANY(%s)",
+        [list(ids)],
+    )
+    return {r["id"]: (r["node_id"], r["attempt"] or 0) for r in found}

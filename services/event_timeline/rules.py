@@ -32,6 +32,7 @@ class Entry:
 KINDS = (
     "node_lost_migration",
     "node_lost_ended",
+    "task_unconfirmed",
     "container_lost",
     "preemption",
     "preempted_requeue",
@@ -108,6 +109,7 @@ def task_entries(env: dict[str, Any]) -> list[Entry]:
         {
             "node_lost_migration": f"{text}: {src} → pending, to be placed on another node",
             "node_lost_ended": f"{text}: {src} → {to} in place",
+            "task_unconfirmed": f"{text}: {src} → {to}",
             "preemption": text,
             "preempted_requeue": "preempted: back to pending",
             "wake_rescheduled": R.HOST_OFFLINE_ON_WAKE.text,
@@ -116,9 +118,9 @@ def task_entries(env: dict[str, Any]) -> list[Entry]:
         or text
     )
     details: dict[str, Any] = {"reason_code": code.value}
-    if kind in ("node_lost_migration", "node_lost_ended", "preemption"):
+    if kind in ("node_lost_migration", "node_lost_ended", "task_unconfirmed", "preemption"):
         details["from_status"] = src
-    if kind == "node_lost_ended":
+    if kind in ("node_lost_ended", "task_unconfirmed"):
         details["to_status"] = to
     return [_entry(env, "task", tid, kind, message, **details)]
 
@@ -127,6 +129,8 @@ def _status_kind(code: ReasonCode, to: str | None) -> str | None:
     """The timeline kind of a status change, keyed on its reason code (None: not one)."""
     if code is R.NODE_LOST:
         return "node_lost_migration" if to == "pending" else "node_lost_ended"
+    if code is R.TASK_UNCONFIRMED:
+        return "task_unconfirmed"
     if code is R.PREEMPTED:
         return {"preempting": "preemption", "pending": "preempted_requeue"}.get(to or "")
     if code is R.HOST_OFFLINE_ON_WAKE and to == "pending":

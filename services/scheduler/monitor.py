@@ -9,7 +9,7 @@ the controller runtime (libs/controller.py); every write carries the term's fenc
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -18,7 +18,7 @@ from prometheus_client import Gauge
 
 from libs.controller import Controller, Term
 from libs.domain import commands
-from libs.domain.errors import Fenced
+from libs.domain.errors import DomainError, Fenced
 from libs.domain.events import Payload
 from libs.domain.liveness import LivenessWatch, is_dead
 from libs.domain.node import (
@@ -41,7 +41,8 @@ from libs.store.eventstore import EventStore
 from libs.store.fencing import Fence
 from libs.store.projections import NODES
 
-from .dispatch import STOP_GRACE_S, send
+from .confirm import SWEPT, Confirmations
+from .dispatch import STOP_GRACE_S, send, send_all
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -61,10 +62,18 @@ ON_NODE_LOSS: dict[TaskStatus, TaskStatus] = {
 }
 
 
-def migrate_decision(node_id: str) -> commands.Decide:
+def migrate_decision(
+    node_id: str,
+    targets: dict[TaskStatus, TaskStatus] = ON_NODE_LOSS,
+    code: ReasonCode = ReasonCode.NODE_LOST,
+    why: str = "",
+) -> commands.Decide:
+    """Move a task of `node_id` to its target for what happened to the node (`targets`)."""
+    reason = why or f"node_lost: {node_id}"
+
     def decide(t: Task) -> list[Any]:
-        target = ON_NODE_LOSS.get(t.status)
-        if target is None or t.node_id != node_id:
+        target = targets.get(t.status)
+        if target is None or (t.node_id or "") != node_id:
             return []
         return list(
             commands.decide_transition(
@@ -72,10 +81,10 @@ def migrate_decision(node_id: str) -> commands.Decide:
                 target,
                 actor=Actor.CONTROLLER,
                 expected_status=t.status,
-                reason_code=ReasonCode.NODE_LOST,
-                reason=f"node_lost: {node_id}",
+                reason_code=code,
+                reason=reason,
                 clear_placement=target is S.PENDING,
-                error=f"node {node_id} lost" if target is not S.PENDING else None,
+                error=(why or f"node {node_id} lost") if target is not S.PENDING else None,
             )
         )
 
@@ -100,6 +109,7 @@ class NodeMonitor(Controller):
         tick_s: float = 1.0,
         liveness_floor_s: float = 900.0,
         liveness_stale_s: float = 30.0,
+        unconfirmed_after_s: float = 300.0,
     ) -> None:
         self.store = store
         self.nc = nc
@@ -117,6 +127,9 @@ class NodeMonitor(Controller):
         self.fence: Fence | None = None
         self._fenced: Fenced | None = None  # seen by a heartbeat's write; ends the term
         self.leading = False  # beats arrive on every replica; only the leader acts on them
+        self.confirmations = Confirmations(unconfirmed_after_s)
+        self.sweep_every_s = min(30.0, max(1.0, unconfirmed_after_s / 4))
+        self.next_sweep = 0.0
 
     async def elected(self, term: Term) -> None:
         self.fence, self._fenced = term.fence, None
@@ -124,6 +137,8 @@ class NodeMonitor(Controller):
         self.last_seen.clear()
         self.liveness.clear()  # a new term watches from now, like the nodes' clocks
         self.since = self.clock()
+        self.confirmations.reset()
+        self.next_sweep = self.since + self.sweep_every_s
         await self.refresh()
         self.leading = True
 
@@ -170,6 +185,7 @@ class NodeMonitor(Controller):
     async def on_heartbeat(self, hb: Heartbeat) -> None:
         now = self.clock()
         self.last_seen[hb.node_id] = now
+        self.confirmations.confirm(hb.node_id, hb.tasks, now)
         for task_id, evidence in hb.liveness.items():
             lw = self.liveness.get(task_id)
             if lw is None or lw.node_id != hb.node_id:
@@ -180,8 +196,10 @@ class NodeMonitor(Controller):
         if node is None:
             return  # not registered yet; its registration brings it in
         if node.status is not NodeStatus.ONLINE:
-            # Back after an outage without a restart: online again with what it had.
+            # Back after an outage without a restart: online again with what it had, and
+            # what it still runs for tasks placed elsewhere meanwhile is told to stop.
             await self._append(node.id, [NodeRegistered(node_id=node.id, inventory=node.inventory)])
+            await self.stop_strays(node.id, hb.tasks)
             return
         visible = set(hb.visible_gpus)
         events: list[Payload] = []
@@ -227,6 +245,9 @@ class NodeMonitor(Controller):
             elif node.status is NodeStatus.OFFLINE and silent > self.gone_after_s:
                 await self.node_gone(node, silent)
         await self.liveness_floor(now)
+        if now >= self.next_sweep:
+            self.next_sweep = now + self.sweep_every_s
+            await self.sweep(now)
 
     async def liveness_floor(self, now: float) -> None:
         """Declare dead the running inference tasks past the floor with ≥2 death signals."""
@@ -275,6 +296,64 @@ class NodeMonitor(Controller):
             await send(self.nc.jetstream(), cmd)
         except Exception:  # the task is failed either way; its container ends with the node
             log.exception("dead_task_stop_not_sent", task_id=task_id)
+
+    async def sweep(self, now: float) -> None:
+        """Resolve the tasks their node has not confirmed for `unconfirmed_after_s`."""
+        rows = await task_rows.placements(self.store, SWEPT)
+        placed = [(task_id, node_id, status) for task_id, node_id, status, _ in rows]
+        attempts = {row[0]: row[3] for row in rows}
+        strays = self.confirmations.strays(placed, now, within_s=2 * self.sweep_every_s)
+        await self.send_stops([(node, task, attempts[task]) for task, node in strays])
+        late = self.confirmations.overdue(placed, now)
+        after = self.confirmations.after_s
+        for task_id, node_id, status in late:
+            why = f"node {node_id or '(none)'} has not confirmed it for {after:.0f}s"
+            decide = migrate_decision(node_id, ON_NODE_LOSS, ReasonCode.TASK_UNCONFIRMED, why)
+            try:
+                await self.store.execute(
+                    task_id, decide, metadata={"node_id": node_id}, fence=self.fence
+                )
+            except DomainError:
+                continue  # it moved on meanwhile (or is deleted): the next sweep sees it
+            log.warning("task_unconfirmed", task_id=task_id, node_id=node_id, status=status.value)
+
+    async def stop_strays(self, node_id: str, task_ids: Sequence[str]) -> None:
+        """Stop commands to `node_id` for the tasks it lists that are placed elsewhere now."""
+        if not task_ids:
+            return
+        placed = await task_rows.nodes_of(self.store, task_ids)
+        # Only tasks placed on another node: a pending one may yet come back here, and is
+        # stopped by the sweep if it is placed elsewhere instead.
+        await self.send_stops(
+            [
+                (node_id, task_id, attempt)
+                for task_id, (where, attempt) in placed.items()
+                if where not in ("", node_id)
+            ]
+        )
+
+    async def send_stops(self, strays: Sequence[tuple[str, str, int]]) -> None:
+        """Stop commands for (node, task, attempt): a container a node runs for a task that
+        is now another node's."""
+        if not strays:
+            return
+        stops = [
+            NodeCommand(
+                kind=CommandKind.STOP,
+                node_id=node_id,
+                task_id=task_id,
+                attempt=attempt,
+                status=TaskStatus.STOPPING,
+                grace_s=5.0,
+            )
+            for node_id, task_id, attempt in strays
+        ]
+        failed = await send_all(self.nc.jetstream(), stops)
+        log.warning(
+            "stray_containers_stopped",
+            strays=[(c.node_id, c.task_id) for c in stops],
+            failed=sum(1 for f in failed if f),
+        )
 
     async def node_lost(self, node: Node, silent: float) -> None:
         offline = NodeOffline(

@@ -39,6 +39,9 @@ DEFAULT_MAX_STARTING_PER_NODE = 64
 class SchedulerSettings(CommonSettings):
     node_offline_after_s: float = Field(default=10.0, description="heartbeat silence → offline")
     node_gone_after_s: float = Field(default=600.0, description="offline this long → gone")
+    task_unconfirmed_after_s: float = Field(
+        default=300.0, gt=0, description="a task its node has not listed this long is resolved"
+    )
     schedule_batch: int = 512
     schedule_max_candidates: int = Field(
         default=DEFAULT_MAX_CANDIDATES, ge=0, description="fits scored per task; 0 = all"
@@ -101,6 +104,7 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         gone_after_s=settings.node_gone_after_s,
         liveness_floor_s=settings.liveness_floor_s,
         liveness_stale_s=settings.liveness_stale_s,
+        unconfirmed_after_s=settings.task_unconfirmed_after_s,
     )
     groups = GroupController(
         ctx.store,

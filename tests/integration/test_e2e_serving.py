@@ -22,13 +22,15 @@ from .conftest import requires_docker
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker, requires_docker]
 
 HTTPD = (
-    "mkdir -p /www && echo ok > /www/healthz && "
-    'echo "hello from $HETEROFLOW_TASK_ID" > /www/index.html && exec httpd -f -p 8000 -h /www'
+    "mkdir -p /tmp/www && echo ok > /tmp/www/healthz && "
+    'echo "hello from $HETEROFLOW_TASK_ID" > /tmp/www/index.html && '
+    "exec httpd -f -p 8000 -h /tmp/www"
 )
 # A fake engine: answers every path with 200 "ok <path>", records /sleep and /wake_up calls
-# in /calls, drops the connection without an answer on /boom, and streams three
-# Server-Sent Events one second apart on /events.
-ENGINE = r"""cat > /h <<'EOF'
+# in /tmp/calls (tenant containers run as a non-root user: / is not theirs), drops the
+# connection without an answer on /boom, and streams three Server-Sent Events one second
+# apart on /events.
+ENGINE = r"""cat > /tmp/h <<'EOF'
 #!/bin/sh
 read -r method path rest
 case "$path" in
@@ -37,13 +39,13 @@ case "$path" in
     printf 'HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n'
     for i in 1 2 3; do printf 'data: %s\n\n' "$i"; sleep 1; done
     exit 0 ;;
-  /sleep*|/wake_up*) echo "$method $path" >> /calls ;;
+  /sleep*|/wake_up*) echo "$method $path" >> /tmp/calls ;;
 esac
 body="ok $path"
 head='HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n'
 printf "$head"'Content-Length: %s\r\n\r\n%s' "${#body}" "$body"
 EOF
-chmod +x /h; touch /calls; exec nc -ll -p 8000 -e /h"""
+chmod +x /tmp/h; touch /tmp/calls; exec nc -ll -p 8000 -e /tmp/h"""
 SERVING = {"port": 8000, "health_path": "/healthz"}
 
 
@@ -270,7 +272,7 @@ def test_engine_with_a_sleep_endpoint_is_slept_through_it_not_paused(cluster: Cl
     container = docker.from_env().containers.get(cluster.task(engine["id"])["container_id"])
 
     def calls() -> list[str]:
-        out = container.exec_run(["cat", "/calls"]).output.decode()
+        out = container.exec_run(["cat", "/tmp/calls"]).output.decode()
         return [line.strip() for line in out.splitlines() if line.strip()]
 
     cluster.wait(lambda: calls() == ["POST /sleep?level=1"], "the engine's /sleep called")

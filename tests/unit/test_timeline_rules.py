@@ -65,6 +65,11 @@ CASES = [
         status("stopping", "stopped", R.NODE_LOST),
         [("task", "node_lost_ended")],
     ),
+    (
+        "unconfirmed by its node",
+        status("running", "pending", R.TASK_UNCONFIRMED),
+        [("task", "task_unconfirmed")],
+    ),
     ("preemption", status("running", "preempting", R.PREEMPTED), [("task", "preemption")]),
     (
         "requeue after preemption",
