@@ -43,6 +43,7 @@ class ReasonCode(StrEnum):
     RETRY = "retry"
     RETRY_GIVEN_UP = "retry_given_up"
     GROUP_FAILED = "group_failed"
+    ROLLOUT_DRAIN = "rollout_drain"
     # --- group events -------------------------------------------------------------------
     MEMBER_FAILED = "member_failed"
     MEMBERS_CHANGED = "members_changed"
@@ -107,6 +108,7 @@ TEXT: dict[ReasonCode, str] = {
     R.RETRY: "the retry engine requeued it",
     R.RETRY_GIVEN_UP: "the retry engine gave up: no retry left or a permanent failure",
     R.GROUP_FAILED: "its group failed",
+    R.ROLLOUT_DRAIN: "replaced by a newer generation in a rolling update: draining",
     R.MEMBER_FAILED: "a member failed",
     R.MEMBERS_CHANGED: "the members' statuses changed",
     R.REBUILDS_EXHAUSTED: "no live replica and every rebuild used",
