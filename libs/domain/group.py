@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .errors import Code, DomainError
 from .events import Payload, ReasonedPayload, register
 from .reasons import ReasonCode
+from .rollout_model import ROLLOUT_EVENTS, Rollout, fold_rollout
 from .states import TERMINAL, TaskStatus
 from .task import Task, TaskSpec, TaskType, TenantId, parse_create
 
@@ -209,6 +210,9 @@ class Group(BaseModel):
     replacements: int = 0
     restart_due_at: datetime | None = None
     failed_at: datetime | None = None
+    # Rolling update (docs/rollout.md): the members' current generation and the last rollout.
+    generation: int = 0
+    rollout: Rollout | None = None
     version: int = 0
     created_at: datetime
     updated_at: datetime
@@ -260,6 +264,8 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
         up["spec"] = group.spec.model_copy(update={"template": template})
     elif isinstance(event, GroupDeleted):
         up["deleted_at"] = at
+    elif isinstance(event, ROLLOUT_EVENTS):
+        up.update(fold_rollout(group.rollout, event, at))
     else:
         raise ValueError(f"not a group event: {event.type}")
     return group.model_copy(update=up)

@@ -51,6 +51,7 @@ class ReasonCode(StrEnum):
     CRASH_LOOP = "crash_loop"
     GROUP_RESTART = "group_restart"
     GROUP_REBUILD = "group_rebuild"
+    ROLLOUT_ACTION = "rollout_action"
     # --- node events --------------------------------------------------------------------
     NODE_GONE = "node_gone"
     GPU_LOST = "gpu_lost"
@@ -115,6 +116,7 @@ TEXT: dict[ReasonCode, str] = {
     R.CRASH_LOOP: "a replica kept failing: its restarts are used up",
     R.GROUP_RESTART: "whole-group restart after a start-up infrastructure failure",
     R.GROUP_REBUILD: "no live replica: the group is rebuilt",
+    R.ROLLOUT_ACTION: "pause, resume or rollback of a rollout requested",
     R.NODE_GONE: "the node is gone for good",
     R.GPU_LOST: "a card disappeared from the heartbeats",
     R.GPU_RECOVERED: "a lost card is seen again",

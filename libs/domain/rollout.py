@@ -8,43 +8,25 @@ fields are named, values are checked, a static-world group is refused with the a
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from .errors import Code, DomainError
 from .events import TaskDrainMarked
-from .group import GroupSpec
+from .group import Group, GroupSpec
 from .reasons import ReasonCode
+from .rollout_model import (
+    ACTIVE,
+    FIELDS,
+    RolloutPartitionChanged,
+    RolloutPhase,
+    RolloutPhaseChanged,
+    RolloutRequest,
+    RolloutStarted,
+)
 from .states import TERMINAL
-from .task import Task, Volume, normalise_env
-
-DEFAULT_HEALTH_TIMEOUT_S = 300
-MAX_HEALTH_TIMEOUT_S = 3600
-
-
-class RolloutRequest(BaseModel):
-    """`POST /task-groups/{id}/rollout`: the new configuration and the pace of the update."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    image: str | None = Field(default=None, min_length=1, max_length=512)
-    env: dict[str, str] | None = None
-    volumes: tuple[Volume, ...] | None = None
-    max_surge: int = Field(default=1, ge=1, le=64)
-    max_unavailable: int = Field(default=0, ge=0, le=64)
-    # Replicas (by rank) to update; None: all of them.
-    partition: int | None = Field(default=None, ge=0)
-    health_timeout_s: int = Field(default=DEFAULT_HEALTH_TIMEOUT_S, ge=1, le=MAX_HEALTH_TIMEOUT_S)
-    strategy: Literal["rolling", "recreate"] = "rolling"
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env(cls, v: Any) -> Any:
-        return None if v is None else normalise_env(v)
-
-
-FIELDS: frozenset[str] = frozenset(RolloutRequest.model_fields)
+from .task import Task, TaskSpec
 
 
 def parse_rollout(raw: Any, group: GroupSpec) -> RolloutRequest:
@@ -81,3 +63,95 @@ def decide_drain(task: Task) -> list[TaskDrainMarked]:
         return []
     code = ReasonCode.ROLLOUT_DRAIN
     return [TaskDrainMarked(task_id=task.id, reason_code=code, reason=code.text)]
+
+
+def target_template(previous: TaskSpec, req: RolloutRequest) -> TaskSpec:
+    """The new member template: the user's intent kept, only what the request names replaced."""
+    update: dict[str, Any] = {}
+    if req.image is not None:
+        update["image"] = req.image
+    if req.env is not None:
+        update["env"] = req.env
+    if req.volumes is not None:
+        update["volumes"] = req.volumes
+    return previous.model_copy(update=update)
+
+
+def _active(group: Group) -> bool:
+    return group.rollout is not None and group.rollout.phase in ACTIVE
+
+
+def decide_start(
+    group: Group, raw: Any, rollout_id: str
+) -> list[RolloutStarted | RolloutPartitionChanged]:
+    """Start a rollout (generation + 1), or move the canary partition of the active one."""
+    if group.deleted_at is not None:
+        raise DomainError(Code.NOT_FOUND, "task group not found")
+    if _active(group):
+        assert group.rollout is not None
+        if isinstance(raw, dict) and set(raw) == {"partition"}:
+            req = parse_partition(raw)
+            return [
+                RolloutPartitionChanged(
+                    group_id=group.id, rollout_id=group.rollout.id, partition=req.partition
+                )
+            ]
+        raise DomainError(
+            Code.INVALID_STATUS_FOR_OPERATION,
+            f"rollout {group.rollout.id} is {group.rollout.phase.value}: only its partition "
+            "can change until it completes, fails or is rolled back",
+            sorted(raw) if isinstance(raw, dict) else [],
+        )
+    req = parse_rollout(raw, group.spec)
+    previous = group.spec.template
+    return [
+        RolloutStarted(
+            group_id=group.id,
+            rollout_id=rollout_id,
+            generation=group.generation + 1,
+            request=req,
+            previous=previous,
+            target=target_template(previous, req),
+        )
+    ]
+
+
+def parse_partition(raw: dict[str, Any]) -> RolloutRequest:
+    try:
+        return RolloutRequest.model_validate(raw)
+    except ValidationError as exc:
+        raise DomainError(
+            Code.INVALID_VALUE, "partition must be an integer >= 0", ["partition"]
+        ) from exc
+
+
+# action -> (phases it applies to, phase it leads to)
+_ACTIONS: dict[str, tuple[frozenset[RolloutPhase], RolloutPhase]] = {
+    "pause": (frozenset({RolloutPhase.RUNNING}), RolloutPhase.PAUSED),
+    "resume": (frozenset({RolloutPhase.PAUSED}), RolloutPhase.RUNNING),
+    "rollback": (frozenset({RolloutPhase.RUNNING, RolloutPhase.PAUSED}), RolloutPhase.ROLLBACK),
+}
+
+
+def decide_action(group: Group, action: str) -> list[RolloutPhaseChanged]:
+    """pause | resume | rollback of the group's rollout, refused outside its phases."""
+    allowed, to = _ACTIONS[action]
+    rollout = group.rollout
+    if rollout is None or rollout.phase not in allowed:
+        phase = rollout.phase.value if rollout else "none"
+        raise DomainError(
+            Code.INVALID_STATUS_FOR_OPERATION,
+            f"cannot {action} a rollout in phase {phase} "
+            f"(allowed from: {', '.join(sorted(p.value for p in allowed))})",
+        )
+    code = ReasonCode.ROLLOUT_ACTION
+    return [
+        RolloutPhaseChanged(
+            group_id=group.id,
+            rollout_id=rollout.id,
+            from_phase=rollout.phase,
+            to_phase=to,
+            reason_code=code,
+            reason=f"{action} requested",
+        )
+    ]
