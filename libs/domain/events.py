@@ -57,6 +57,7 @@ class TaskCreated(Payload):
     spec: TaskSpec
     group_id: str | None = None
     rank: int | None = None
+    generation: int = 0
 
 
 class TaskStatusChanged(ReasonedPayload):
@@ -126,6 +127,15 @@ class TaskPendingReason(ReasonedPayload):
     """Why the scheduler left a pending task where it is (shown by GET /tasks/{id})."""
 
     type: ClassVar[str] = "task_pending_reason"
+    stream_type: ClassVar[str] = "task"
+
+    task_id: TaskId
+
+
+class TaskDrainMarked(ReasonedPayload):
+    """A rollout marked an old-generation replica to drain: the router sends it nothing new."""
+
+    type: ClassVar[str] = "task_drain_marked"
     stream_type: ClassVar[str] = "task"
 
     task_id: TaskId
@@ -248,6 +258,7 @@ register(
     TaskRetryDecided,
     TaskConfigUpdated,
     TaskPendingReason,
+    TaskDrainMarked,
     TaskDeleted,
     TenantCreated,
     TenantUpdated,
@@ -276,6 +287,7 @@ def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -
             spec=event.spec,
             group_id=event.group_id,
             rank=event.rank,
+            generation=event.generation,
             status_reason_code=ReasonCode.SUBMITTED,
             version=version,
             created_at=at,
@@ -290,6 +302,8 @@ def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -
         changes["spec"] = task.spec.model_copy(update=_spec_update(event.changes))
     elif isinstance(event, TaskPendingReason):
         changes.update(pending_reason=event.reason, pending_reason_code=event.reason_code)
+    elif isinstance(event, TaskDrainMarked):
+        changes["draining"] = True
     elif isinstance(event, TaskDeleted):
         changes["deleted_at"] = at
     elif isinstance(event, TaskRetryDecided):

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .errors import Code, DomainError
 from .events import Payload, ReasonedPayload, register
 from .reasons import ReasonCode
+from .rollout_model import ROLLOUT_EVENTS, Rollout, fold_rollout
 from .states import TERMINAL, TaskStatus
 from .task import Task, TaskSpec, TaskType, TenantId, parse_create
 from .windows import ScheduleWindow, parse_window
@@ -251,6 +252,9 @@ class Group(BaseModel):
     failed_at: datetime | None = None
     replicas: int | None = None  # set by a scale; None = the shape's task_count
     labels: dict[str, str] = Field(default_factory=dict)  # group-level, e.g. window state
+    # Rolling update (docs/rollout.md): the members' current generation and the last rollout.
+    generation: int = 0
+    rollout: Rollout | None = None
     version: int = 0
     created_at: datetime
     updated_at: datetime
@@ -311,6 +315,8 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
         up["labels"] = dict(event.labels)
     elif isinstance(event, GroupDeleted):
         up["deleted_at"] = at
+    elif isinstance(event, ROLLOUT_EVENTS):
+        up.update(fold_rollout(group.rollout, event, at))
     else:
         raise ValueError(f"not a group event: {event.type}")
     return group.model_copy(update=up)

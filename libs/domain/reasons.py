@@ -44,6 +44,7 @@ class ReasonCode(StrEnum):
     RETRY = "retry"
     RETRY_GIVEN_UP = "retry_given_up"
     GROUP_FAILED = "group_failed"
+    ROLLOUT_DRAIN = "rollout_drain"
     # --- group events -------------------------------------------------------------------
     MEMBER_FAILED = "member_failed"
     MEMBERS_CHANGED = "members_changed"
@@ -54,6 +55,7 @@ class ReasonCode(StrEnum):
     USER_SCALE = "user_scale"
     SCALED_DOWN = "scaled_down"
     SCHEDULE_WINDOW = "schedule_window"
+    ROLLOUT_ACTION = "rollout_action"
     # --- node events --------------------------------------------------------------------
     NODE_GONE = "node_gone"
     GPU_LOST = "gpu_lost"
@@ -112,6 +114,7 @@ TEXT: dict[ReasonCode, str] = {
     R.RETRY: "the retry engine requeued it",
     R.RETRY_GIVEN_UP: "the retry engine gave up: no retry left or a permanent failure",
     R.GROUP_FAILED: "its group failed",
+    R.ROLLOUT_DRAIN: "replaced by a newer generation in a rolling update: draining",
     R.MEMBER_FAILED: "a member failed",
     R.MEMBERS_CHANGED: "the members' statuses changed",
     R.REBUILDS_EXHAUSTED: "no live replica and every rebuild used",
@@ -121,6 +124,7 @@ TEXT: dict[ReasonCode, str] = {
     R.USER_SCALE: "replica count changed on request",
     R.SCALED_DOWN: "its rank was removed by a scale-down",
     R.SCHEDULE_WINDOW: "the group's schedule window opened or closed",
+    R.ROLLOUT_ACTION: "pause, resume or rollback of a rollout requested",
     R.NODE_GONE: "the node is gone for good",
     R.GPU_LOST: "a card disappeared from the heartbeats",
     R.GPU_RECOVERED: "a lost card is seen again",

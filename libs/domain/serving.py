@@ -107,6 +107,8 @@ class Replica:
     task_id: str
     address: str  # host:port reachable from the router
     ready: bool = False
+    # Marked by a rollout: no new request goes to it; its in-flight ones finish.
+    draining: bool = False
     outstanding: int = 0
     last_pick: int = 0  # when it was last chosen (a sequence number): equal loads take turns
     last_error: str = ""
@@ -118,7 +120,7 @@ def pick(replicas: Iterable[Replica], exclude: Iterable[str] = ()) -> Replica | 
     skip = set(exclude)
     best: Replica | None = None
     for r in replicas:
-        if not r.ready or r.task_id in skip:
+        if not r.ready or r.draining or r.task_id in skip:
             continue
         if best is None or (r.outstanding, r.last_pick) < (best.outstanding, best.last_pick):
             best = r

@@ -175,6 +175,10 @@ class Task(BaseModel):
     min_vram_mb: int = 0
     group_id: str | None = None
     rank: int | None = None
+    # Rolling update (docs/rollout.md): the group generation this replica was created for,
+    # and whether a rollout has marked it to drain (no new requests, then `cancelled`).
+    generation: int = 0
+    draining: bool = False
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None = None

@@ -183,16 +183,23 @@ class EventStore:
         items: Sequence[tuple[TenantId, TaskSpec, str | None, int | None]],
         *,
         metadata: dict[str, Any] | None = None,
+        generation: int = 0,
     ) -> list[Task]:
         """Create tasks in one transaction (batched append). Items: tenant, spec, group, rank.
+
+        `generation`: the group generation of every item (a rollout batch is one generation).
 
         Pipelined: BEGIN, the event inserts, the projection upserts and COMMIT go to the
         server together, one round trip for an API create instead of four."""
         async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
-            return await self._create_in(conn, items, metadata or {})
+            return await self._create_in(conn, items, metadata or {}, generation)
 
     async def _create_in(
-        self, conn: AsyncConnection[Any], items: Sequence[NewTask], meta: dict[str, Any]
+        self,
+        conn: AsyncConnection[Any],
+        items: Sequence[NewTask],
+        meta: dict[str, Any],
+        generation: int = 0,
     ) -> list[Task]:
         """One pipelined batch of `task_created` events (version 1 of new streams) + rows."""
         at = self.clock()
@@ -205,6 +212,7 @@ class EventStore:
                 spec=spec,
                 group_id=group_id,
                 rank=rank,
+                generation=generation,
             )
             rows.append(
                 (

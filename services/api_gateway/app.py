@@ -28,6 +28,7 @@ from . import (
     routes_ops,
     routes_pools,
     routes_queues,
+    routes_rollout,
     routes_scale,
     routes_serve,
     routes_tasks,
@@ -90,6 +91,7 @@ def create_app(
     app.include_router(gpu.router)
     app.include_router(routes_groups.router)
     app.include_router(routes_scale.router)
+    app.include_router(routes_rollout.router)
     app.include_router(routes_tenants.router)
     app.include_router(routes_pools.router)
     app.include_router(routes_queues.router)

@@ -187,6 +187,7 @@ def serving_view(serving: ServingRouter, t: Target) -> dict[str, Any]:
                 "status": m.status.value,
                 "address": m.serve_address,
                 "ready": bool(r and r.ready),
+                "draining": bool(r and r.draining),
                 "outstanding": r.outstanding if r else 0,
                 "last_error": r.last_error if r else "",
             }

@@ -85,7 +85,7 @@ class Target:
         return [m.status for m in self.members]
 
     def ready(self) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.ready]
+        return [r for r in self.replicas.values() if r.ready and not r.draining]
 
 
 class ServingRouter:
@@ -173,6 +173,8 @@ class ServingRouter:
             known = t.replicas.get(tid)
             if known is None or known.address != m.serve_address:
                 t.replicas[tid] = Replica(tid, m.serve_address)
+            # Kept while draining so its in-flight requests stay counted (docs/rollout.md).
+            t.replicas[tid].draining = m.draining
         await asyncio.gather(*(self._check(t, r) for r in list(t.replicas.values())))
         if t.ready():
             t.waking = False

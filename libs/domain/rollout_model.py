@@ -1,0 +1,147 @@
+"""The rollout of a group as data: the request, the state a group carries, and its events.
+
+Kept apart from `rollout.py` (the decisions) so that `group.py` can fold these events into
+the group without an import cycle.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .events import Payload, ReasonedPayload, register
+from .reasons import ReasonCode
+from .task import TaskSpec, Volume, normalise_env
+
+DEFAULT_HEALTH_TIMEOUT_S = 300
+MAX_HEALTH_TIMEOUT_S = 3600
+
+
+class RolloutRequest(BaseModel):
+    """`POST /task-groups/{id}/rollout`: the new configuration and the pace of the update."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    env: dict[str, str] | None = None
+    volumes: tuple[Volume, ...] | None = None
+    max_surge: int = Field(default=1, ge=1, le=64)
+    max_unavailable: int = Field(default=0, ge=0, le=64)
+    # Replicas (by rank) to update; None: all of them.
+    partition: int | None = Field(default=None, ge=0)
+    health_timeout_s: int = Field(default=DEFAULT_HEALTH_TIMEOUT_S, ge=1, le=MAX_HEALTH_TIMEOUT_S)
+    strategy: Literal["rolling", "recreate"] = "rolling"
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> Any:
+        return None if v is None else normalise_env(v)
+
+
+FIELDS: frozenset[str] = frozenset(RolloutRequest.model_fields)
+
+
+class RolloutPhase(StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    ROLLBACK = "rollback"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+# Phases in which a rollout holds the group: no second one may start.
+ACTIVE = frozenset({RolloutPhase.RUNNING, RolloutPhase.PAUSED, RolloutPhase.ROLLBACK})
+
+
+class Rollout(BaseModel):
+    """The group's current (or last) rollout as its events made it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    generation: int
+    from_generation: int
+    request: RolloutRequest
+    # The member template before and after: a rollback rebuilds `previous`.
+    previous: TaskSpec
+    target: TaskSpec
+    phase: RolloutPhase = RolloutPhase.RUNNING
+    reason_code: ReasonCode = ReasonCode.UNSPECIFIED
+    reason: str = ""
+    started_at: datetime
+    updated_at: datetime
+
+
+class RolloutStarted(Payload):
+    """A rollout took the group: its generation goes up by one (one compare-and-set)."""
+
+    type: ClassVar[str] = "rollout_started"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    rollout_id: str
+    generation: int
+    request: RolloutRequest
+    previous: TaskSpec
+    target: TaskSpec
+
+
+class RolloutPhaseChanged(ReasonedPayload):
+    """Paused, resumed, rolling back, completed or failed."""
+
+    type: ClassVar[str] = "rollout_phase_changed"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    rollout_id: str
+    from_phase: RolloutPhase
+    to_phase: RolloutPhase
+
+
+class RolloutPartitionChanged(Payload):
+    """The canary partition moved (raising it continues the update to more ranks)."""
+
+    type: ClassVar[str] = "rollout_partition_changed"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    rollout_id: str
+    partition: int | None
+
+
+register(RolloutStarted, RolloutPhaseChanged, RolloutPartitionChanged)
+
+ROLLOUT_EVENTS = (RolloutStarted, RolloutPhaseChanged, RolloutPartitionChanged)
+
+
+def fold_rollout(rollout: Rollout | None, event: Payload, at: datetime) -> dict[str, Any]:
+    """The group fields one rollout event changes."""
+    if isinstance(event, RolloutStarted):
+        started = Rollout(
+            id=event.rollout_id,
+            generation=event.generation,
+            from_generation=event.generation - 1,
+            request=event.request,
+            previous=event.previous,
+            target=event.target,
+            started_at=at,
+            updated_at=at,
+        )
+        return {"generation": event.generation, "rollout": started}
+    if rollout is None or getattr(event, "rollout_id", None) != rollout.id:
+        raise ValueError(f"{event.type} for a rollout the group does not hold")
+    if isinstance(event, RolloutPhaseChanged):
+        update: dict[str, Any] = {
+            "phase": event.to_phase,
+            "reason_code": event.reason_code,
+            "reason": event.reason,
+        }
+    elif isinstance(event, RolloutPartitionChanged):
+        request = rollout.request.model_copy(update={"partition": event.partition})
+        update = {"request": request}
+    else:
+        raise ValueError(f"not a rollout event: {event.type}")
+    return {"rollout": rollout.model_copy(update=update | {"updated_at": at})}
