@@ -13,7 +13,7 @@ from typing import Any
 from libs.domain.group import Group, GroupStatus
 
 from .eventstore import EventStore
-from .pool import rows
+from .pool import live_page, rows
 
 
 def _groups(found: list[dict[str, Any]]) -> list[Group]:
@@ -36,21 +36,8 @@ async def page(
     store: EventStore, tenant_id: str | None, status: str | None, page: int, per_page: int
 ) -> tuple[list[Group], int]:
     """Live groups, newest first, and the total that matches."""
-    where, args = ["deleted_at IS NULL"], list[Any]()
-    if tenant_id is not None:
-        where.append("tenant_id = %s")
-        args.append(tenant_id)
-    if status:
-        where.append("status = %s")
-        args.append(status)
-    clause = " AND ".join(where)
-    found = await rows(
-        store,
-        f"SELECT doc, count(*) OVER () AS total FROM groups WHERE {clause}"
-        " ORDER BY created_at DESC, id LIMIT %s OFFSET %s",
-        [*args, per_page, (page - 1) * per_page],
-    )
-    return _groups(found), int(found[0]["total"]) if found else 0
+    found, total = await live_page(store, "groups", tenant_id, status, page, per_page)
+    return _groups(found), total
 
 
 async def live_or_recent(

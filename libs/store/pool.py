@@ -73,6 +73,34 @@ async def one(store: EventStore, sql: str, params: Sequence[Any] = ()) -> dict[s
     return found[0] if found else None
 
 
+async def live_page(
+    store: EventStore,
+    table: str,
+    tenant_id: str | None,
+    status: str | None,
+    page: int,
+    per_page: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """One page of `table`'s live rows (`doc`), newest first, and the total that matches.
+
+    For the aggregate tables with `tenant_id`, `status`, `created_at` and `deleted_at`
+    (groups, jobs); `table` is one of the store's own names, never caller input."""
+    where, args = ["deleted_at IS NULL"], list[Any]()
+    if tenant_id is not None:
+        where.append("tenant_id = %s")
+        args.append(tenant_id)
+    if status:
+        where.append("status = %s")
+        args.append(status)
+    found = await rows(
+        store,
+        f"SELECT doc, count(*) OVER () AS total FROM {table} WHERE {' AND '.join(where)}"
+        " ORDER BY created_at DESC, id LIMIT %s OFFSET %s",
+        [*args, per_page, (page - 1) * per_page],
+    )
+    return found, int(found[0]["total"]) if found else 0
+
+
 async def ping(store: EventStore) -> None:
     """One round trip to the database; raises `StoreUnavailable` when it cannot be made."""
     await rows(store, "SELECT 1 AS ok")

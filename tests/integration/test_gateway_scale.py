@@ -187,3 +187,17 @@ async def test_schedule_window_refused(
     assert text in r.json()["error"]
     listed = (await api.client.get("/api/v1/task-groups", headers=api.tenant)).json()
     assert listed["total"] == 0
+
+
+async def test_group_list_pages_newest_first_within_the_tenant(api: Api) -> None:
+    made = [(await make_group(api, name=f"g{i}"))["id"] for i in range(3)]
+    await api.client.post("/api/v1/task-groups", json=GROUP, headers=api.other_tenant)
+    first = (await api.client.get("/api/v1/task-groups?per_page=2", headers=api.tenant)).json()
+    second = (
+        await api.client.get("/api/v1/task-groups?per_page=2&page=2", headers=api.tenant)
+    ).json()
+    assert first["total"] == second["total"] == 3
+    ids = [g["id"] for g in first["groups"] + second["groups"]]
+    assert ids == made[::-1]
+    stopped = await api.client.get("/api/v1/task-groups?status=stopped", headers=api.tenant)
+    assert stopped.json()["total"] == 0 and stopped.json()["groups"] == []
