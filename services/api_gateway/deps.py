@@ -79,3 +79,21 @@ def require_operator(principal: auth.Principal) -> None:
 def tenant_scope(principal: auth.Principal) -> str | None:
     """Tenants see their own tenant; operators and agents see all (None)."""
     return principal.tenant_id if principal.is_tenant else None
+
+
+def page_query(request: Request) -> tuple[int, int, str | None]:
+    """(page, per_page, status) of a list of groups or jobs; anything else in the query is
+    refused by name, and out-of-range pages with 400 rather than clamped."""
+    params = dict(request.query_params)
+    unknown = sorted(set(params) - {"page", "per_page", "status"})
+    if unknown:
+        raise DomainError(
+            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
+        )
+    page = int(params["page"]) if params.get("page", "").isdigit() else 1
+    per_page = int(params["per_page"]) if params.get("per_page", "").isdigit() else 20
+    if page < 1 or not 1 <= per_page <= 500:
+        raise DomainError(
+            Code.INVALID_VALUE, "page >= 1 and per_page in 1..500", ["page", "per_page"]
+        )
+    return page, per_page, params.get("status")

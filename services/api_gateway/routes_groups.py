@@ -36,7 +36,7 @@ from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import GROUPS
 
 from . import timeline
-from .deps import Body, Principal, Store, tenant_scope
+from .deps import Body, Principal, Store, page_query, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
 from .routes_tasks import actor_of, tenant_for_create
@@ -121,21 +121,8 @@ async def create_group(
 
 @router.get("")
 async def list_groups(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
-    params = dict(request.query_params)
-    unknown = sorted(set(params) - {"page", "per_page", "status"})
-    if unknown:
-        raise DomainError(
-            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
-        )
-    page = int(params["page"]) if params.get("page", "").isdigit() else 1
-    per_page = int(params["per_page"]) if params.get("per_page", "").isdigit() else 20
-    if page < 1 or not 1 <= per_page <= 500:
-        raise DomainError(
-            Code.INVALID_VALUE, "page >= 1 and per_page in 1..500", ["page", "per_page"]
-        )
-    found, total = await group_rows.page(
-        store, tenant_scope(principal), params.get("status"), page, per_page
-    )
+    page, per_page, status = page_query(request)
+    found, total = await group_rows.page(store, tenant_scope(principal), status, page, per_page)
     return {
         "groups": [group_view(g) for g in found],
         "total": total,

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from libs import auth
 from libs.domain import commands
-from libs.domain.errors import Code, DomainError, NotFound
+from libs.domain.errors import DomainError, NotFound
 from libs.domain.events import Payload
 from libs.domain.job import parse_job
 from libs.domain.job_state import (
@@ -36,7 +36,7 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import JOBS
 
-from .deps import Body, Principal, Store, tenant_scope
+from .deps import Body, Principal, Store, page_query, tenant_scope
 from .queueing import queue_for
 from .responses import FastJSONResponse
 from .routes_tasks import actor_of, tenant_for_create
@@ -148,18 +148,14 @@ async def create_job(
 
 @router.get("")
 async def list_jobs(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
-    params = dict(request.query_params)
-    unknown = sorted(set(params) - {"page", "per_page", "status"})
-    if unknown:
-        raise DomainError(
-            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
-        )
-    page = int(params["page"]) if params.get("page", "").isdigit() else 1
-    per_page = min(int(params["per_page"]), 200) if params.get("per_page", "").isdigit() else 20
-    found, total = await job_rows.page(
-        store, tenant_scope(principal), params.get("status"), max(page, 1), max(per_page, 1)
-    )
-    return {"jobs": [job_view(j) for j in found], "total": total, "page": page}
+    page, per_page, status = page_query(request)
+    found, total = await job_rows.page(store, tenant_scope(principal), status, page, per_page)
+    return {
+        "jobs": [job_view(j) for j in found],
+        "total": total,
+        "page": page,
+        "per_page": per_page,
+    }
 
 
 @router.get("/{job_id}")

@@ -201,3 +201,16 @@ async def test_group_list_pages_newest_first_within_the_tenant(api: Api) -> None
     assert ids == made[::-1]
     stopped = await api.client.get("/api/v1/task-groups?status=stopped", headers=api.tenant)
     assert stopped.json()["total"] == 0 and stopped.json()["groups"] == []
+
+
+@pytest.mark.parametrize("path", ["/api/v1/task-groups", "/api/v1/jobs"])
+@pytest.mark.parametrize(
+    ("query", "code", "field"),
+    [("per_page=501", 40003, "per_page"), ("page=0", 40003, "page"), ("sort=x", 40001, "sort")],
+)
+async def test_group_and_job_lists_refuse_bad_pages_by_name(
+    api: Api, path: str, query: str, code: int, field: str
+) -> None:
+    r = await api.client.get(f"{path}?{query}", headers=api.tenant)
+    assert r.status_code == 400 and r.json()["code"] == code, r.text
+    assert field in r.json()["fields"]
