@@ -15,11 +15,15 @@ plain pull subscriber runs a batch's messages concurrently, and an agent must se
 
 `durable_batches` hands the handler the whole fetched batch instead, in order, and takes back
 one outcome per message (acked, or nak'ed alone): a hot consumer then decides a batch together
-and commits it in one transaction, keeping the order within it.
+and commits it in one transaction, keeping the order within it. A pipelined one also fetches
+and starts the next batch while the previous one commits, once the store has marked the
+previous one's writes locked in place (`libs/ordering.py`), so two reports of one task that
+land in consecutive batches are one commit apart, not a commit, an ack and two fetches.
 """
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -42,6 +46,7 @@ from nats.js.errors import ServiceUnavailableError
 from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
+from libs import ordering
 from libs.health import READINESS
 
 from .lanes import LanePool
@@ -198,11 +203,14 @@ class Routes:
         nak_delay: float = 1.0,
         deliver_new: bool = False,
         accept: Callable[[str, M], bool] | None = None,
+        pipelined: bool = False,
     ) -> None:
         """Like `durable`, but `handle` gets each fetched batch whole, in delivery order, and
         returns one outcome per message: None acks it, an exception naks it alone. `handle`
         raising naks the whole batch. `accept(subject, message)` False: the message is
-        logged, counted (`refused`) and terminated, never handled nor redelivered."""
+        logged, counted (`refused`) and terminated, never handled nor redelivered.
+        `pipelined`: the next batch starts once this one is ordered (see `libs/ordering.py`);
+        only for handlers whose writes go through the store's locked task steps."""
 
         async def whole(raws: list[Msg], items: list[BaseModel]) -> None:
             if accept is not None:
@@ -210,7 +218,8 @@ class Routes:
             if raws:
                 await _handle_batch(raws, items, handle, durable, nak_delay)
 
-        self._subscribe(model, whole, stream, durable, subject, description, batch, nak_delay)
+        kind = _PipelinedBatchPull if pipelined else _EagerBatchPull
+        self._subscribe(model, whole, stream, durable, subject, description, batch, nak_delay, kind)
         self.durables.append(
             Durable(stream, durable, _filter(subject), ack_wait, max_deliver, deliver_new)
         )
@@ -225,6 +234,7 @@ class Routes:
         description: str,
         batch: int,
         nak_delay: float,
+        kind: type[BatchPullStreamSubscriber] | None = None,
     ) -> None:
         """The FastStream batch pull subscriber behind `durable` and `durable_batches`."""
 
@@ -260,7 +270,7 @@ class Routes:
             inbox_prefix=f"{self.inbox_prefix or '_INBOX'}.".encode(),
         )
         subscriber(consume)
-        subscriber.__class__ = _EagerBatchPull
+        subscriber.__class__ = kind or _EagerBatchPull
 
     def core(
         self,
@@ -420,7 +430,50 @@ class _EagerBatchPull(BatchPullStreamSubscriber):
                 await asyncio.sleep(0.5)
                 continue
             if messages and self.running:
-                await self.consume(messages)
+                await self._hand_over(messages)
+
+    async def _hand_over(self, messages: list[Msg]) -> None:
+        await self.consume(messages)
+
+
+class _PipelinedBatchPull(_EagerBatchPull):
+    """An eager batch pull that starts the next batch while the previous one commits.
+
+    Each batch runs as its own task with a fresh ordering mark (`libs/ordering.py`); the
+    loop goes back to fetching once the batch is ordered (its rows locked) or over, with at
+    most `IN_FLIGHT` batches running. Stopping waits for the batches still running.
+    """
+
+    __slots__ = ()
+    IN_FLIGHT = 2
+
+    def _batches(self) -> set[asyncio.Task[Any]]:
+        # Kept in the instance's __dict__: the class is swapped in after construction.
+        running: set[asyncio.Task[Any]] = vars(self).setdefault("_hf_batches", set())
+        return running
+
+    async def _consume_pull(self) -> None:
+        try:
+            await super()._consume_pull()
+        finally:
+            running = self._batches()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+
+    async def _hand_over(self, messages: list[Msg]) -> None:
+        running = self._batches()
+        while len(running) >= self.IN_FLIGHT:
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        context = contextvars.copy_context()
+        mark = context.run(ordering.start_batch)
+        batch = asyncio.create_task(self.consume(messages), context=context)
+        running.add(batch)
+        batch.add_done_callback(running.discard)
+        ordered = asyncio.create_task(mark.wait())
+        try:
+            await asyncio.wait({batch, ordered}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ordered.cancel()
 
 
 async def _take_available(sub: JetStreamContext.PullSubscription, n: int) -> list[Msg]:

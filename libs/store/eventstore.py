@@ -30,6 +30,7 @@ from libs.domain.catalog import parse_payload
 from libs.domain.errors import Conflict, DomainError, NotFound, StoreUnavailable
 from libs.domain.events import Payload, TaskCreated, evolve_task
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.ordering import mark_ordered
 
 from . import fencing, inbox, projections
 from .fencing import Fence
@@ -324,6 +325,7 @@ class EventStore:
         include_deleted: bool,
     ) -> list[Task | DomainError]:
         current = await _lock_tasks(conn, {s[0] for s in steps}, known, include_deleted)
+        mark_ordered()  # a pipelined consumer's next batch may start deciding now
         at = self.clock()
         rows: list[tuple[Any, ...]] = []
         changed: dict[str, Task] = {}

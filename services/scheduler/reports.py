@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from nats.js import JetStreamContext
 
+from libs import ordering
 from libs.domain.errors import Conflict, DomainError, NotFound
 from libs.domain.node import Node, NodeRegistered
 from libs.domain.protocol import (
@@ -51,6 +52,8 @@ class ReportHandler:
     async def handle_batch(self, messages: list[NodeReport]) -> list[Outcome]:
         """A fetched batch in order: runs of task reports in one transaction each, the
         registrations between them alone. One outcome per message (None: done)."""
+        if any(isinstance(m.root, Registration) for m in messages):
+            ordering.unordered()  # several transactions: the next batch waits for all of them
         outcomes: list[Outcome] = []
         run: list[AgentReport] = []
         for message in messages:

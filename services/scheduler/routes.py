@@ -46,6 +46,7 @@ def routes(
         description="Applies agent reports and registrations through the store's CAS; a "
         "report naming another node than its subject's is refused.",
         accept=from_its_node,
+        pipelined=True,
     )
     # Core subscriptions (every replica, no ack): beats feed the node monitor while this
     # replica leads it; task and node events wake the placer early.

@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 from pydantic import BaseModel
 
+from libs import ordering
 from libs.bus.broker import Routes, serve
 from libs.bus.nats import connect, ensure_stream
 
@@ -137,3 +138,98 @@ async def test_a_listener_on_a_stream_subject_leaves_the_publish_ack_alone(nc: C
 
 def _subscribed(nc: Client, prefix: str) -> bool:
     return any(sub.subject.startswith(prefix) for sub in nc._subs.values())
+
+
+async def _pipelined_consumer(
+    nc: Client, handle: object
+) -> tuple[str, asyncio.Event, asyncio.Task[None]]:
+    tag = uuid.uuid4().hex[:8]
+    stream, prefix = f"P{tag}", f"p{tag}"
+    await ensure_stream(nc.jetstream(), StreamConfig(name=stream, subjects=[f"{prefix}.>"]))
+    routes = Routes("test")
+    routes.durable_batches(
+        Item,
+        handle,  # type: ignore[arg-type]
+        stream=stream,
+        durable=f"d{tag}",
+        subject=f"{prefix}.{{key}}.item",
+        description="test",
+        pipelined=True,
+    )
+    stop = asyncio.Event()
+    return prefix, stop, asyncio.create_task(serve(nc, [routes], stop))
+
+
+async def test_a_pipelined_consumer_starts_the_next_batch_once_the_last_is_ordered(
+    nc: Client,
+) -> None:
+    """The first batch marks itself ordered and then holds (as a commit would): the second
+    batch is fetched and started meanwhile; both are acknowledged in the end."""
+    gate, second_started = asyncio.Event(), asyncio.Event()
+    seen: list[int] = []
+
+    async def handle(items: list[Item]) -> list[None]:
+        seen.extend(i.n for i in items)
+        if items[0].n == 0:
+            ordering.mark_ordered()
+            await gate.wait()
+        else:
+            second_started.set()
+        return [None] * len(items)
+
+    prefix, stop, server = await _pipelined_consumer(nc, handle)
+    js = nc.jetstream()
+    try:
+        await js.publish(f"{prefix}.k.item", Item(n=0).model_dump_json().encode())
+        await _until(lambda: seen == [0], "the first batch")
+        await js.publish(f"{prefix}.k.item", Item(n=1).model_dump_json().encode())
+        await asyncio.wait_for(second_started.wait(), DEADLINE_S)
+        assert not gate.is_set()  # the first batch is still holding
+        gate.set()
+        stream = f"P{prefix[1:]}"
+        end = time.monotonic() + DEADLINE_S
+        while (info := await js.consumer_info(stream, f"d{prefix[1:]}")).num_ack_pending:
+            assert time.monotonic() < end, "both batches acknowledged"
+            await asyncio.sleep(0.05)
+        assert info.num_pending == 0 and seen == [0, 1]
+    finally:
+        gate.set()
+        stop.set()
+        await server
+
+
+async def test_a_batch_that_is_not_ordered_holds_back_the_next(nc: Client) -> None:
+    """A handler that runs several transactions (`unordered`) keeps the batches one after the
+    other: the second does not start while the first holds."""
+    gate = asyncio.Event()
+    events: list[str] = []
+    second_started = asyncio.Event()
+
+    async def handle(items: list[Item]) -> list[None]:
+        events.append(f"start {items[0].n}")
+        if items[0].n == 0:
+            ordering.unordered()
+            ordering.mark_ordered()  # ignored: this batch said it is not ordered
+            await gate.wait()
+        else:
+            second_started.set()
+        events.append(f"end {items[0].n}")
+        return [None] * len(items)
+
+    prefix, stop, server = await _pipelined_consumer(nc, handle)
+    js = nc.jetstream()
+    try:
+        await js.publish(f"{prefix}.k.item", Item(n=0).model_dump_json().encode())
+        await _until(lambda: events == ["start 0"], "the first batch")
+        await js.publish(f"{prefix}.k.item", Item(n=1).model_dump_json().encode())
+        # A pipelined start would come within milliseconds; a second is a wide margin.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(second_started.wait()), 1.0)
+        gate.set()
+        await asyncio.wait_for(second_started.wait(), DEADLINE_S)
+        await _until(lambda: len(events) == 4, "the second batch's end")
+        assert events == ["start 0", "end 0", "start 1", "end 1"]
+    finally:
+        gate.set()
+        stop.set()
+        await server
