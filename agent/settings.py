@@ -16,6 +16,7 @@ from libs.config import CommonSettings
 from libs.domain.node import GpuCard, NodeInventory
 
 from .inventory import Inventory
+from .runtimes.sharing import DEFAULT_MPS_LOG_DIR, DEFAULT_MPS_PIPE_DIR, MpsDaemon
 
 
 class AgentSettings(CommonSettings):
@@ -84,6 +85,12 @@ class AgentSettings(CommonSettings):
         description="docker | iptables | none: how tenant networks are kept apart; "
         "iptables when dockerd runs with --iptables=false",
     )
+    mps_pipe_dir: str = Field(
+        default=DEFAULT_MPS_PIPE_DIR,
+        description="the MPS control daemon's pipe directory (silver fractions; joined if "
+        "the daemon runs, else started)",
+    )
+    mps_log_dir: str = Field(default=DEFAULT_MPS_LOG_DIR, description="its log directory")
 
     def docker_options(self) -> dict[str, object]:
         return {
@@ -93,6 +100,7 @@ class AgentSettings(CommonSettings):
             "read_only_root": self.container_read_only_root,
             "nofile": self.container_nofile,
             "isolation": self.container_isolation,
+            "mps": MpsDaemon(self.mps_pipe_dir, self.mps_log_dir),
         }
 
     def resolved_state_dir(self) -> Path:
@@ -125,6 +133,7 @@ def node_inventory(inv: Inventory, address: str) -> NodeInventory:
                 model=g.model,
                 vram_mb=g.vram_mb,
                 mig_capable=g.mig_capable,
+                mig_enabled=g.mig_enabled,
             )
             for g in inv.gpus
         ),

@@ -29,6 +29,8 @@ LABEL_NODE = "heteroflow.node"
 LABEL_ATTEMPT = "heteroflow.attempt"
 # The platform installation that started it: agents adopt only their own installation's.
 LABEL_INSTALLATION = "heteroflow.installation"
+# The MIG instance a gold fraction holds (agent/runtimes/sharing.py).
+LABEL_MIG = "heteroflow.mig"
 
 # Task ids end up in container names and directory names: keep them to a safe alphabet
 # (no path separators, no `..`).
@@ -66,6 +68,10 @@ class RunSpec(BaseModel):
     cpu_cores: float = Field(default=1.0, gt=0)
     gpu_ids: tuple[str, ...] = ()  # device indices or UUIDs, as the inventory reported them
     gpu_vendor: str = ""  # "nvidia", "amd", ...; empty when no GPU
+    # A fraction of one card (docs/scheduling.md): its QoS, memory and compute share.
+    qos: str = ""  # gold | silver | bronze; "" for whole cards
+    gpu_memory_mb: int = Field(default=0, ge=0)
+    gpu_compute_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     labels: dict[str, str] = Field(default_factory=dict)
     # The task's serving port (docs/serving.md) and the host address to publish it on.
     serve_port: int | None = Field(default=None, ge=1, le=65535)

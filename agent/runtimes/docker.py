@@ -33,6 +33,7 @@ from .base import (
     LABEL_ATTEMPT,
     LABEL_INSTALLATION,
     LABEL_MANAGED,
+    LABEL_MIG,
     LABEL_NODE,
     LABEL_TASK_ID,
     OUTPUT_TAIL_LINES,
@@ -51,6 +52,7 @@ from .base import (
     split_output,
 )
 from .networks import TenantNetworks
+from .sharing import GOLD, SILVER, MigInstance, MpsDaemon, choose_mig, mig_instances, mps_env
 
 log = structlog.get_logger(__name__)
 
@@ -139,6 +141,8 @@ class DockerRuntime(Runtime):
         isolation: str = "docker",
         tenant_networks: bool = True,
         installation: str | None = None,
+        mps: MpsDaemon | None = None,
+        nvml: Any | None = None,
     ) -> None:
         """`pull`: fetch a missing image from its registry (off: a missing image is
         `ImageNotFound` at once). `init`: run docker-init as PID 1 so `stop`'s SIGTERM reaches
@@ -151,8 +155,12 @@ class DockerRuntime(Runtime):
         open-files limit. `tenant_networks`: one network per tenant, kept apart as
         `isolation` says (networks.py). `installation`: the
         same for the platform installation's id (label `heteroflow.installation`), so two
-        installations whose nodes share a name and an engine never adopt each other's."""
+        installations whose nodes share a name and an engine never adopt each other's.
+        `mps`: the node's MPS control daemon for silver fractions; `nvml`: a stand-in NVML
+        for tests (sharing.py)."""
         self._client = client
+        self.mps = mps or MpsDaemon()
+        self.nvml = nvml
         self.owner = owner
         self.installation = installation
         self.pull = pull
@@ -219,7 +227,7 @@ class DockerRuntime(Runtime):
 
     # -- start ----------------------------------------------------------------------------
 
-    def _create_kwargs(self, spec: RunSpec) -> dict[str, Any]:
+    def _create_kwargs(self, spec: RunSpec, mig: MigInstance | None = None) -> dict[str, Any]:
         mem = f"{spec.memory_mb}m"
         env = {
             **spec.env,
@@ -262,16 +270,53 @@ class DockerRuntime(Runtime):
             kwargs["log_config"] = LogConfig(
                 type="json-file", config={"max-size": self.log_max_size, "max-file": "3"}
             )
+        self._gpus(spec, kwargs, env, mig)
+        return kwargs
+
+    def _gpus(
+        self, spec: RunSpec, kwargs: dict[str, Any], env: dict[str, str], mig: MigInstance | None
+    ) -> None:
+        """The cards the container sees, and how a fraction of one is held (sharing.py)."""
         vendor = spec.gpu_vendor.lower()
         if spec.gpu_ids and vendor == "nvidia":
-            kwargs["device_requests"] = [
-                DeviceRequest(device_ids=list(spec.gpu_ids), capabilities=[["gpu"]])
-            ]
+            ids = [mig.uuid] if mig is not None else list(spec.gpu_ids)
+            kwargs["device_requests"] = [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
+            if mig is not None:
+                kwargs["labels"][LABEL_MIG] = mig.uuid
+            elif spec.qos == SILVER:
+                pipe = self.mps.pipe_dir
+                env.update(mps_env(spec.gpu_memory_mb, spec.gpu_compute_ratio, pipe))
+                kwargs["mounts"].append(Mount(target=pipe, source=pipe, type="bind"))
+                kwargs["ipc_mode"] = "host"  # MPS clients share the daemon's IPC namespace
         elif spec.gpu_ids and vendor in self.vendor_devices:
             # No device plugin for these vendors: pass the device nodes, restrict by env.
+            # A fraction here is bronze: accounted for by the scheduler, enforced by nothing.
             kwargs["devices"] = [f"{d}:{d}:rwm" for d in self.vendor_devices[vendor]]
             env.update(gpu_visibility_env(vendor, spec.gpu_ids))
-        return kwargs
+
+    def _share_sync(self, spec: RunSpec) -> MigInstance | None:
+        """Before a fraction's container is created: its MIG instance (gold), or the MPS
+        daemon running (silver). Blocking."""
+        if not spec.gpu_ids or spec.gpu_vendor.lower() != "nvidia":
+            return None
+        if spec.qos == SILVER:
+            self.mps.ensure()
+        if spec.qos != GOLD:
+            return None
+        card = spec.gpu_ids[0]
+        taken = {
+            c.labels.get(LABEL_MIG, "")
+            for c in self.client.containers.list(all=True, filters={"label": LABEL_MIG})
+            if c.status in ("created", "running", "restarting", "paused") and c.name != spec.name
+        }
+        mig = choose_mig(mig_instances(card, self.nvml), spec.gpu_memory_mb, taken)
+        if mig is None:
+            raise RuntimeStartError(
+                ErrorKind.CONTAINER_RUNTIME_ERROR,
+                f"no free MIG instance with {spec.gpu_memory_mb} MB on card {card} "
+                "(gold fractions run on an instance the operator created)",
+            )
+        return mig
 
     def _harden(self, spec: RunSpec, kwargs: dict[str, Any]) -> None:
         """User, root filesystem, open files and network: the node's defaults."""
@@ -306,7 +351,7 @@ class DockerRuntime(Runtime):
             raise RuntimeStartError(ErrorKind.NETWORK_TIMEOUT, f"pulling {image}: {e}") from e
 
     def _create_sync(self, spec: RunSpec) -> Container:
-        kwargs = self._create_kwargs(spec) | self._network_sync(spec)
+        kwargs = self._create_kwargs(spec, self._share_sync(spec)) | self._network_sync(spec)
         try:
             return self.client.containers.create(**kwargs)
         except docker.errors.ImageNotFound as e:

@@ -30,6 +30,7 @@ class GpuCard(BaseModel):
     model: str
     vram_mb: int = Field(ge=0)
     mig_capable: bool = False
+    mig_enabled: bool = False  # MIG mode on: fractions get a hardware instance (gold)
 
 
 class NodeInventory(BaseModel):

@@ -26,7 +26,7 @@ from .reasons import Reason
 class Qos(StrEnum):
     """Isolation class of a fractional GPU share, derived on placement (SPEC §3)."""
 
-    GOLD = "gold"  # NVIDIA with MIG: hardware partition
+    GOLD = "gold"  # NVIDIA with MIG mode enabled: a hardware instance
     SILVER = "silver"  # other NVIDIA: MPS
     BRONZE = "bronze"  # every other vendor: software accounting only
 
@@ -39,12 +39,13 @@ class Gpu:
     model: str  # "A100-80GB", "RTX4090", "MI300X", "Ascend910B", ...
     vram_mb: int
     mig_capable: bool = False
+    mig_enabled: bool = False  # capable is not enough: gold needs MIG mode on
     excluded: bool = False  # GPU_LOST: kept out of new placements until seen again
 
 
 def derive_qos(gpu: Gpu) -> Qos:
     if gpu.vendor.lower() == "nvidia":
-        return Qos.GOLD if gpu.mig_capable else Qos.SILVER
+        return Qos.GOLD if gpu.mig_enabled else Qos.SILVER
     return Qos.BRONZE
 
 

@@ -47,6 +47,7 @@ def to_node(doc: NodeDoc, max_starting: int = 0) -> Node:
                 model=g.model,
                 vram_mb=g.vram_mb,
                 mig_capable=g.mig_capable,
+                mig_enabled=g.mig_enabled,
                 excluded=g.id in excluded,
             )
             for g in inv.gpus

@@ -51,7 +51,16 @@ def mk_node(
     cpu: float = 64,
 ) -> Node:
     cards = tuple(
-        Gpu(f"{node_id}-gpu{i}", i, vendor, model, vram, mig_capable=mig, excluded=i in lost)
+        Gpu(
+            f"{node_id}-gpu{i}",
+            i,
+            vendor,
+            model,
+            vram,
+            mig_capable=mig,
+            mig_enabled=mig,
+            excluded=i in lost,
+        )
         for i in range(gpus)
     )
     return Node(node_id, online, memory, cpu, cards)
@@ -146,7 +155,8 @@ def test_gpu_matches(vendor: str, model: str, wanted: str, expected: bool) -> No
 # --- QoS -----------------------------------------------------------------------------
 
 QOS_CASES = [
-    ("nvidia", True, Qos.GOLD, "nvidia-mig-gold"),
+    ("nvidia", (True, True), Qos.GOLD, "nvidia-mig-enabled-gold"),
+    ("nvidia", (True, False), Qos.SILVER, "nvidia-mig-capable-not-enabled-silver"),
     ("nvidia", False, Qos.SILVER, "nvidia-mps-silver"),
     ("NVIDIA", False, Qos.SILVER, "vendor-case-insensitive"),
     ("amd", False, Qos.BRONZE, "amd-bronze"),
@@ -158,8 +168,10 @@ QOS_CASES = [
 @pytest.mark.parametrize(
     ("vendor", "mig", "expected"), [c[:3] for c in QOS_CASES], ids=[c[3] for c in QOS_CASES]
 )
-def test_derive_qos(vendor: str, mig: bool, expected: Qos) -> None:
-    assert derive_qos(Gpu("g", 0, vendor, "X", 16 * GB, mig_capable=mig)) is expected
+def test_derive_qos(vendor: str, mig: bool | tuple[bool, bool], expected: Qos) -> None:
+    capable, enabled = mig if isinstance(mig, tuple) else (mig, mig)
+    gpu = Gpu("g", 0, vendor, "X", 16 * GB, mig_capable=capable, mig_enabled=enabled)
+    assert derive_qos(gpu) is expected
 
 
 # --- fractions and usage -------------------------------------------------------------

@@ -45,7 +45,16 @@ def mk_node(
     lost: tuple[int, ...] = (),
 ) -> Node:
     cards = tuple(
-        Gpu(f"{node_id}-gpu{i}", i, vendor, model, vram, mig_capable=mig, excluded=i in lost)
+        Gpu(
+            f"{node_id}-gpu{i}",
+            i,
+            vendor,
+            model,
+            vram,
+            mig_capable=mig,
+            mig_enabled=mig,
+            excluded=i in lost,
+        )
         for i in range(gpus)
     )
     return Node(node_id, online, memory, cpu, cards)
