@@ -27,7 +27,15 @@ from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from .floors import Floors
 
 # In the order `python -m bench` runs them; a name without a module yet is skipped.
-SUITE_NAMES = ("foundation", "scheduler", "replay", "history", "shedding", "serving")
+SUITE_NAMES = (
+    "foundation",
+    "scheduler",
+    "replay",
+    "history",
+    "shedding",
+    "serving",
+    "console",
+)
 
 DATABASE_URL_ENV = "HETEROFLOW_BENCH_DATABASE_URL"
 NATS_URL_ENV = "HETEROFLOW_BENCH_NATS_URL"

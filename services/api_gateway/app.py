@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 from nats.aio.client import Client
 
 from libs import auth
@@ -35,6 +36,7 @@ from . import (
     routes_tenants,
     shedding,
 )
+from .console import routes as console
 from .responses import FastJSONResponse
 from .serving import ServingRouter
 
@@ -97,6 +99,8 @@ def create_app(
     app.include_router(routes_queues.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_serve.router)
+    app.include_router(console.router)
+    app.mount("/ui/static", StaticFiles(directory=console.STATIC), name="console-static")
 
     # Inside the metrics middleware, so refused bodies are counted too.
     app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)

@@ -1,0 +1,1 @@
+"""The web console served by the api-gateway at `/ui/` (docs/console.md)."""

@@ -1,0 +1,115 @@
+"""The web console in a real browser (Playwright driving the system's chromium) against a real
+`heteroflow up` with a process-runtime agent: sign in, create from the form, watch the task
+complete without reloading, its logs and timeline, a form error beside its field, another
+tenant's task not found, nodes for operators only.
+
+`HETEROFLOW_CONSOLE_SCREENSHOTS=DIR` saves a screenshot of each page there (docs/console/).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from . import web
+from .cluster import Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("no chromium on this machine (.ci/run installs it)", allow_module_level=True)
+
+WAIT_MS = 30_000
+SHOTS = os.environ.get("HETEROFLOW_CONSOLE_SCREENSHOTS", "")
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def shot(page: Page, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
+
+
+def sign_in(browser: Browser, url: str, key: str, width: int = 1280) -> Page:
+    page = browser.new_context(viewport={"width": width, "height": 900}).new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.goto(f"{url}/ui/")
+    assert page.url.endswith("/ui/login")
+    page.fill("#key", key)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{url}/ui/tasks")
+    return page
+
+
+def other_tenant_key(cluster: Cluster) -> str:
+    r = web.post(f"{cluster.url}/api/v1/tenants", json={"id": "initech"}, headers=cluster.operator)
+    assert r.status_code == 201, r.text
+    r = web.post(
+        f"{cluster.url}/api/v1/tenants/initech/api-keys", json={}, headers=cluster.operator
+    )
+    assert r.status_code == 201, r.text
+    return str(r.json()["key"])
+
+
+def test_a_tenant_creates_a_task_and_watches_it_complete(
+    cluster: Cluster, browser: Browser
+) -> None:
+    cluster.start_agent("p1", "process")
+    page = sign_in(browser, cluster.url, cluster.creds["tenant_api_key"])
+    shot(page, "tasks-empty")
+
+    # A wrong value is named beside its field, and nothing is created.
+    page.click("text=New task")
+    page.fill("#f-name", "bad")
+    page.fill("#f-memory_mb", "lots")
+    page.click("button:has-text('Create')")
+    expect(page.locator("#e-memory_mb")).to_contain_text("memory_mb")
+    shot(page, "new-task-error")
+
+    # A good one runs to the end while the page is watched, not reloaded.
+    page.fill("#f-name", "hello")
+    page.fill("#f-memory_mb", "256")
+    page.fill("#f-command", "echo hello-from-the-console; sleep 2")
+    page.click("button:has-text('Create')")
+    page.wait_for_url("**/ui/tasks/*")
+    task_url = page.url
+    expect(page.locator("#status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(page.locator("#logs")).to_contain_text("hello-from-the-console")
+    assert page.url == task_url  # no navigation happened
+    shot(page, "task-completed")
+
+    # A task that runs past its timeout gets a timeline entry, shown live.
+    slow = cluster.create(name="slow", image="", command="sleep 60", timeout=1, max_retries=0)
+    page.goto(f"{cluster.url}/ui/tasks/{slow['id']}")
+    expect(page.locator("#timeline")).to_contain_text("task_timeout", timeout=WAIT_MS)
+    shot(page, "task-timeline")
+
+    page.goto(f"{cluster.url}/ui/tasks")
+    expect(page.locator("table")).to_contain_text("hello")
+    shot(page, "tasks")
+
+    # Another tenant: the same task's URL is not found; the nodes page is not for tenants.
+    stranger = sign_in(browser, cluster.url, other_tenant_key(cluster))
+    stranger.goto(task_url)
+    expect(stranger.locator("main")).to_contain_text("not found")
+    stranger.goto(f"{cluster.url}/ui/nodes")
+    expect(stranger.locator("h1")).to_have_text("Not allowed")
+
+    # An operator sees the nodes, at phone width too.
+    operator = sign_in(browser, cluster.url, cluster.creds["operator_token"], width=390)
+    operator.goto(f"{cluster.url}/ui/nodes")
+    expect(operator.locator("table")).to_contain_text("p1")
+    shot(operator, "nodes-phone")
