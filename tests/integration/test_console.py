@@ -124,3 +124,42 @@ async def test_static_assets_are_served(api: Api) -> None:
     r = await api.client.get("/ui/static/console.js")
     assert r.status_code == 200 and "EventSource" in r.text
     assert isinstance(r, httpx.Response)
+
+
+async def test_a_group_shows_its_members_by_rank(api: Api) -> None:
+    await signed_in(api, api.tenant)
+    body = {"name": "web", "image": "busybox:latest", "command": "true", "task_count": 3}
+    r = await api.client.post("/api/v1/task-groups", json=body, headers=api.tenant)
+    assert r.status_code == 201, r.text
+    group = r.json()
+    page = await api.client.get(f"/ui/groups/{group['id']}")
+    assert page.status_code == 200, page.text
+    ids = [t["id"] for t in sorted(group["tasks"], key=lambda t: t["rank"])]
+    positions = [page.text.index(f"/ui/tasks/{i}") for i in ids]
+    assert positions == sorted(positions)  # rank order
+    listing = await api.client.get("/ui/groups")
+    assert f"/ui/groups/{group['id']}" in listing.text
+
+
+async def test_a_job_is_drawn_by_depth(api: Api) -> None:
+    await signed_in(api, api.tenant)
+    body = {
+        "name": "pipe",
+        "tasks": [
+            {"key": "evaluate", "name": "e", "image": "busybox:latest"},
+            {"key": "prepare", "name": "p", "image": "busybox:latest"},
+            {"key": "training", "name": "t", "image": "busybox:latest"},
+        ],
+        "dependencies": [
+            {"task": "training", "on": "prepare"},
+            {"task": "evaluate", "on": "training"},
+        ],
+    }
+    r = await api.client.post("/api/v1/jobs", json=body, headers=api.tenant)
+    assert r.status_code == 201, r.text
+    page = await api.client.get(f"/ui/jobs/{r.json()['id']}")
+    assert page.status_code == 200, page.text
+    text = page.text
+    # Declared evaluate-first, drawn by depth: prepare (0), training (1), evaluate (2).
+    assert text.index(">prepare<") < text.index(">training<") < text.index(">evaluate<")
+    assert "depth 2" in text and "after training" in text

@@ -362,6 +362,73 @@ async def nodes(request: Request) -> Response:
     return page(request, "nodes.html", title="Nodes", nodes=r.json()["nodes"])
 
 
+@router.get("/groups/{group_id}")
+async def group_detail(request: Request, group_id: str) -> Response:
+    """Members by rank, serving figures, rollout progress, window and timeline."""
+    key = request.cookies.get(COOKIE)
+    if not key:
+        return _to_login()
+    async with _api(request, key) as api:
+        r = await api.get(f"/task-groups/{group_id}")
+        if r.status_code != 200:
+            return _refused(request, r)
+        extra = {
+            name: (await api.get(f"/task-groups/{group_id}{path}", params=params))
+            for name, path, params in (
+                ("serving", "/serving", {}),
+                ("rollout", "/rollout", {}),
+                ("timeline", "/events", {"per_page": 50}),
+            )
+        }
+    found = {k: v.json() for k, v in extra.items() if v.status_code == 200}
+    group = r.json()
+    members = sorted(group.get("tasks", []), key=lambda t: (t.get("rank") is None, t.get("rank")))
+    return page(
+        request,
+        "group.html",
+        title=group["name"],
+        group=group,
+        members=members,
+        serving=found.get("serving"),
+        rollout=found.get("rollout"),
+        timeline=found.get("timeline", {}).get("events", []),
+    )
+
+
+@router.get("/jobs/{job_id}")
+async def job_detail(request: Request, job_id: str) -> Response:
+    """The job's DAG drawn by depth: each task with its status and why it waits."""
+    key = request.cookies.get(COOKIE)
+    if not key:
+        return _to_login()
+    async with _api(request, key) as api:
+        r = await api.get(f"/jobs/{job_id}")
+    if r.status_code != 200:
+        return _refused(request, r)
+    job = r.json()
+    return page(request, "job.html", title=job["name"], job=job, levels=dag_levels(job["tasks"]))
+
+
+def dag_levels(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The job's tasks by depth: a task sits one level below its deepest upstream."""
+    upstream = {n["key"]: [str(d["on"]) for d in n["depends_on"]] for n in nodes}
+    depth: dict[str, int] = {}
+
+    def level(key: str, seen: frozenset[str] = frozenset()) -> int:
+        if key not in depth:
+            ups = [u for u in upstream.get(key, []) if u in upstream and u not in seen]
+            depth[key] = 1 + max((level(u, seen | {key}) for u in ups), default=-1)
+        return depth[key]
+
+    levels: list[list[dict[str, Any]]] = []
+    for n in nodes:
+        d = level(n["key"])
+        while len(levels) <= d:
+            levels.append([])
+        levels[d].append(n | {"after": upstream[n["key"]]})
+    return levels
+
+
 @router.get("/{section}")
 async def listing(request: Request, section: str) -> Response:
     """Groups, jobs, queues and pools: one table each, from their list endpoints."""
@@ -393,7 +460,15 @@ async def listing(request: Request, section: str) -> Response:
         )
         if any(c in x for x in rows)
     ]
-    return page(request, "listing.html", title=section.capitalize(), rows=rows, columns=columns)
+    detail = section if section in ("groups", "jobs") else ""
+    return page(
+        request,
+        "listing.html",
+        title=section.capitalize(),
+        rows=rows,
+        columns=columns,
+        detail=detail,
+    )
 
 
 def _refused(request: Request, r: httpx.Response) -> Response:
