@@ -163,3 +163,33 @@ async def test_a_job_is_drawn_by_depth(api: Api) -> None:
     # Declared evaluate-first, drawn by depth: prepare (0), training (1), evaluate (2).
     assert text.index(">prepare<") < text.index(">training<") < text.index(">evaluate<")
     assert "depth 2" in text and "after training" in text
+
+
+async def test_queues_show_usage_against_quota(api: Api) -> None:
+    pool = {"name": "all", "node_selector": {"gpu_type": "A100"}}
+    r = await api.client.post("/api/v1/pools", json=pool, headers=api.operator)
+    assert r.status_code == 201, r.text
+    queue = {"name": "small", "tenant": "acme", "pools": ["all"], "quota": {"max_gpus": 4}}
+    r = await api.client.post("/api/v1/queues", json=queue, headers=api.operator)
+    assert r.status_code == 201, r.text
+    await signed_in(api, api.tenant)
+    page = await api.client.get("/ui/queues")
+    assert page.status_code == 200, page.text
+    assert "small" in page.text and 'max="4"' in page.text and "0 of 4" in page.text
+
+
+async def test_a_group_is_scaled_from_its_page(api: Api) -> None:
+    key = await signed_in(api, api.tenant)
+    body = {"name": "web", "image": "busybox:latest", "command": "true", "task_count": 2}
+    r = await api.client.post("/api/v1/task-groups", json=body, headers=api.tenant)
+    gid = r.json()["id"]
+    r = await api.client.post(
+        f"/ui/groups/{gid}/scale", content=f"csrf={csrf_token(key)}&replicas=3", headers=FORM
+    )
+    assert r.status_code == 303, r.text
+    r = await api.client.get(f"/api/v1/task-groups/{gid}", headers=api.tenant)
+    assert r.json()["replicas"] == 3
+    r = await api.client.post(
+        f"/ui/groups/{gid}/scale", content=f"csrf={csrf_token(key)}&replicas=many", headers=FORM
+    )
+    assert r.status_code == 400 and "replicas" in r.text

@@ -25,7 +25,9 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 
+from .charts import sparkline
 from .forms import task_body
 
 HERE = Path(__file__).parent
@@ -244,15 +246,37 @@ async def task_detail(request: Request, task_id: str) -> Response:
             return _refused(request, r)
         timeline = await api.get(f"/tasks/{task_id}/events", params={"per_page": 50})
         retries = await api.get(f"/tasks/{task_id}/retries")
+        gpu = await api.get(f"/tasks/{task_id}/gpu-metrics")
+        energy = await api.get(f"/tasks/{task_id}/energy")
     return page(
         request,
         "task.html",
         title=r.json()["name"],
         task=r.json(),
+        charts=gpu_charts(gpu.json()) if gpu.status_code == 200 else [],
+        energy=energy.json() if energy.status_code == 200 else None,
         timeline=timeline.json().get("events", []) if timeline.status_code == 200 else [],
         retries=retries.json().get("retries", []) if retries.status_code == 200 else [],
         terminal=r.json()["status"] in TERMINAL,
     )
+
+
+def gpu_charts(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per card: utilisation and memory over the last hour, as inline SVG."""
+    out = []
+    for s in body.get("series", []):
+        pts = s["points"]
+        total = max((p["memory_total_mb"] for p in pts), default=0.0)
+        out.append(
+            {
+                "gpu_id": s["gpu_id"],
+                "utilization": Markup(
+                    sparkline([p["utilization_pct"] for p in pts], 100, "utilisation %")
+                ),
+                "memory": Markup(sparkline([p["memory_used_mb"] for p in pts], total, "memory MB")),
+            }
+        )
+    return out
 
 
 @router.get("/tasks/{task_id}/timeline")
@@ -395,6 +419,21 @@ async def group_detail(request: Request, group_id: str) -> Response:
     )
 
 
+@router.post("/groups/{group_id}/scale")
+async def group_scale(request: Request, group_id: str) -> Response:
+    checked = await _checked_form(request)
+    if isinstance(checked, Response):
+        return checked
+    key, form = checked
+    raw = form.get("replicas", "").strip()
+    replicas: int | str = int(raw) if raw.isdigit() else raw
+    async with _api(request, key) as api:
+        r = await api.post(f"/task-groups/{group_id}/scale", json={"replicas": replicas})
+    if r.status_code >= 400:
+        return _refused(request, r)
+    return _headers(RedirectResponse(f"/ui/groups/{group_id}", 303))
+
+
 @router.get("/jobs/{job_id}")
 async def job_detail(request: Request, job_id: str) -> Response:
     """The job's DAG drawn by depth: each task with its status and why it waits."""
@@ -427,6 +466,23 @@ def dag_levels(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
             levels.append([])
         levels[d].append(n | {"after": upstream[n["key"]]})
     return levels
+
+
+@router.get("/queues")
+async def queues(request: Request) -> Response:
+    """Each queue's usage against its quota (one read per queue: queues are few)."""
+    key = request.cookies.get(COOKIE)
+    if not key:
+        return _to_login()
+    async with _api(request, key) as api:
+        r = await api.get("/queues")
+        if r.status_code != 200:
+            return _refused(request, r)
+        found = []
+        for q in r.json()["queues"]:
+            one = await api.get(f"/queues/{q['name']}")
+            found.append(one.json() if one.status_code == 200 else q)
+    return page(request, "queues.html", title="Queues", queues=found)
 
 
 @router.get("/{section}")
