@@ -84,6 +84,7 @@ class Why(StrEnum):
     QUOTA_EXHAUSTED = "quota_exhausted"
     TENANT_SUSPENDED = "tenant_suspended"
     SCHEDULE_WINDOW = "schedule_window"
+    ROLLOUT = "rollout"  # a rolling update holds the group: its controller owns the replicas
     GROUP_FAILED = "group_failed"  # failed for good (crash loop, rebuilds used): not revived
     YOUNG_REPLICAS = "young_replicas"  # the scale-down would remove a replica younger than 60 s
 
@@ -99,6 +100,7 @@ class Inputs:
     gpu_per_replica: float = 0.0
     quota_left: float | None = None  # GPUs the tenant may still take; None = unlimited
     window_in_force: bool = False
+    rollout_active: bool = False
     group_failed: bool = False
 
 
@@ -128,6 +130,8 @@ def decide_autoscale(cfg: AutoScale, inp: Inputs) -> Decision:
 
     if inp.window_in_force:
         return keep(Why.SCHEDULE_WINDOW)
+    if inp.rollout_active:
+        return keep(Why.ROLLOUT)
     if inp.current == 0:
         if inp.group_failed:
             return keep(Why.GROUP_FAILED)

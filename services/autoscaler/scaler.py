@@ -41,6 +41,7 @@ from libs.domain.events import Payload
 from libs.domain.group import Group, GroupStatus, Parallelism, current_members, is_live
 from libs.domain.group_scaling import decided
 from libs.domain.reasons import ReasonCode
+from libs.domain.rollout_model import ACTIVE as ROLLING
 from libs.domain.scaling import ScalePlan, decide_scale
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TenantId
@@ -175,6 +176,7 @@ class AutoScaler(Controller):
             gpu_per_replica=per_replica,
             quota_left=quota_left,
             window_in_force=window_in_force(group),
+            rollout_active=group.rollout is not None and group.rollout.phase in ROLLING,
             group_failed=group.status is GroupStatus.FAILED,
         )
 

@@ -247,6 +247,18 @@ async def test_no_change_while_a_window_action_is_in_force(api: Api) -> None:
     assert [e["source"] for e in await scaled(api, gid)] == ["schedule_window"]
 
 
+async def test_no_change_while_a_rollout_holds_the_group(api: Api) -> None:
+    gid = await make_group(api)
+    url = f"/api/v1/task-groups/{gid}/rollout"
+    r = await api.client.post(url, json={"image": "busybox:v2"}, headers=api.tenant)
+    assert r.status_code == 202, r.text
+    book = MetricBook(max_age_s=60)
+    hear(book, gid, rps=500)
+    d = (await AutoScaler(api.store, book, now).scan())[gid]
+    assert (d.why, d.replicas) == ("rollout", 2)
+    assert (await view(api, gid))["replicas"] == 2
+
+
 async def test_a_deposed_leaders_scale_is_refused_by_the_fence(api: Api) -> None:
     gid = await make_group(api)
     book = MetricBook(max_age_s=60)

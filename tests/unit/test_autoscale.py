@@ -141,6 +141,12 @@ DECISIONS = [
         4,
     ),
     (
+        "rollout in progress: hands off",
+        {"current": 2, "metric": 150.0, "rollout_active": True},
+        Why.ROLLOUT,
+        2,
+    ),
+    (
         "window in force: hands off",
         {"current": 2, "metric": 150.0, "window_in_force": True},
         Why.SCHEDULE_WINDOW,
