@@ -19,6 +19,7 @@ from libs.bus.broker import Routes, broker_for
 from libs.domain.catalog import PAYLOAD_TYPES
 from libs.store import relay
 from services.api_gateway import bus as gateway_bus
+from services.autoscaler import metrics as autoscaler
 from services.event_timeline import service as timeline
 from services.job_orchestrator import service as job_orchestrator
 from services.retry_engine import service as retry_engine
@@ -48,6 +49,7 @@ def all_routes() -> list[Routes]:
         timeline.routes(_unused, _unused),
         agent_routes.routes("{node_id}", "agent-{node_id}", command=_unused, logs=_unused),
         gateway_bus.routes(),
+        autoscaler.routes(),
     ]
 
 

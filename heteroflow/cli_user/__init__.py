@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from libs.domain.autoscale import Metric
+
 from . import commands, events, jobs, scale
 from .client import Client, CliError, Context, resolve_target
 from .output import FORMATS
@@ -173,9 +175,31 @@ def _add_task_commands(
     p.set_defaults(func=_entry(events.cmd_nodes, operator=True))
 
 
+def _add_autoscale(gsub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentParser) -> None:
+    p = gsub.add_parser(
+        "autoscale",
+        parents=[conn, fmt],
+        help="set a group's auto_scale (docs/autoscaling.md), or remove it with --off",
+    )
+    p.add_argument("group_id")
+    p.add_argument("--off", action="store_true", help="remove auto_scale")
+    p.add_argument(
+        "--metric",
+        choices=[m.value for m in Metric],
+        help="what to scale on (required unless --off)",
+    )
+    p.add_argument("--target", type=float, help="the per-replica value aimed at (> 0)")
+    p.add_argument("--max", type=int, help="max_replicas")
+    p.add_argument("--min", type=int, help="min_replicas (default 1)")
+    p.add_argument("--cooldown-up", type=float, help="cooldown_up_s (default 60)")
+    p.add_argument("--cooldown-down", type=float, help="cooldown_down_s (default 300)")
+    p.set_defaults(func=_entry(scale.cmd_groups_autoscale))
+
+
 def _add_groups(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentParser) -> None:
     groups = sub.add_parser(
-        "groups", help="task groups: ls, describe, events, scale, stop, sleep, wake, rm"
+        "groups",
+        help="task groups: ls, describe, events, scale, autoscale, stop, sleep, wake, rm",
     )
     gsub = groups.add_subparsers(dest="group_command", required=True, metavar="COMMAND")
     p = gsub.add_parser("ls", parents=[conn, fmt], help="list task groups")
@@ -193,6 +217,7 @@ def _add_groups(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentP
     p.add_argument("group_id")
     p.add_argument("replicas", type=_replicas, help="the new replica count (0 allowed)")
     p.set_defaults(func=_entry(scale.cmd_groups_scale))
+    _add_autoscale(gsub, conn, fmt)
     for op in OPS:
         p = gsub.add_parser(op, parents=[conn, fmt], help=f"{OP_HELP[op]}, for every member")
         p.add_argument("group_ids", nargs="+", metavar="GROUP_ID")

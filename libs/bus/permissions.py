@@ -7,8 +7,9 @@ external cluster can copy them.
 * `heteroflow` (ADMIN): everything. `up` declares the streams and the lease bucket with it;
   the ops commands use it. Nobody else may administer streams.
 * services (`SERVICE_USERS`): the JetStream API except stream administration; only
-  `scheduler` may publish node commands, only `outbox-relay` domain events; no service may
-  publish as a node (reports, heartbeats, telemetry).
+  `scheduler` may publish node commands, only `outbox-relay` domain events, only
+  `api-gateway` the router's figures (the AutoScaler's input, read by `autoscaler`); no
+  service may publish as a node (reports, heartbeats, telemetry).
 * an agent (`agent-<node_id>`, allow-list): publish its own report, heartbeat and telemetry
   subjects, create and read its own command consumer (the create subject names the filter,
   so the consumer cannot be pointed at another node's commands), pull from it and
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .subjects import EVENTS_PREFIX, NODE_PREFIX, NODE_STREAM, escape_token
+from .subjects import EVENTS_PREFIX, NODE_PREFIX, NODE_STREAM, SERVING_PREFIX, escape_token
 
 ADMIN = "heteroflow"
 GATEWAY = "api-gateway"
@@ -60,6 +61,7 @@ NODE_OWN_SUBJECTS = tuple(
     f"{NODE_PREFIX}.*.{kind}" for kind in ("report", "heartbeat", "telemetry")
 )
 EVENTS = f"{EVENTS_PREFIX}.>"
+SERVING_METRICS = f"{SERVING_PREFIX}.*.metrics"
 
 
 def nats_user(node_id: str) -> str:
@@ -83,6 +85,8 @@ def service_permissions(user: str) -> dict[str, Any]:
         deny.append(NODE_COMMANDS)
     if user != RELAY:
         deny.append(EVENTS)
+    if user != GATEWAY:
+        deny.append(SERVING_METRICS)
     return {"publish": {"deny": deny}}
 
 

@@ -2,8 +2,11 @@
 
 `auto_scale: {metric, target, min_replicas, max_replicas, cooldown_up_s, cooldown_down_s}`.
 Target replicas = ceil(current × metric / target), clamped to [min, max]. Every outcome,
-"no change" included, carries a reason code a program can read (the service records each
-decision as an event). The service that gathers the inputs is not built yet.
+"no change" included, carries a reason code a program can read (the AutoScaler service,
+services/autoscaler/scaler.py, records each decision as an event).
+
+The router's figures are totals per target; `metric_value` turns them into the per-replica
+value the formula expects, so a `qps` target of 50 asks for one replica per 50 requests/s.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import Code, DomainError
+from .serving import ServingMetrics
 
 MIN_REPLICA_AGE_S = 60.0  # never remove a replica younger than this
 DRAIN_LIMIT_S = 120.0  # a replica draining longer than this is ended
@@ -80,6 +84,9 @@ class Why(StrEnum):
     QUOTA_EXHAUSTED = "quota_exhausted"
     TENANT_SUSPENDED = "tenant_suspended"
     SCHEDULE_WINDOW = "schedule_window"
+    ROLLOUT = "rollout"  # a rolling update holds the group: its controller owns the replicas
+    GROUP_FAILED = "group_failed"  # failed for good (crash loop, rebuilds used): not revived
+    YOUNG_REPLICAS = "young_replicas"  # the scale-down would remove a replica younger than 60 s
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,8 @@ class Inputs:
     gpu_per_replica: float = 0.0
     quota_left: float | None = None  # GPUs the tenant may still take; None = unlimited
     window_in_force: bool = False
+    rollout_active: bool = False
+    group_failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,11 @@ def decide_autoscale(cfg: AutoScale, inp: Inputs) -> Decision:
 
     if inp.window_in_force:
         return keep(Why.SCHEDULE_WINDOW)
+    if inp.rollout_active:
+        return keep(Why.ROLLOUT)
     if inp.current == 0:
+        if inp.group_failed:
+            return keep(Why.GROUP_FAILED)
         if cfg.min_replicas == 0:
             return keep(Why.AT_TARGET, 0)
         computed, up_why = cfg.min_replicas, Why.SCALE_FROM_ZERO
@@ -177,3 +190,44 @@ def overdue_drains(replicas: Sequence[Replica], limit_s: float = DRAIN_LIMIT_S) 
     return [
         r.task_id for r in replicas if r.draining_for_s is not None and r.draining_for_s > limit_s
     ]
+
+
+def safe_scale_down(
+    replicas: Sequence[Replica], target: int, *, split: bool, min_age_s: float = MIN_REPLICA_AGE_S
+) -> int:
+    """The size a scale-down to `target` may really go to, given the live replicas.
+
+    Members are ranks `0..size-1` and a scale-down removes the highest ranks, so the removal
+    stops at the first replica (from the top) that must stay: one younger than `min_age_s`,
+    or rank 0 of a group outside `split`. Returns a size >= `target`.
+    """
+    size = target
+    for r in sorted(replicas, key=lambda r: -r.rank):
+        if r.rank < size:
+            break
+        keep = r.age_s < min_age_s and r.draining_for_s is None
+        if keep or (r.rank == 0 and not split):
+            size = r.rank + 1
+            break
+    return size
+
+
+# Router figures that add up over replicas (divided by the replica count) and those that
+# are already per request (kept as they are).
+_ADDITIVE = {
+    Metric.QPS: "requests_per_second",
+    Metric.CONCURRENCY: "concurrent_requests",
+    Metric.QUEUE_DEPTH: "queued_requests",
+}
+
+
+def metric_value(metric: Metric, samples: Sequence[ServingMetrics], current: int) -> float | None:
+    """The per-replica value of a router metric from the latest figures of each gateway
+    process (None: no figures). Totals add up over gateways and are divided by `current`;
+    `latency_p95_ms` is the worst p95 any gateway saw."""
+    if not samples or metric is Metric.GPU_UTILIZATION:
+        return None
+    if metric is Metric.LATENCY_P95_MS:
+        return max(s.latency_p95_ms for s in samples)
+    total = sum(float(getattr(s, _ADDITIVE[metric])) for s in samples)
+    return total / max(current, 1)

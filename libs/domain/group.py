@@ -15,8 +15,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .autoscale import AutoScale, parse_auto_scale
 from .errors import Code, DomainError
 from .events import Payload, ReasonedPayload, register
+from .group_scaling import GroupAutoscaleDecided, GroupScalingUpdated, LastDecision
 from .reasons import ReasonCode
 from .rollout_model import ROLLOUT_EVENTS, Rollout, fold_rollout
 from .states import TERMINAL, TaskStatus
@@ -81,6 +83,7 @@ class GroupSpec(BaseModel):
     template: TaskSpec
     shape: GroupShape
     schedule_window: ScheduleWindow | None = None
+    auto_scale: AutoScale | None = None
 
     @property
     def is_training(self) -> bool:
@@ -119,7 +122,7 @@ def parse_group(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()
             owned,
         )
     template = parse_create(
-        {k: v for k, v in raw.items() if k not in GROUP_FIELDS and k != "schedule_window"},
+        {k: v for k, v in raw.items() if k not in GROUP_FIELDS and k not in POLICY_KEYS},
         tenant=tenant,
         volume_allow_list=volume_allow_list,
     )
@@ -139,7 +142,27 @@ def parse_group(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()
     if raw.get("schedule_window") is not None:
         window = parse_window(raw["schedule_window"], static_world=spec.static_world)
         spec = spec.model_copy(update={"schedule_window": window})
+    if raw.get("auto_scale") is not None:
+        spec = spec.model_copy(
+            update={"auto_scale": parse_group_auto_scale(raw["auto_scale"], spec)}
+        )
     return spec
+
+
+POLICY_KEYS = frozenset({"schedule_window", "auto_scale"})
+
+
+def parse_group_auto_scale(raw: Any, spec: GroupSpec) -> AutoScale:
+    """`auto_scale` of a group: valid on its own, and only on a group that can be scaled."""
+    cfg = parse_auto_scale(raw)
+    if spec.static_world:
+        why = "task_type=training" if spec.is_training else f"parallelism={spec.shape.parallelism}"
+        raise DomainError(
+            Code.INVALID_VALUE,
+            f"auto_scale: a static-world group ({why}) has a world size fixed at creation",
+            ["auto_scale"],
+        )
+    return cfg
 
 
 # --- events ----------------------------------------------------------------------------
@@ -251,6 +274,9 @@ class Group(BaseModel):
     restart_due_at: datetime | None = None
     failed_at: datetime | None = None
     replicas: int | None = None  # set by a scale; None = the shape's task_count
+    scaled_at: datetime | None = None  # the last scale, either way (AutoScaler cooldowns)
+    scaled_up_at: datetime | None = None
+    last_autoscale: LastDecision | None = None
     labels: dict[str, str] = Field(default_factory=dict)  # group-level, e.g. window state
     # Rolling update (docs/rollout.md): the members' current generation and the last rollout.
     generation: int = 0
@@ -310,7 +336,14 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
         template = group.spec.template.model_copy(update=event.changes)
         up["spec"] = group.spec.model_copy(update={"template": template})
     elif isinstance(event, GroupScaled):
-        up["replicas"] = event.to_replicas
+        up.update(replicas=event.to_replicas, scaled_at=at)
+        if event.to_replicas > event.from_replicas:
+            up["scaled_up_at"] = at
+    elif isinstance(event, GroupScalingUpdated):
+        changes = {f: getattr(event, f) for f in event.fields}
+        up["spec"] = group.spec.model_copy(update=changes)
+    elif isinstance(event, GroupAutoscaleDecided):
+        up["last_autoscale"] = event.as_last(at)
     elif isinstance(event, GroupWindowApplied):
         up["labels"] = dict(event.labels)
     elif isinstance(event, GroupDeleted):

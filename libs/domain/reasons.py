@@ -55,6 +55,7 @@ class ReasonCode(StrEnum):
     USER_SCALE = "user_scale"
     SCALED_DOWN = "scaled_down"
     SCHEDULE_WINDOW = "schedule_window"
+    AUTOSCALE = "autoscale"
     ROLLOUT_ACTION = "rollout_action"
     # --- node events --------------------------------------------------------------------
     NODE_GONE = "node_gone"
@@ -124,6 +125,7 @@ TEXT: dict[ReasonCode, str] = {
     R.USER_SCALE: "replica count changed on request",
     R.SCALED_DOWN: "its rank was removed by a scale-down",
     R.SCHEDULE_WINDOW: "the group's schedule window opened or closed",
+    R.AUTOSCALE: "the AutoScaler changed the replica count or ended an overdue drain",
     R.ROLLOUT_ACTION: "pause, resume or rollback of a rollout requested",
     R.NODE_GONE: "the node is gone for good",
     R.GPU_LOST: "a card disappeared from the heartbeats",

@@ -63,23 +63,26 @@ def decide_scale(
     source: str = "user",
     code: ReasonCode = ReasonCode.USER_SCALE,
     reason: str = "",
+    revive: bool = False,
 ) -> ScalePlan:
     """Scale to `replicas`: new ranks `size..replicas-1`, or stop the ranks at and above
-    `replicas`. Same size → an empty plan (nothing is written)."""
+    `replicas`. Same size → an empty plan (nothing is written).
+
+    `revive` (the AutoScaler's scale from zero): ranks below both sizes whose member has
+    ended get a new task too, so a group whose every replica was stopped comes back."""
     check_scalable(group)
     old = group.size
-    if replicas == old:
-        return ScalePlan()
     members = current_members(tasks)
     by_rank = {m.rank: m for m in members}
     plan = ScalePlan()
-    if replicas > old:
-        plan.new_ranks = [
-            r
-            for r in range(old, replicas)
-            if r not in by_rank or not is_live(by_rank[r]) or by_rank[r].status in _LEAVING
-        ]
-    else:
+    plan.new_ranks = [
+        r
+        for r in range(0 if revive else old, replicas)
+        if r not in by_rank or not is_live(by_rank[r]) or by_rank[r].status in _LEAVING
+    ]
+    if replicas == old and not plan.new_ranks:
+        return ScalePlan()
+    if replicas < old:
         plan.stop = [
             m
             for m in members

@@ -29,10 +29,14 @@ def window_in_force(group: Group) -> bool:
 
 def decide_window(group: Group, now: datetime) -> WindowStep | None:
     window = group.spec.schedule_window
-    if window is None or group.deleted_at is not None:
-        return None
-    inside = in_window(window, now)
     held = group.labels.get(ACTION_LABEL)
+    if group.deleted_at is not None or (window is None and held is None):
+        return None
+    if window is None:
+        # Removed by an update while its action held: undone as on re-entering the window;
+        # a `stop` is not undone, but the group is released (the AutoScaler may act again).
+        return _undo(group, str(held), "window removed")
+    inside = in_window(window, now)
     if not inside and held is None:
         labels = dict(group.labels) | {
             ACTION_LABEL: window.action.value,
@@ -41,11 +45,19 @@ def decide_window(group: Group, now: datetime) -> WindowStep | None:
         replicas = window.scale_to if window.action is WindowAction.SCALE else None
         return _step(group, window.action.value, labels, replicas, "outside its window")
     if inside and held in (WindowAction.PAUSE, WindowAction.SCALE):
-        labels = {k: v for k, v in group.labels.items() if k not in (ACTION_LABEL, ORIGINAL_LABEL)}
-        original = int(group.labels.get(ORIGINAL_LABEL, group.size))
-        replicas = original if held == WindowAction.SCALE else None
-        return _step(group, "restore", labels, replicas, f"back in its window: {held} undone")
+        return _undo(group, str(held), "back in its window")
     return None  # in force already, inside with nothing to undo, or stopped for good
+
+
+def _undo(group: Group, held: str, why: str) -> WindowStep:
+    labels = {k: v for k, v in group.labels.items() if k not in (ACTION_LABEL, ORIGINAL_LABEL)}
+    if held == WindowAction.STOP:
+        return _step(
+            group, "release", labels, None, f"{why}: the stop stays, the group is released"
+        )
+    original = int(group.labels.get(ORIGINAL_LABEL, group.size))
+    replicas = original if held == WindowAction.SCALE else None
+    return _step(group, "restore", labels, replicas, f"{why}: {held} undone")
 
 
 def _step(

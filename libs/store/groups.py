@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from libs.domain.group import Group, GroupStatus
+from libs.domain.windows import ACTION_LABEL
 
 from .eventstore import EventStore
 from .pool import live_page, rows
@@ -54,10 +55,23 @@ async def live_or_recent(
 
 
 async def with_windows(store: EventStore) -> list[Group]:
-    """Live groups that carry a schedule window (the window controller's scan)."""
+    """Live groups that carry a schedule window, or still hold a window's action after the
+    window was removed (the window controller's scan)."""
     found = await rows(
         store,
         "SELECT doc FROM groups WHERE deleted_at IS NULL"
-        " AND jsonb_typeof(doc->'spec'->'schedule_window') = 'object' ORDER BY id",
+        " AND (jsonb_typeof(doc->'spec'->'schedule_window') = 'object'"
+        " OR doc->'labels' ? %s) ORDER BY id",
+        [ACTION_LABEL],
+    )
+    return _groups(found)
+
+
+async def with_auto_scale(store: EventStore) -> list[Group]:
+    """Live groups that carry an `auto_scale` configuration (the AutoScaler's scan)."""
+    found = await rows(
+        store,
+        "SELECT doc FROM groups WHERE deleted_at IS NULL"
+        " AND jsonb_typeof(doc->'spec'->'auto_scale') = 'object' ORDER BY id",
     )
     return _groups(found)

@@ -212,6 +212,22 @@ async def queue_usage(store: EventStore, queue: str) -> dict[str, float]:
     return {k: float(row[k]) for k in ("gpus", "running_tasks", "running_jobs", "pending")}
 
 
+async def tenant_gpus(store: EventStore, tenant_id: str) -> float:
+    """GPUs a tenant holds or waits for (GPU-holding set of SPEC §1 plus pending): the
+    AutoScaler caps new replicas by what is left of the quota after these. Whole cards as
+    requested, a fraction as its compute ratio."""
+    found = await rows(
+        store,
+        "SELECT coalesce(sum(CASE WHEN (doc->'spec'->>'gpu_required')::int > 0"
+        "   THEN (doc->'spec'->>'gpu_required')::float"
+        "   ELSE coalesce((doc->'spec'->>'gpu_compute_ratio')::float, 0) END), 0) AS gpus"
+        " FROM tasks WHERE tenant_id = %s AND deleted_at IS NULL"
+        " AND (status = ANY(%s) OR status = 'pending')",
+        [tenant_id, HOLDING],
+    )
+    return float(found[0]["gpus"])
+
+
 async def of_job(store: EventStore, job_id: str) -> list[Task]:
     """Every task created for a job (label heteroflow.job), deleted ones included."""
     found = await rows(

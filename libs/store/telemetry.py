@@ -7,6 +7,7 @@ once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -82,6 +83,22 @@ async def series(
         [step_s, start, task_id, start, end],
     )
     return [GpuPoint(**r) for r in found]
+
+
+async def mean_utilization(
+    store: EventStore, task_ids: Sequence[str], since: datetime
+) -> float | None:
+    """Mean GPU utilisation (%) over the cards of `task_ids` since `since`: each card's mean
+    first, then the mean over cards (a card sampled more often does not weigh more). None
+    when no card was sampled."""
+    found = await rows(
+        store,
+        "SELECT avg(u) AS u FROM (SELECT avg(utilization_pct) AS u FROM gpu_samples"
+        " WHERE task_id = ANY(%s) AND at >= %s GROUP BY node_id, gpu_id) AS cards",
+        [list(task_ids), since],
+    )
+    value = found[0]["u"] if found else None
+    return None if value is None else float(value)
 
 
 async def power(store: EventStore, task_id: str) -> list[PowerSample]:

@@ -14,11 +14,10 @@ from fastapi.responses import JSONResponse
 
 from libs import auth
 from libs.domain import commands
-from libs.domain.errors import Code, DomainError, NotFound
+from libs.domain.errors import NotFound
 from libs.domain.events import Payload
 from libs.domain.group import (
     Group,
-    GroupConfigUpdated,
     GroupCreated,
     GroupDeleted,
     GroupSpec,
@@ -27,6 +26,7 @@ from libs.domain.group import (
     parse_group,
     sized_members,
 )
+from libs.domain.group_update import parse_group_update
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TenantId
@@ -64,6 +64,12 @@ def group_view(group: Group, tasks: list[Task] | None = None) -> dict[str, Any]:
             group.spec.schedule_window.model_dump(mode="json")
             if group.spec.schedule_window
             else None
+        ),
+        "auto_scale": (
+            group.spec.auto_scale.model_dump(mode="json") if group.spec.auto_scale else None
+        ),
+        "last_autoscale": (
+            group.last_autoscale.model_dump(mode="json") if group.last_autoscale else None
         ),
         "group_labels": group.labels,
         "restarts": group.restarts,
@@ -220,27 +226,11 @@ async def update_group(
     group_id: str, principal: Principal, store: Store, body: Body
 ) -> dict[str, Any]:
     group = await _load(store, group_id, tenant_scope(principal))
-    others = sorted(set(body) - {"idle_timeout_minutes"})
-    if others:
-        raise DomainError(
-            Code.NOT_PENDING,
-            "a task group accepts only idle_timeout_minutes as an update; "
-            f"refused: {', '.join(others)}",
-            others,
+    events, changes = parse_group_update(group, body)
+    updated = await store.execute_aggregate(GROUPS, group.id, lambda _g: events)
+    if changes:
+        await _each_member(
+            store, group, lambda t: commands.decide_config_update(t, changes), principal.subject
         )
-    value = body.get("idle_timeout_minutes")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DomainError(
-            Code.INVALID_VALUE,
-            "idle_timeout_minutes must be an integer >= 0",
-            ["idle_timeout_minutes"],
-        )
-    changes = {"idle_timeout_minutes": value}
-    updated = await store.execute_aggregate(
-        GROUPS, group.id, lambda _g: [GroupConfigUpdated(group_id=group.id, changes=changes)]
-    )
-    await _each_member(
-        store, group, lambda t: commands.decide_config_update(t, changes), principal.subject
-    )
     assert updated is not None
     return group_view(updated, await _tasks(store, group.id))

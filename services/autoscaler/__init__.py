@@ -1,2 +1,2 @@
-"""The AutoScaler service's package: today the schedule-window controller (windows.py);
-the AutoScaler proper is not built yet (docs/status.md)."""
+"""The autoscaler service: the AutoScaler (scaler.py, fed by metrics.py) and the
+schedule-window controller (windows.py), both leader-only (service.py)."""

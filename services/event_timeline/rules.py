@@ -221,7 +221,8 @@ def group_entries(env: dict[str, Any]) -> list[Entry]:
             )
         ]
     if env["type"] == "group_window_applied":
-        kind = "schedule_window_restore" if p["action"] == "restore" else "schedule_window"
+        restored = p["action"] in ("restore", "release")
+        kind = "schedule_window_restore" if restored else "schedule_window"
         return [
             _entry(
                 env,

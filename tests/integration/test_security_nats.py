@@ -156,6 +156,8 @@ async def test_an_agent_key_logs_in_only_as_its_node(server: EmbeddedNats) -> No
         ("event-timeline", s.event_subject("task", "t2", "task_created"), False),
         (perms.SCHEDULER, s.node_report_subject("n2"), False),
         (perms.GATEWAY, s.node_logs_subject("n2"), True),
+        (perms.GATEWAY, s.serving_metrics_subject("grp-1"), True),
+        ("autoscaler", s.serving_metrics_subject("grp-1"), False),
     ],
 )
 async def test_services_publish_only_what_is_theirs(

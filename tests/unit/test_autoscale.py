@@ -1,8 +1,10 @@
 """AutoScaler decisions, table-driven: formula, clamps, cooldowns, scale from zero, quota,
-suspended tenant, schedule window, scale-down choice; no servers."""
+suspended tenant, schedule window, scale-down choice and safety, the router metrics as
+per-replica values; no servers."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -10,15 +12,20 @@ import pytest
 from libs.domain.autoscale import (
     AutoScale,
     Inputs,
+    Metric,
     Replica,
     Why,
     choose_removals,
     computed_replicas,
     decide_autoscale,
+    metric_value,
     overdue_drains,
     parse_auto_scale,
+    safe_scale_down,
 )
 from libs.domain.errors import DomainError
+from libs.domain.serving import ServingMetrics
+from services.autoscaler.metrics import MetricBook
 
 CFG = AutoScale(metric="qps", target=50, min_replicas=2, max_replicas=10)
 
@@ -80,6 +87,18 @@ DECISIONS = [
     ),
     ("scale from zero to min", {"current": 0, "metric": None}, Why.SCALE_FROM_ZERO, 2),
     (
+        "a failed group is not revived",
+        {"current": 0, "metric": None, "group_failed": True},
+        Why.GROUP_FAILED,
+        0,
+    ),
+    (
+        "scale from zero waits out the up cooldown",
+        {"current": 0, "metric": None, "now": 100.0, "last_up_at": 50.0},
+        Why.COOLDOWN_UP,
+        0,
+    ),
+    (
         "suspended: no scale up",
         {"current": 2, "metric": 150.0, "suspended": True},
         Why.TENANT_SUSPENDED,
@@ -120,6 +139,12 @@ DECISIONS = [
         {"current": 2, "metric": 150.0, "gpu_per_replica": 0.5, "quota_left": 1.0},
         Why.QUOTA_CAPPED,
         4,
+    ),
+    (
+        "rollout in progress: hands off",
+        {"current": 2, "metric": 150.0, "rollout_active": True},
+        Why.ROLLOUT,
+        2,
     ),
     (
         "window in force: hands off",
@@ -200,3 +225,84 @@ def test_parse_refused(fields: dict[str, Any], code: int, field: str) -> None:
 def test_parse_defaults() -> None:
     cfg = parse_auto_scale({"metric": "gpu_utilization", "target": 70, "max_replicas": 8})
     assert (cfg.min_replicas, cfg.cooldown_up_s, cfg.cooldown_down_s) == (1, 60.0, 300.0)
+
+
+SAFE_DOWN = [
+    # id, live replicas, asked size, split, allowed size
+    ("old replicas all go", [r(0), r(1), r(2), r(3)], 1, True, 1),
+    ("a young top rank stops the scale-down", [r(0), r(1), r(2, age=10.0)], 1, True, 3),
+    ("a young middle rank stops it there", [r(0), r(1, age=10.0), r(2), r(3)], 0, True, 2),
+    ("split may go to zero", [r(0), r(1)], 0, True, 0),
+    ("non-split keeps rank 0", [r(0), r(1)], 0, False, 1),
+    ("a draining young replica may go", [r(0), r(1, age=1.0, draining=1.0)], 1, True, 1),
+    ("dead ranks do not block", [r(0), r(3)], 1, True, 1),
+]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "target", "split", "size"),
+    [c[1:] for c in SAFE_DOWN],
+    ids=[c[0] for c in SAFE_DOWN],
+)
+def test_safe_scale_down(replicas: list[Replica], target: int, split: bool, size: int) -> None:
+    assert safe_scale_down(replicas, target, split=split) == size
+
+
+def figures(gateway: str, rps: float, conc: int, p95: float, queued: int) -> ServingMetrics:
+    return ServingMetrics(
+        target_id="grp-1",
+        tenant_id="a",
+        gateway=gateway,
+        requests_per_second=rps,
+        concurrent_requests=conc,
+        latency_p95_ms=p95,
+        queued_requests=queued,
+        replicas=2,
+        ready_replicas=2,
+        at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+
+
+TWO_GATEWAYS = [figures("a", 30.0, 4, 80.0, 2), figures("b", 10.0, 2, 120.0, 0)]
+VALUES = [
+    # id, metric, samples, current, per-replica value
+    ("qps adds gateways, per replica", Metric.QPS, TWO_GATEWAYS, 2, 20.0),
+    ("concurrency per replica", Metric.CONCURRENCY, TWO_GATEWAYS, 3, 2.0),
+    ("queue depth per replica", Metric.QUEUE_DEPTH, TWO_GATEWAYS, 1, 2.0),
+    ("latency: the worst p95", Metric.LATENCY_P95_MS, TWO_GATEWAYS, 2, 120.0),
+    ("no figures: no sample", Metric.QPS, [], 2, None),
+    ("gpu utilization is not a router figure", Metric.GPU_UTILIZATION, TWO_GATEWAYS, 2, None),
+    ("from zero replicas: the total", Metric.QPS, TWO_GATEWAYS, 0, 40.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("metric", "samples", "current", "value"),
+    [c[1:] for c in VALUES],
+    ids=[c[0] for c in VALUES],
+)
+def test_metric_value(
+    metric: Metric, samples: list[ServingMetrics], current: int, value: float | None
+) -> None:
+    assert metric_value(metric, samples, current) == value
+
+
+def test_qps_target_is_per_replica() -> None:
+    """A qps target of 50 asks for one replica per 50 requests/s, whatever the current size."""
+    cfg = AutoScale(metric="qps", target=50, max_replicas=100)
+    for current in (1, 2, 7):
+        value = metric_value(Metric.QPS, [figures("a", 420.0, 0, 0.0, 0)], current)
+        assert value is not None
+        assert computed_replicas(cfg, current, value) == 9
+
+
+async def test_metric_book_forgets_a_silent_gateway() -> None:
+    now = [100.0]
+    book = MetricBook(max_age_s=10, clock=lambda: now[0])
+    await book.hear(figures("a", 1.0, 0, 0.0, 0))
+    now[0] = 105.0
+    await book.hear(figures("b", 2.0, 0, 0.0, 0))
+    assert sorted(m.gateway for m in book.samples("grp-1")) == ["a", "b"]
+    now[0] = 112.0
+    assert [m.gateway for m in book.samples("grp-1")] == ["b"]
+    assert book.samples("grp-other") == []

@@ -1,4 +1,5 @@
-"""Manual scale decisions: who may scale, which ranks are added or stopped; no servers."""
+"""Scale decisions: who may scale, which ranks are added or stopped (revived for a scale
+from zero), and how scaling events fold into the group; no servers."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from libs.domain.autoscale import Decision, Metric, Why
 from libs.domain.errors import DomainError
 from libs.domain.group import Group, GroupStatus, evolve_group, parse_group, sized_members
 from libs.domain.group_control import GroupPolicy, decide_group
+from libs.domain.group_scaling import GroupScalingUpdated, decided
 from libs.domain.scaling import check_scalable, decide_scale, parse_replicas
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TaskId, TenantId
@@ -144,3 +147,50 @@ def test_group_scaled_to_zero_reads_stopped() -> None:
     members = [member(0, S.STOPPED), member(1, S.CANCELLED)]
     actions = decide_group(g, members, T0, GroupPolicy(), lambda _t: False)
     assert [e.to_status for e in actions.events] == [GroupStatus.STOPPED]  # type: ignore[attr-defined]
+
+
+REVIVE = [
+    # id, size, members, wanted, new ranks
+    ("every replica stopped: back to the wanted ranks", 3, [member(0, S.STOPPED)], 2, [0, 1]),
+    ("scaled to zero: from rank 0", 0, [member(0, S.CANCELLED)], 1, [0]),
+    ("a live rank is kept", 2, [member(0, S.RUNNING), member(1, S.STOPPED)], 2, [1]),
+]
+
+
+@pytest.mark.parametrize(
+    ("size", "members", "wanted", "new"), [c[1:] for c in REVIVE], ids=[c[0] for c in REVIVE]
+)
+def test_revive_brings_ended_ranks_back(
+    size: int, members: list[Task], wanted: int, new: list[int]
+) -> None:
+    plain = decide_scale(group(size), members, wanted)
+    plan = decide_scale(group(size), members, wanted, revive=True, source="autoscaler")
+    assert plan.new_ranks == new and plan.stop == []
+    assert plan.event is not None and plan.event.to_replicas == wanted
+    assert plain.new_ranks == [r for r in new if r >= size]  # without revive: only above size
+
+
+def test_scaling_events_fold_into_the_group() -> None:
+    g = group(None)
+    cfg = parse_group(
+        {"name": "g", "image": "x", "task_count": 3, "auto_scale": AS}, tenant=True
+    ).auto_scale
+    upd = GroupScalingUpdated(group_id="g", fields=("auto_scale",), auto_scale=cfg)
+    g = evolve_group(g, upd, T0, 2)
+    assert g.spec.auto_scale == cfg and g.spec.schedule_window is None
+    up = decide_scale(g, RUNNING3, 5, source="autoscaler").event
+    assert up is not None
+    g = evolve_group(g, up, T0 + timedelta(seconds=5), 3)
+    assert (g.scaled_at, g.scaled_up_at) == (T0 + timedelta(seconds=5),) * 2
+    down = decide_scale(g, RUNNING3, 4, source="autoscaler").event
+    assert down is not None
+    g = evolve_group(g, down, T0 + timedelta(seconds=9), 4)
+    assert (g.scaled_at, g.scaled_up_at) == (T0 + timedelta(seconds=9), T0 + timedelta(seconds=5))
+    d = Decision(Why.COOLDOWN_UP, 4, 6, 4)
+    g = evolve_group(g, decided("g", Metric.QPS, 12.5, d), T0, 5)
+    assert g.last_autoscale is not None and g.last_autoscale.same(d)
+    removed = GroupScalingUpdated(group_id="g", fields=("auto_scale",))
+    assert evolve_group(g, removed, T0, 6).spec.auto_scale is None
+
+
+AS = {"metric": "qps", "target": 5, "max_replicas": 6}

@@ -212,3 +212,31 @@ def test_group_without_window_is_left_alone() -> None:
         }
     )
     assert decide_window(g, at(MON, 12)) is None
+
+
+REMOVED = [
+    # id, action, step on removal, replicas to restore, in force after
+    ("scale: restored", {"action": "scale", "scale_to": 0}, "restore", 3),
+    ("pause: woken", {"action": "pause"}, "restore", None),
+    ("stop: released, not restarted", {"action": "stop"}, "release", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("action", "expected", "replicas"), [c[1:] for c in REMOVED], ids=[c[0] for c in REMOVED]
+)
+def test_removing_the_window_while_its_action_holds(
+    action: dict[str, Any], expected: str, replicas: int | None
+) -> None:
+    group = night_group(action)
+    step = decide_window(group, at(MON, 12))
+    assert step is not None
+    held = evolve_group(group, step.event, at(MON, 12), 2)
+    removed = held.model_copy(
+        update={"spec": held.spec.model_copy(update={"schedule_window": None})}
+    )
+    undo = decide_window(removed, at(MON, 13))
+    assert undo is not None and (undo.action, undo.replicas) == (expected, replicas)
+    after = evolve_group(removed, undo.event, at(MON, 13), 3)
+    assert not window_in_force(after) and after.labels == {}
+    assert decide_window(after, at(MON, 14)) is None

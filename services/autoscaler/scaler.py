@@ -1,0 +1,281 @@
+"""The AutoScaler: leader-only, every `interval_s` (30 s by default), each group with
+`auto_scale` (docs/autoscaling.md).
+
+One pass per group: end replicas draining past the limit, read the metric (the router's
+figures from the bus, or the mean NVML utilisation of the group's cards from the telemetry
+store), ask `decide_autoscale` (pure) what to do, keep a scale-down off young replicas (and
+off rank 0 outside `split`), then write with the term's fence: the decision event and, for
+a change, the `group_scaled` event and the new members in one transaction (the same
+`decide_scale` manual scale uses); removed members are stopped right after. A decision
+identical to the group's last recorded one is not written again (a steady group's stream
+does not grow every pass); the decisions counter counts every one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from prometheus_client import Counter
+
+from libs.controller import Controller, Term
+from libs.domain import commands
+from libs.domain.autoscale import (
+    DRAIN_LIMIT_S,
+    MIN_REPLICA_AGE_S,
+    AutoScale,
+    Decision,
+    Inputs,
+    Metric,
+    Replica,
+    Why,
+    decide_autoscale,
+    metric_value,
+    overdue_drains,
+    safe_scale_down,
+)
+from libs.domain.errors import Fenced
+from libs.domain.events import Payload
+from libs.domain.group import Group, GroupStatus, Parallelism, current_members, is_live
+from libs.domain.group_scaling import decided
+from libs.domain.reasons import ReasonCode
+from libs.domain.rollout_model import ACTIVE as ROLLING
+from libs.domain.scaling import ScalePlan, decide_scale
+from libs.domain.states import Actor, TaskStatus
+from libs.domain.task import Task, TenantId
+from libs.domain.window_control import window_in_force
+from libs.store import groups as group_rows
+from libs.store import tasks as task_rows
+from libs.store import telemetry
+from libs.store import tenants as tenant_rows
+from libs.store.eventstore import EventStore, NewTask
+from libs.store.fencing import Fence
+from libs.store.projections import GROUPS
+
+from .metrics import MetricBook
+
+log = structlog.get_logger(__name__)
+S = TaskStatus
+META = {"actor": "autoscaler"}
+
+DECISIONS = Counter(
+    "heteroflow_autoscaler_decisions_total", "AutoScaler decisions by outcome", ["why"]
+)
+
+
+class AutoScaler(Controller):
+    name = "autoscaler"
+
+    def __init__(
+        self,
+        store: EventStore,
+        book: MetricBook,
+        clock: Callable[[], datetime],
+        *,
+        interval_s: float = 30.0,
+        utilization_window_s: float = 60.0,
+        min_replica_age_s: float = MIN_REPLICA_AGE_S,
+        drain_limit_s: float = DRAIN_LIMIT_S,
+    ) -> None:
+        self.store = store
+        self.book = book
+        self.clock = clock
+        self.interval_s = interval_s
+        self.utilization_window_s = utilization_window_s
+        self.min_replica_age_s = min_replica_age_s
+        self.drain_limit_s = drain_limit_s
+        self.fence: Fence | None = None
+
+    async def elected(self, term: Term) -> None:
+        self.fence = term.fence
+
+    async def evaluate(self, term: Term) -> None:
+        await self.scan()
+
+    async def scan(self) -> dict[str, Decision]:
+        """One pass over every group with `auto_scale`: group id → the decision taken."""
+        out: dict[str, Decision] = {}
+        now = self.clock()
+        for group in await group_rows.with_auto_scale(self.store):
+            try:
+                out[group.id] = await self.evaluate_group(group, now)
+            except Fenced:
+                raise  # deposed: touch nothing more
+            except Exception:
+                log.exception("autoscale_failed", group_id=group.id)
+        return out
+
+    async def evaluate_group(self, group: Group, now: datetime) -> Decision:
+        cfg = group.spec.auto_scale
+        assert cfg is not None
+        tasks = await task_rows.of_group(self.store, group.id, include_deleted=False)
+        live = [
+            m
+            for m in current_members(tasks)
+            if m.rank is not None and m.rank < group.size and is_live(m)
+        ]
+        # Draining replicas are often remnants (a rollout's old generation): look at all.
+        draining = [self._replica(t, now) for t in tasks if is_live(t) and _draining(t)]
+        await self._end_drains(overdue_drains(draining, self.drain_limit_s))
+        replicas = [self._replica(m, now) for m in live]
+        current = group.size if live else 0
+        value = await self._metric(group, cfg.metric, live, current, now)
+        decision = decide_autoscale(cfg, await self._inputs(group, current, value, now))
+        decision = self._keep_safe(group, decision, replicas)
+        await self._apply(group, tasks, cfg, value, decision)
+        DECISIONS.labels(decision.why.value).inc()
+        if decision.changes:
+            log.info(
+                "autoscaled",
+                group_id=group.id,
+                why=decision.why.value,
+                replicas=decision.replicas,
+                current=decision.current,
+            )
+        return decision
+
+    def _replica(self, m: Task, now: datetime) -> Replica:
+        # A draining mark or status is the task's last change: `updated_at` dates it.
+        since_update = (now - m.updated_at).total_seconds()
+        return Replica(
+            task_id=m.id,
+            rank=m.rank or 0,
+            age_s=(now - m.created_at).total_seconds(),
+            draining_for_s=since_update if _draining(m) else None,
+        )
+
+    async def _metric(
+        self, group: Group, metric: Metric, live: Sequence[Task], current: int, now: datetime
+    ) -> float | None:
+        if metric is not Metric.GPU_UTILIZATION:
+            return metric_value(metric, self.book.samples(group.id), current)
+        if not live:
+            return None
+        since = now - timedelta(seconds=self.utilization_window_s)
+        return await telemetry.mean_utilization(self.store, [m.id for m in live], since)
+
+    async def _inputs(
+        self, group: Group, current: int, value: float | None, now: datetime
+    ) -> Inputs:
+        tenant = await tenant_rows.get_tenant(self.store, group.tenant_id)
+        template = group.spec.template
+        per_replica = float(template.gpu_required or template.gpu_compute_ratio)
+        quota_left: float | None = None
+        if tenant is not None and tenant.gpu_quota > 0 and per_replica > 0:
+            used = await task_rows.tenant_gpus(self.store, group.tenant_id)
+            quota_left = max(tenant.gpu_quota - used, 0.0)
+        return Inputs(
+            current=current,
+            metric=value,
+            now=now.timestamp(),
+            last_up_at=group.scaled_up_at.timestamp() if group.scaled_up_at else None,
+            last_scale_at=group.scaled_at.timestamp() if group.scaled_at else None,
+            suspended=bool(tenant and tenant.suspended),
+            gpu_per_replica=per_replica,
+            quota_left=quota_left,
+            window_in_force=window_in_force(group),
+            rollout_active=group.rollout is not None and group.rollout.phase in ROLLING,
+            group_failed=group.status is GroupStatus.FAILED,
+        )
+
+    def _keep_safe(self, group: Group, d: Decision, replicas: Sequence[Replica]) -> Decision:
+        """A scale-down never removes a young replica, nor rank 0 outside `split`."""
+        if not d.changes or d.replicas > d.current:
+            return d
+        split = group.spec.shape.parallelism is Parallelism.SPLIT
+        size = safe_scale_down(replicas, d.replicas, split=split, min_age_s=self.min_replica_age_s)
+        if size >= d.current:
+            why = Why.AT_TARGET if d.current == 1 and not split else Why.YOUNG_REPLICAS
+            return Decision(why, d.current, d.computed, d.current)
+        return Decision(d.why, d.current, d.computed, size)
+
+    async def _apply(
+        self,
+        group: Group,
+        tasks: list[Task],
+        cfg: AutoScale,
+        value: float | None,
+        d: Decision,
+    ) -> None:
+        last = group.last_autoscale
+        if not d.changes and last is not None and last.same(d):
+            return  # the same "no change" as last time: not recorded again
+        event = decided(group.id, cfg.metric, value, d)
+        plan = ScalePlan()
+
+        def decide(current: Group | None) -> tuple[list[Payload], list[NewTask]]:
+            nonlocal plan
+            if current is None or current.version != group.version:
+                return [], []  # changed since we looked: the next pass decides again
+            events: list[Payload] = [event]
+            if d.changes:
+                plan = decide_scale(
+                    current,
+                    tasks,
+                    d.replicas,
+                    source="autoscaler",
+                    code=ReasonCode.AUTOSCALE,
+                    reason=event.reason,
+                    revive=d.why is Why.SCALE_FROM_ZERO,
+                )
+            if plan.event is not None:
+                events.append(plan.event)
+            spec = current.spec
+            new: list[NewTask] = [
+                (TenantId(current.tenant_id), spec.member_spec(r), current.id, r)
+                for r in plan.new_ranks
+            ]
+            return events, new
+
+        await self.store.execute_with_tasks(
+            GROUPS, group.id, decide, metadata=META, fence=self.fence
+        )
+        if plan.stop:
+            await self.store.execute_batch(
+                {m.id: _stopper(f"rank {m.rank} removed by the AutoScaler") for m in plan.stop},
+                metadata=META,
+                fence=self.fence,
+            )
+
+    async def _end_drains(self, overdue: list[str]) -> None:
+        if not overdue:
+            return
+        why = f"draining for more than {self.drain_limit_s:g} s: ended by the AutoScaler"
+        done, _ = await self.store.execute_batch(
+            {tid: _drain_ender(why) for tid in overdue}, metadata=META, fence=self.fence
+        )
+        log.info("autoscale_drains_ended", tasks=sorted(done))
+
+
+def _draining(t: Task) -> bool:
+    return t.draining or t.status is S.DRAINING
+
+
+def _stopper(why: str) -> commands.Decide:
+    def decide(t: Task) -> list[Any]:
+        return list(commands.decide_stop(t, Actor.CONTROLLER, ReasonCode.SCALED_DOWN, why))
+
+    return decide
+
+
+def _drain_ender(why: str) -> commands.Decide:
+    """A `draining` task is cancelled (as rolled-out replicas end); a running one marked
+    draining is stopped."""
+
+    def decide(t: Task) -> list[Any]:
+        if t.status is S.DRAINING:
+            return list(
+                commands.decide_transition(
+                    t,
+                    S.CANCELLED,
+                    actor=Actor.CONTROLLER,
+                    expected_status=S.DRAINING,
+                    reason_code=ReasonCode.AUTOSCALE,
+                    reason=why,
+                )
+            )
+        return list(commands.decide_stop(t, Actor.CONTROLLER, ReasonCode.AUTOSCALE, why))
+
+    return decide
