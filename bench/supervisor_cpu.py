@@ -20,6 +20,7 @@ from typing import Any
 
 from agent.runtimes.base import RunSpec
 from agent.runtimes.process import ProcessRuntime
+from libs.logging import configure
 
 
 def _children_cpu() -> float:
@@ -61,6 +62,7 @@ def main() -> None:
         help="the fallback without util-linux setpriv (no_new_privs through ctypes)",
     )
     args = p.parse_args()
+    configure("warning")  # not a line per task
     options = {"setpriv": False} if args.no_setpriv else {}
     for _ in range(args.repeat):
         cpu, wall = asyncio.run(measure(args.runs, args.command, args.memory_mb, **options))

@@ -7,7 +7,7 @@ goes"; `python -m bench.supervisor_cpu` measures it). What it does not spend, me
 * no `json` (it pulls in `re`), `subprocess` (a `preexec_fn` makes it fork, not vfork),
   `signal` (`enum`, `functools`) or `ctypes`: the job is started with `fork` + `execv`, the
   two JSON files hold integers and one float and are formatted by hand;
-* not even `os` (with `-S` nothing has imported it yet; its Python layer costs ~1.5 ms): the
+* not even `os` (with `-S` nothing has imported it yet; its Python layer costs ~1.5–2 ms): the
   built-in `posix` and `_signal` do everything it needs;
 * no compiling: the agent writes the script compiled (`supervisor.pyc`, which the
   interpreter runs as is), ~1.2 ms less than compiling the source on every start;
