@@ -9,10 +9,10 @@ Like Nomad's raw_exec, it isolates nothing; it only limits and supervises. Each 
 * `exit.json`   how the job ended, written by the supervisor;
 * `work/`       the job's working directory and `$HOME`.
 
-The job is started by a tiny supervisor (a Python one-liner run with the agent's interpreter)
-in a session of its own, so it outlives an agent restart. The supervisor records the exit
-status in `exit.json`, which is how a restarted agent, no longer the job's parent, still learns
-the exit code. Linux only (it reads `/proc`).
+The job is started by a tiny supervisor (a Python script run with the agent's interpreter,
+see process_supervisor.py) in a session of its own, so it outlives an agent restart. The
+supervisor records the exit status in `exit.json`, which is how a restarted agent, no longer
+the job's parent, still learns the exit code. Linux only (it reads `/proc`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncGenerator, Mapping
@@ -36,6 +35,7 @@ from typing import Any, ClassVar
 
 import structlog
 
+from . import process_supervisor
 from .base import (
     OUTPUT_TAIL_LINES,
     ErrorKind,
@@ -55,55 +55,6 @@ from .base import (
 
 log = structlog.get_logger(__name__)
 
-# The supervisor, written to `<state_dir>/supervisor.py`. argv: task_dir, address-space limit
-# (bytes, 0 = none), uid, gid (-1 = keep), shell, command. It starts the job in its own process
-# group (so signals aimed at the job never hit the supervisor), answers "ok <pid>" or
-# "ERR <kind> <message>" on stdout, forwards the signals it receives itself, and writes
-# exit.json when the job ends. Runs with `-I -S`: stdlib only.
-_SUPERVISOR = r"""
-import ctypes, json, os, resource, signal, subprocess, sys, time
-d, mem, uid, gid, shell, cmd = sys.argv[1:7]
-mem, uid, gid = int(mem), int(uid), int(gid)
-libc = ctypes.CDLL(None, use_errno=True)
-def ticks(pid):
-    with open("/proc/%d/stat" % pid) as f:
-        return int(f.read().rsplit(")", 1)[1].split()[19])
-def put(name, obj):
-    with open(os.path.join(d, name + ".tmp"), "w") as f:
-        json.dump(obj, f)
-    os.replace(os.path.join(d, name + ".tmp"), os.path.join(d, name))
-def limits():
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    if mem > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    if uid >= 0:
-        os.setgroups([]); os.setgid(gid); os.setuid(uid)
-try:
-    job = subprocess.Popen([shell, "-c", cmd], cwd=os.path.join(d, "work"),
-                           stdin=subprocess.DEVNULL, stdout=2, stderr=2, process_group=0,
-                           preexec_fn=limits, close_fds=True)
-except BaseException as e:
-    kind = ("PermissionDenied" if isinstance(e, PermissionError) else
-            "InvalidConfig" if isinstance(e, FileNotFoundError) else "ContainerRuntimeError")
-    print("ERR", kind, "%s: %s" % (type(e).__name__, e), flush=True)
-    sys.exit(127)
-me = os.getpid()
-put("pids.json", {"pid": job.pid, "pid_ticks": ticks(job.pid),
-             "supervisor_pid": me, "supervisor_ticks": ticks(me)})
-print("ok", job.pid, flush=True)
-os.close(1)
-def forward(sig, _frame):
-    try: os.killpg(job.pid, sig)
-    except ProcessLookupError: pass
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(s, forward)
-rc = job.wait()
-try: os.killpg(job.pid, signal.SIGKILL)  # like a container: the rest of the group goes with it
-except ProcessLookupError: pass
-code = rc if rc >= 0 else 128 - rc
-put("exit.json", {"exit_code": code, "signal": -rc if rc < 0 else None, "finished_at": time.time()})
-sys.exit(code)
-"""
 
 # Clear evidence of a CPU-memory failure in the output; "CUDA out of memory" and friends are GPU
 # OOM (a different retry path) and never count.
@@ -190,15 +141,19 @@ class ProcessRuntime(Runtime):
         limit_address_space: bool = True,
         shell: str = "/bin/sh",
         poll_s: float = 0.2,
+        setpriv: str | bool = True,
     ) -> None:
         """`run_as`: a local user the job runs as (the agent must be root); None keeps the
         agent's user. `limit_address_space`: apply `memory_mb` as RLIMIT_AS (never for GPU
-        work: CUDA and ROCm reserve far more address space than they use)."""
+        work: CUDA and ROCm reserve far more address space than they use). `setpriv`: how
+        no_new_privs is set (process_supervisor.find_setpriv): util-linux `setpriv` found on
+        PATH by default, the slower `prctl` in the job's own start without it."""
         self.tasks_dir = Path(state_dir) / "tasks"
         self.run_as = run_as
         self.limit_address_space = limit_address_space
         self.shell = shell
         self.poll_s = poll_s
+        self.setpriv = process_supervisor.find_setpriv(setpriv)
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._supervisor_lock = threading.Lock()
         self._supervisor_written = False
@@ -298,16 +253,18 @@ class ProcessRuntime(Runtime):
         return env
 
     def _supervisor(self) -> Path:
-        """The supervisor script, kept as a file so `ps` shows a readable command line."""
-        path = self.tasks_dir.parent / "supervisor.py"
-        # Starts run in threads, concurrently: one writes the script, the others wait for it
+        """The supervisor, compiled once per agent (process_supervisor.compiled); a file, so
+        `ps` shows a readable command line."""
+        path = self.tasks_dir.parent / "supervisor.pyc"
+        # Starts run in threads, concurrently: one writes the file, the others wait for it
         # (they would otherwise race on the temporary file).
         with self._supervisor_lock:
             if not self._supervisor_written or not path.exists():
-                if not path.exists() or path.read_text() != _SUPERVISOR:
+                code = process_supervisor.compiled()
+                if not path.exists() or path.read_bytes() != code:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                    tmp.write_text(_SUPERVISOR)
+                    tmp.write_bytes(code)
                     os.replace(tmp, path)
                 self._supervisor_written = True
         return path
@@ -341,8 +298,16 @@ class ProcessRuntime(Runtime):
                 "started_at": time.time(),
             },
         )
-        argv = [sys.executable, "-I", "-S", str(self._supervisor()), str(d), str(mem), str(uid)]
-        argv += [str(gid), self.shell, spec.command]
+        argv = process_supervisor.command_line(
+            self._supervisor(),
+            self.setpriv,
+            d,
+            address_space=mem,
+            uid=uid,
+            gid=gid,
+            shell=process_supervisor.resolve_shell(self.shell),
+            command=spec.command,
+        )
         with open(d / "output.log", "ab") as out:
             return subprocess.Popen(
                 argv,

@@ -247,5 +247,7 @@ class HeteroFlow:
         return cpu.tree(
             roots,
             also=lambda cmd: any(home in part for part in cmd),
-            prune=lambda cmd: any(part.endswith("supervisor.py") for part in cmd),
+            prune=lambda cmd: any(
+                part.endswith(("supervisor.py", "supervisor.pyc")) for part in cmd
+            ),
         )

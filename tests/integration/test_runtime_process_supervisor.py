@@ -1,0 +1,195 @@
+"""The process runtime's per-task supervisor, seen from /proc: what the job's process gets
+(group, session, no_new_privs, limits, user, fds, signal dispositions), the files it writes,
+signal forwarding and its error replies — with `setpriv` in front and with the `prctl`
+fallback used where `setpriv` is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pwd
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.runtimes import process_supervisor
+from agent.runtimes.base import ErrorKind, Handle, RunSpec, RuntimeStartError
+from agent.runtimes.process import ProcessRuntime
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="the process runtime is Linux-only"
+    ),
+]
+
+PATHS = pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "prctl-fallback"])
+if process_supervisor.find_setpriv(True) is None:
+    PATHS = pytest.mark.parametrize(
+        "setpriv",
+        [pytest.param(True, marks=pytest.mark.skip(reason="no setpriv here")), False],
+        ids=["setpriv", "prctl-fallback"],
+    )
+
+
+def spec(command: str, **kw: object) -> RunSpec:
+    return RunSpec.model_validate(
+        {"task_id": f"s{uuid.uuid4().hex[:10]}", "attempt": 0, "image": "none", "command": command}
+        | kw
+    )
+
+
+@pytest.fixture
+async def runtimes() -> AsyncIterator[list[ProcessRuntime]]:
+    made: list[ProcessRuntime] = []
+    yield made
+    for rt in made:  # never leave a process behind
+        for handle in await rt.list_managed():
+            await rt.remove(handle)
+
+
+def _runtime(made: list[ProcessRuntime], state: Path, **kw: Any) -> ProcessRuntime:
+    rt = ProcessRuntime(state, poll_s=0.05, **kw)
+    made.append(rt)
+    return rt
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def _pids(rt: ProcessRuntime, h: Handle) -> dict[str, int]:
+    data: dict[str, int] = json.loads((rt.tasks_dir / f"{h.task_id}-0" / "pids.json").read_text())
+    return data
+
+
+def _fds(pid: int) -> dict[str, str]:
+    fds = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed between listing and reading
+            fds[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return fds
+
+
+async def _until(
+    check: Callable[[], bool], seen: Callable[[], object], within_s: float = 5
+) -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, seen()
+        await asyncio.sleep(0.02)
+
+
+def _address_space_limit(pid: int) -> str:
+    row = next(r for r in Path(f"/proc/{pid}/limits").read_text().splitlines() if "address" in r)
+    return row.split()[3]  # "Max address space  <soft> <hard> bytes"
+
+
+@PATHS
+async def test_the_jobs_process(
+    runtimes: list[ProcessRuntime], tmp_path: Path, setpriv: bool
+) -> None:
+    rt = _runtime(runtimes, tmp_path / "state", setpriv=setpriv)
+    h = await rt.start(spec("exec sleep 30", memory_mb=300))
+    pid = int(h.id)
+    pids = _pids(rt, h)
+    sup = pids["supervisor_pid"]
+    assert pids["pid"] == pid
+    d = rt.tasks_dir / f"{h.task_id}-0"
+    assert os.getpgid(pid) == pid  # a group of its own: signals to it never hit the supervisor
+    assert os.getsid(pid) == sup == os.getsid(sup) != os.getsid(0)  # the supervisor's session
+    assert _status(pid)["NoNewPrivs"] == "1"
+    assert _address_space_limit(pid) == str(300 * 1024 * 1024)
+    # Ignored signals survive exec: the job must not inherit Python's ignored SIGPIPE.
+    assert int(_status(pid)["SigIgn"], 16) & (1 << (signal.SIGPIPE - 1)) == 0
+    log = str(d / "output.log")
+    # Nothing else leaks in. (Polled: while `sleep` is being loaded, ld.so has a file open.)
+    await _until(lambda: _fds(pid) == {"0": "/dev/null", "1": log, "2": log}, lambda: _fds(pid))
+    assert os.readlink(f"/proc/{pid}/cwd") == str(d / "work")
+    assert int(_status(pid)["Uid"].split()[0]) == os.geteuid()
+
+
+@PATHS
+async def test_exit_record_and_signal_forwarding(
+    runtimes: list[ProcessRuntime], tmp_path: Path, setpriv: bool
+) -> None:
+    rt = _runtime(runtimes, tmp_path / "state", setpriv=setpriv)
+    trapping = await rt.start(spec("trap 'exit 5' TERM; while :; do sleep 0.05; done"))
+    plain = await rt.start(spec("sleep 30"))
+    for h in (trapping, plain):
+        # A signal to the supervisor (an operator's `kill`) goes on to the job's group.
+        os.kill(_pids(rt, h)["supervisor_pid"], signal.SIGTERM)
+    try:
+        assert (await asyncio.wait_for(rt.wait(trapping), 10)).exit_code == 5
+        assert (await asyncio.wait_for(rt.wait(plain), 10)).exit_code == 143
+    except TimeoutError:
+        for h in (trapping, plain):  # the supervisor died without passing the signal on
+            os.killpg(int(h.id), signal.SIGKILL)
+        raise
+    t0 = time.time()
+    for h, code, sig in ((trapping, 5, None), (plain, 143, signal.SIGTERM)):
+        record = json.loads((rt.tasks_dir / f"{h.task_id}-0" / "exit.json").read_text())
+        assert record.keys() == {"exit_code", "signal", "finished_at"}
+        assert (record["exit_code"], record["signal"]) == (code, sig)
+        assert t0 - 10 < record["finished_at"] <= t0
+    pids = _pids(rt, plain)
+    assert set(pids) == {"pid", "pid_ticks", "supervisor_pid", "supervisor_ticks"}
+    assert all(isinstance(v, int) and v > 0 for v in pids.values())
+
+
+async def test_a_shell_that_cannot_run_is_refused_with_its_kind(
+    runtimes: list[ProcessRuntime], tmp_path: Path
+) -> None:
+    not_executable = tmp_path / "sh"
+    not_executable.write_text("#!/bin/sh\n")
+    rt = _runtime(runtimes, tmp_path / "state", shell=str(not_executable))
+    with pytest.raises(RuntimeStartError) as err:
+        await rt.start(spec("true"))
+    assert err.value.kind is ErrorKind.PERMISSION_DENIED
+    assert "PermissionError" in str(err.value)
+    assert await rt.list_managed() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+@PATHS
+async def test_run_as_switches_user_group_and_drops_groups(
+    runtimes: list[ProcessRuntime], setpriv: bool
+) -> None:
+    nobody = pwd.getpwnam("nobody")
+    groups = os.getgroups()
+    # The user must be able to traverse the state dir: pytest's tmp root is 0700, so not there.
+    with tempfile.TemporaryDirectory(prefix="hf-run-as-") as state:
+        os.chmod(state, 0o755)
+        rt = _runtime(runtimes, Path(state), run_as="nobody", setpriv=setpriv)
+        os.setgroups([4242])  # a supplementary group of the agent's, which must not pass on
+        try:
+            h = await rt.start(spec("id -u; id -g; id -G; grep NoNewPrivs /proc/self/status"))
+        finally:
+            os.setgroups(groups)
+        assert (await rt.wait(h)).exit_code == 0
+        assert await rt.logs(h) == [
+            str(nobody.pw_uid),
+            str(nobody.pw_gid),
+            str(nobody.pw_gid),  # no supplementary group of the agent's is kept
+            "NoNewPrivs:\t1",
+        ]
+        await rt.remove(h)
+
+
+async def test_concurrent_starts_each_get_their_own_job(
+    runtimes: list[ProcessRuntime], tmp_path: Path
+) -> None:
+    rt = _runtime(runtimes, tmp_path / "state")
+    handles = await asyncio.gather(*(rt.start(spec("echo $HETEROFLOW_TASK_ID")) for _ in range(8)))
+    reports = await asyncio.gather(*(rt.wait(h) for h in handles))
+    assert [r.output_tail for r in reports] == [[h.task_id] for h in handles]
