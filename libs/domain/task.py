@@ -14,6 +14,7 @@ from typing import Any, NewType
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .boost import DEFAULT_MEMORY_MB, boost_memory
 from .errors import Code, DomainError
 from .reasons import ReasonCode
 from .serving import ServingSpec, looks_like_inference
@@ -24,7 +25,6 @@ TaskId = NewType("TaskId", str)
 TenantId = NewType("TenantId", str)
 NodeId = NewType("NodeId", str)
 
-DEFAULT_MEMORY_MB = 2048
 TENANT_MAX_PRIORITY = 70
 SYSTEM_PRIORITY = 100
 NAME_MAX = 100
@@ -124,6 +124,11 @@ class TaskSpec(BaseModel):
     @property
     def is_fractional(self) -> bool:
         return self.gpu_memory_mb > 0 or self.gpu_compute_ratio > 0
+
+    @property
+    def uses_gpu(self) -> bool:
+        """Whole cards or a fraction of one."""
+        return self.gpu_required > 0 or self.is_fractional
 
     @property
     def is_inference(self) -> bool:
@@ -379,7 +384,24 @@ def parse_create(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = (
     _check_strict_types(data)
     spec = check_task_spec(spec)
     _check_semantics(spec, tenant=tenant, volume_allow_list=volume_allow_list)
-    return spec
+    return boosted(spec)
+
+
+def boosted(spec: TaskSpec) -> TaskSpec:
+    """The spec with the inference memory boost applied (libs/domain/boost.py).
+
+    At creation, not at start: the scheduler places by this spec, so it counts the memory the
+    container will get. An update goes through `parse_create` again, so it is applied there too.
+    """
+    memory, _ = boost_memory(spec.image, spec.memory_mb, spec.uses_gpu)
+    return spec if memory == spec.memory_mb else spec.model_copy(update={"memory_mb": memory})
+
+
+def boost_line(raw: Mapping[str, Any], spec: TaskSpec) -> str | None:
+    """The log line of the boost `parse_create(raw)` applied to give `spec`, or None."""
+    asked = raw.get("memory_mb")
+    memory = DEFAULT_MEMORY_MB if asked is None else int(asked)
+    return boost_memory(spec.image, memory, spec.uses_gpu)[1]
 
 
 def _check_strict_types(data: Mapping[str, Any]) -> None:
@@ -434,5 +456,7 @@ def parse_update(
         )
     merged = current.spec.model_dump() | data
     spec = parse_create(merged, tenant=tenant, volume_allow_list=volume_allow_list)
-    changes = {k: v for k, v in spec.model_dump(mode="json").items() if k in data}
+    # memory_mb may change without being named: the boost follows a new image (`boosted`).
+    boost = {"memory_mb"} if spec.memory_mb != current.spec.memory_mb else set()
+    changes = {k: v for k, v in spec.model_dump(mode="json").items() if k in data or k in boost}
     return spec, changes

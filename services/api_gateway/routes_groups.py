@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -29,7 +30,7 @@ from libs.domain.group import (
 )
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TenantId
+from libs.domain.task import Task, TenantId, boost_line
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
@@ -43,6 +44,7 @@ from .routes_tasks import actor_of, tenant_for_create
 from .views import task_view
 
 router = APIRouter(prefix="/api/v1/task-groups", tags=["task-groups"])
+log = structlog.get_logger(__name__)
 S = TaskStatus
 
 
@@ -116,6 +118,8 @@ async def create_group(
         GROUPS, group_id, decide, metadata={"principal": principal.subject}
     )
     assert group is not None
+    if line := boost_line(body, template):
+        log.info(line, group_id=group_id)
     return FastJSONResponse(group_view(group, tasks), status_code=201)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -23,6 +24,7 @@ from libs.domain.task import (
     Task,
     TaskSpec,
     TenantId,
+    boost_line,
     parse_create,
     parse_update,
 )
@@ -36,6 +38,7 @@ from .responses import FastJSONResponse
 from .views import task_view
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
+log = structlog.get_logger(__name__)
 
 CREATE_BODY = {
     "requestBody": {
@@ -84,6 +87,8 @@ async def create_task(
     task = await store.create_task(
         TenantId(tenant_id), spec, metadata={"principal": principal.subject}
     )
+    if line := boost_line(body, spec):
+        log.info(line, task_id=task.id)
     return FastJSONResponse(task_view(task), status_code=201)
 
 
