@@ -244,6 +244,9 @@ NULLABLE: frozenset[str] = frozenset(
     {"name", "image", "retry_delay", "backoff_multiplier", "oom_memory_limit", "serving"}
 )
 
+# Fields whose default is configuration (HETEROFLOW_RETRY_MAX_RETRIES, ..._DEFAULT_STRATEGY).
+CONFIGURED_DEFAULTS: frozenset[str] = frozenset({"max_retries", "retry_strategy"})
+
 # The only config field a tenant may change after `pending`.
 ANYTIME_FIELDS: frozenset[str] = frozenset({"idle_timeout_minutes"})
 
@@ -358,12 +361,24 @@ def _check_semantics(spec: TaskSpec, *, tenant: bool, volume_allow_list: Iterabl
             )
 
 
-def parse_create(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()) -> TaskSpec:
-    """Validate a create-task body into a TaskSpec or raise DomainError (SPEC §2)."""
+def parse_create(
+    raw: Any,
+    *,
+    tenant: bool,
+    volume_allow_list: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+) -> TaskSpec:
+    """Validate a create-task body into a TaskSpec or raise DomainError (SPEC §2).
+
+    `defaults`: configured values of `CONFIGURED_DEFAULTS` fields for a body that leaves them
+    out (the gateway's settings); they are written into the spec, so every later reader of
+    the task (retry engine, transition whitelist, history checker) sees one value.
+    """
     if not isinstance(raw, Mapping):
         raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
     _check_keys(raw, CREATE_FIELDS)
-    data = {k: v for k, v in raw.items() if k not in SERVER_OWNED}
+    data = dict(defaults or {}) | {k: v for k, v in raw.items() if k not in SERVER_OWNED}
+    assert not (data.keys() - raw.keys()) - CONFIGURED_DEFAULTS, "only configured defaults"
     if "gpu_count" in data:
         if "gpu_required" in data and data["gpu_required"] != data["gpu_count"]:
             raise DomainError(

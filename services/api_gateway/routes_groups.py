@@ -102,6 +102,7 @@ async def create_group(
         body,
         tenant=principal.is_tenant,
         volume_allow_list=request.app.state.settings.volume_allow_list,
+        defaults=request.app.state.settings.task_defaults(),
     )
     template = await into_queue(store, tenant_id, spec.template)
     spec = spec.model_copy(update={"template": template})

@@ -81,7 +81,10 @@ async def create_task(
     tenant_id = tenant_for_create(principal, request)
     await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
     spec = parse_create(
-        body, tenant=principal.is_tenant, volume_allow_list=settings.volume_allow_list
+        body,
+        tenant=principal.is_tenant,
+        volume_allow_list=settings.volume_allow_list,
+        defaults=settings.task_defaults(),
     )
     spec = await into_queue(store, tenant_id, spec)
     task = await store.create_task(
