@@ -35,7 +35,7 @@ from libs.store.types import TaskQuery
 from .deps import Body, Principal, Store, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
-from .views import task_view
+from .views import operation_view, task_view
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
 log = structlog.get_logger(__name__)
@@ -46,6 +46,9 @@ CREATE_BODY = {
         "content": {"application/json": {"schema": TaskSpec.model_json_schema()}},
     }
 }
+# Seed 002's status names, accepted in any case as `gpu_count` is beside `gpu_required`; the
+# others (PENDING, RUNNING, SLEEPING, STOPPED, FAILED) are ours in upper case.
+V2_STATUS = {"success": TaskStatus.COMPLETED.value}
 LIST_PARAMS = {"page", "per_page", "status", "node_id", "name", "sort", "order", "labels"}
 # What an agent or operator may send on the report path of PUT.
 REPORT_BODY = (REPORT_FIELDS - {"finished_at"}) | {"expected_status", "reason"}
@@ -123,8 +126,12 @@ def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery
             Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
         )
     status = params.get("status")
-    if status is not None and status.lower() not in {s.value for s in TaskStatus}:
-        raise DomainError(Code.INVALID_VALUE, f"unknown status {status!r}", ["status"])
+    if status is not None:
+        status = V2_STATUS.get(status.lower(), status.lower())
+        if status not in {s.value for s in TaskStatus}:
+            raise DomainError(
+                Code.INVALID_VALUE, f"unknown status {params['status']!r}", ["status"]
+            )
     sort = params.get("sort", "created_at")
     if sort not in task_rows.SORT_COLUMNS:
         raise DomainError(
@@ -137,7 +144,7 @@ def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery
         tenant_id=tenant_id,
         page=_int_param(params, "page", 1, 1, 1_000_000),
         per_page=_int_param(params, "per_page", 20, 1, 500),
-        status=status.lower() if status else None,
+        status=status or None,
         node_id=params.get("node_id") or None,
         name=params.get("name") or None,
         labels=_labels_param(params.get("labels")),
@@ -275,7 +282,7 @@ async def delete_task(task_id: str, principal: Principal, store: Store) -> dict[
         tenant_id=tenant_scope(principal),
         metadata={"principal": principal.subject},
     )
-    return {"message": "task deleted", "id": task.id, "status": task.status.value}
+    return operation_view(task, "task deleted")
 
 
 @router.post("/{task_id}/stop")
@@ -287,7 +294,13 @@ async def stop_task(task_id: str, principal: Principal, store: Store) -> dict[st
         tenant_id=tenant_scope(principal),
         metadata={"principal": principal.subject},
     )
-    return task_view(task)
+    return operation_view(task, stop_message(task))
+
+
+def stop_message(task: Task) -> str:
+    if task.status is TaskStatus.STOPPING:
+        return "stop requested: the task is stopping"
+    return f"task {task.status.value}"
 
 
 @router.post("/{task_id}/sleep")
@@ -299,4 +312,4 @@ async def sleep_task(task_id: str, principal: Principal, store: Store) -> dict[s
         tenant_id=tenant_scope(principal),
         metadata={"principal": principal.subject},
     )
-    return task_view(task)
+    return operation_view(task, "task put to sleep")
