@@ -5,6 +5,7 @@ Handlers validate, call a pure decide function through the store, and shape the 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import structlog
@@ -49,6 +50,7 @@ CREATE_BODY = {
 # Seed 002's status names, accepted in any case as `gpu_count` is beside `gpu_required`; the
 # others (PENDING, RUNNING, SLEEPING, STOPPED, FAILED) are ours in upper case.
 V2_STATUS = {"success": TaskStatus.COMPLETED.value}
+TASK_STATUSES = frozenset(s.value for s in TaskStatus)
 LIST_PARAMS = {"page", "per_page", "status", "node_id", "name", "sort", "order", "labels"}
 # What an agent or operator may send on the report path of PUT.
 REPORT_BODY = (REPORT_FIELDS - {"finished_at"}) | {"expected_status", "reason"}
@@ -119,8 +121,15 @@ def _labels_param(raw: str | None) -> dict[str, str]:
     return labels
 
 
-def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery:
-    unknown = sorted(set(params) - LIST_PARAMS)
+def parse_list_query(
+    params: dict[str, str],
+    tenant_id: str | None,
+    *,
+    allowed: Collection[str] = LIST_PARAMS,
+    statuses: Collection[str] = TASK_STATUSES,
+) -> TaskQuery:
+    """GET /tasks's query; groups use it with their own `allowed` names and `statuses`."""
+    unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise DomainError(
             Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
@@ -128,7 +137,7 @@ def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery
     status = params.get("status")
     if status is not None:
         status = V2_STATUS.get(status.lower(), status.lower())
-        if status not in {s.value for s in TaskStatus}:
+        if status not in statuses:
             raise DomainError(
                 Code.INVALID_VALUE, f"unknown status {params['status']!r}", ["status"]
             )
