@@ -16,6 +16,7 @@ from libs.domain.task import (
     Task,
     TaskId,
     TaskSpec,
+    TaskType,
     TenantId,
     boost_line,
     parse_create,
@@ -156,3 +157,29 @@ def test_agent_runs_the_placed_memory_without_boosting_again() -> None:
         "process",
     )
     assert run.memory_mb == 8192
+
+
+# --- the agent's start: inference runs without a running timeout -------------------------
+
+
+@pytest.mark.parametrize(
+    ("task_type", "image", "timeout"),
+    [
+        ("inference", "busybox", 0.0),
+        ("", "vllm/vllm-openai", 0.0),  # the image makes it inference when task_type is ""
+        ("batch", "vllm/vllm-openai", 5.0),  # task_type is authoritative
+        ("training", "busybox", 5.0),
+    ],
+)
+def test_inference_is_exempt_from_the_timeout(task_type: str, image: str, timeout: float) -> None:
+    spec = TaskSpec(name="x", image=image, timeout=5, task_type=TaskType(task_type))
+    cmd = NodeCommand(
+        kind=CommandKind.START,
+        node_id="n1",
+        task_id="t",
+        attempt=0,
+        status=TaskStatus.SCHEDULED,
+        run=TaskRunSpec(spec=spec),
+    )
+    inventory = Inventory(node_id="n1", hostname="h", memory_mb=4096, cpu_cores=2)
+    assert run_spec(cmd, inventory, "n1", "127.0.0.1", "process")[1] == timeout
