@@ -1,11 +1,13 @@
-"""What a START command becomes on this node: the runtime's RunSpec (memory boost, engine
-profile, group and user environment, published serving port) and the running timeout."""
+"""What a START command becomes on this node: the runtime's RunSpec (engine profile, group
+and user environment, published serving port) and the running timeout.
+
+The memory is the spec's as placed: the inference memory boost is applied when the task is
+created (libs/domain/boost.py), so the node runs what the scheduler counted."""
 
 from __future__ import annotations
 
 from libs.domain.protocol import NodeCommand
 
-from .boost import boost_memory
 from .engines import profile, profile_env
 from .inventory import Inventory
 from .runtimes.base import LABEL_NODE, RunSpec
@@ -34,14 +36,11 @@ def _indices(gpu_ids: tuple[str, ...], vendor: str, runtime: str) -> tuple[str, 
 
 def run_spec(
     cmd: NodeCommand, inventory: Inventory, node_id: str, address: str, runtime: str
-) -> tuple[RunSpec, str | None, float]:
-    """(the RunSpec, the memory-boost log line if boosted, the timeout; 0 = none)."""
+) -> tuple[RunSpec, float]:
+    """(the RunSpec, the timeout; 0 = none)."""
     assert cmd.run is not None
     spec = cmd.run.spec
     gpu_ids = cmd.run.gpu_ids
-    memory, boost_line = boost_memory(
-        spec.image, spec.memory_mb, spec.gpu_required > 0 or spec.is_fractional
-    )
     vendor = card_vendor(inventory, gpu_ids)
     engine_env = profile_env(
         engine_profile(cmd, inventory), gpu_ids, _indices(gpu_ids, vendor, runtime)
@@ -53,7 +52,7 @@ def run_spec(
         command=spec.command,
         env=engine_env | dict(cmd.run.group_env) | dict(spec.env),  # user values win
         volumes=tuple(v.model_dump() for v in spec.volumes),
-        memory_mb=memory,
+        memory_mb=spec.memory_mb,
         cpu_cores=spec.cpu_cores,
         gpu_ids=gpu_ids,
         gpu_vendor=vendor,
@@ -67,4 +66,4 @@ def run_spec(
     )
     # Inference servers run until stopped: no running timeout (SPEC §5).
     timeout = 0.0 if spec.is_inference else float(spec.timeout)
-    return run, boost_line, timeout
+    return run, timeout

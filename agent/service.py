@@ -235,11 +235,9 @@ class Agent:
             # declared offline: it already runs, so say so (a `running` task ignores it).
             await self.report(known.handle, Fact.RUNNING, S.SCHEDULED)
             return
-        run, boost_line, timeout = run_spec(
+        run, timeout = run_spec(
             cmd, self.inventory, self.node_id, self.settings.address, self.runtime.name
         )
-        if boost_line:
-            log.info(boost_line, task_id=cmd.task_id)
         pseudo = Handle(runtime=self.runtime.name, id="", task_id=cmd.task_id, attempt=cmd.attempt)
         # Queued, not awaited: the process starts while the report is on its way (the
         # reporter keeps it ahead of this task's next report).

@@ -10,6 +10,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from libs.domain.task import RetryStrategy
+
 
 def default_home() -> Path:
     return Path.home() / ".heteroflow"
@@ -36,6 +38,15 @@ class GatewaySettings(CommonSettings):
     volume_allow_list: list[str] = Field(
         default_factory=lambda: ["/data", "/mnt/datasets", "/tmp/heteroflow"],
         description="host_path prefixes a task volume may use",
+    )
+    # Seed 003's `scheduler.retry.max_retries` / `default_strategy`: written into a task that
+    # leaves the field out when it is created (its own value overrides them).
+    retry_max_retries: int = Field(
+        default=3, ge=0, le=100, description="max_retries of a task that names none"
+    )
+    retry_default_strategy: RetryStrategy = Field(
+        default=RetryStrategy.RETRY_NEW_NODE,
+        description="retry_strategy of a task that names none",
     )
     db_pool_max: int = 10
     db_wait_timeout_s: float = Field(
@@ -108,3 +119,10 @@ class GatewaySettings(CommonSettings):
     serve_idle_minute_s: float = Field(
         default=60.0, gt=0, description="seconds in one minute of idle_timeout_minutes (tests)"
     )
+
+    def task_defaults(self) -> dict[str, object]:
+        """Configured values of the task fields whose default is configuration."""
+        return {
+            "max_retries": self.retry_max_retries,
+            "retry_strategy": self.retry_default_strategy.value,
+        }

@@ -111,7 +111,13 @@ class GroupSpec(BaseModel):
         return self.template.model_copy(update=update)
 
 
-def parse_group(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()) -> GroupSpec:
+def parse_group(
+    raw: Any,
+    *,
+    tenant: bool,
+    volume_allow_list: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+) -> GroupSpec:
     if not isinstance(raw, Mapping):
         raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
     owned = sorted(k for k in ("group_id", "rank") if k in raw)
@@ -125,6 +131,7 @@ def parse_group(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()
         {k: v for k, v in raw.items() if k not in GROUP_FIELDS and k not in POLICY_KEYS},
         tenant=tenant,
         volume_allow_list=volume_allow_list,
+        defaults=defaults,
     )
     shape_raw = {k: v for k, v in raw.items() if k in GROUP_FIELDS}
     if "task_count" not in shape_raw:

@@ -29,6 +29,7 @@ from .states import GPU_HOLDING, TaskStatus
 from .task import Task
 
 S = TaskStatus
+ENDING = frozenset({S.STOPPING, S.DRAINING, S.PREEMPTING})
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ def decide_group(
         return _self_heal(group, tasks, failed, live, now, policy, out)
     if failed and spec.is_inference and not spec.static_world and not live:
         return _rebuild(group, members, out, policy) if allow_rebuild else out
+    if failed and spec.is_inference and spec.static_world:
+        return _rebuild_world(group, members, live, out, policy, allow_rebuild)
     status = aggregate_status(members, replicas=not spec.static_world)
     if status is not group.status and not (
         group.status in GROUP_TERMINAL
@@ -213,6 +216,25 @@ def _rebuild(
     out.new_ranks.extend(ranks)
     out.priority = policy.rebuild_priority
     return out
+
+
+def _rebuild_world(
+    group: Group,
+    members: Sequence[Task],
+    live: Sequence[Task],
+    out: GroupActions,
+    policy: GroupPolicy,
+    allow_rebuild: bool,
+) -> GroupActions:
+    """Layer 3 for a tensor/pipeline-parallel inference group: a failed rank breaks the whole
+    world, so its other ranks end first, then every rank is rebuilt as new rows, at priority
+    100 and at most `max_rebuilds` times, as a replica group with no live replica is."""
+    if live:
+        for m in live:
+            if m.status not in ENDING:  # already on its way out: nothing more to ask
+                (out.stop if m.status in GPU_HOLDING and m.node_id else out.fail).append(m.id)
+        return out
+    return _rebuild(group, members, out, policy) if allow_rebuild else out
 
 
 def _restart(

@@ -129,7 +129,13 @@ def find_cycle(keys: Sequence[str], edges: Iterable[tuple[str, str]]) -> list[st
 
 
 def _parse_node(
-    i: int, raw: Any, problems: Problems, *, tenant: bool, allow: Sequence[str]
+    i: int,
+    raw: Any,
+    problems: Problems,
+    *,
+    tenant: bool,
+    allow: Sequence[str],
+    defaults: Mapping[str, Any] | None = None,
 ) -> JobNodeSpec | None:
     where = f"tasks[{i}]"
     if not isinstance(raw, Mapping):
@@ -141,7 +147,7 @@ def _parse_node(
         problems.add(f"{where}.queue", "a job's tasks run in the job's queue", unknown=True)
         task_raw.pop("queue")
     try:
-        spec = parse_create(task_raw, tenant=tenant, volume_allow_list=allow)
+        spec = parse_create(task_raw, tenant=tenant, volume_allow_list=allow, defaults=defaults)
     except DomainError as exc:
         for field in exc.fields or ["body"]:
             problems.add(f"{where}.{field}", exc.message, unknown=exc.code is Code.UNKNOWN_FIELD)
@@ -256,6 +262,7 @@ def parse_job(
     queue_max_gpus: int = 0,
     queue: str = "",
     queue_problem: str = "",
+    defaults: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Validate a job submission, naming every problem in one DomainError (`queue_problem`:
     what the caller found wrong with the queue, reported with the rest)."""
@@ -280,7 +287,7 @@ def parse_job(
     nodes: dict[str, JobNodeSpec] = {}
     by_index: dict[int, JobNodeSpec] = {}
     for i, item in enumerate(tasks_raw):
-        node = _parse_node(i, item, problems, tenant=tenant, allow=allow)
+        node = _parse_node(i, item, problems, tenant=tenant, allow=allow, defaults=defaults)
         if node is not None and node.key in nodes:
             problems.add(f"tasks[{i}].key", f"key {node.key!r} is used twice")
         elif node is not None:

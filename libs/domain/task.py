@@ -14,6 +14,7 @@ from typing import Any, NewType
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .boost import DEFAULT_MEMORY_MB, boost_memory
 from .errors import Code, DomainError
 from .reasons import ReasonCode
 from .serving import ServingSpec, looks_like_inference
@@ -24,7 +25,6 @@ TaskId = NewType("TaskId", str)
 TenantId = NewType("TenantId", str)
 NodeId = NewType("NodeId", str)
 
-DEFAULT_MEMORY_MB = 2048
 TENANT_MAX_PRIORITY = 70
 SYSTEM_PRIORITY = 100
 NAME_MAX = 100
@@ -124,6 +124,11 @@ class TaskSpec(BaseModel):
     @property
     def is_fractional(self) -> bool:
         return self.gpu_memory_mb > 0 or self.gpu_compute_ratio > 0
+
+    @property
+    def uses_gpu(self) -> bool:
+        """Whole cards or a fraction of one."""
+        return self.gpu_required > 0 or self.is_fractional
 
     @property
     def is_inference(self) -> bool:
@@ -239,6 +244,9 @@ NULLABLE: frozenset[str] = frozenset(
     {"name", "image", "retry_delay", "backoff_multiplier", "oom_memory_limit", "serving"}
 )
 
+# Fields whose default is configuration (HETEROFLOW_RETRY_MAX_RETRIES, ..._DEFAULT_STRATEGY).
+CONFIGURED_DEFAULTS: frozenset[str] = frozenset({"max_retries", "retry_strategy"})
+
 # The only config field a tenant may change after `pending`.
 ANYTIME_FIELDS: frozenset[str] = frozenset({"idle_timeout_minutes"})
 
@@ -353,12 +361,24 @@ def _check_semantics(spec: TaskSpec, *, tenant: bool, volume_allow_list: Iterabl
             )
 
 
-def parse_create(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()) -> TaskSpec:
-    """Validate a create-task body into a TaskSpec or raise DomainError (SPEC §2)."""
+def parse_create(
+    raw: Any,
+    *,
+    tenant: bool,
+    volume_allow_list: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+) -> TaskSpec:
+    """Validate a create-task body into a TaskSpec or raise DomainError (SPEC §2).
+
+    `defaults`: configured values of `CONFIGURED_DEFAULTS` fields for a body that leaves them
+    out (the gateway's settings); they are written into the spec, so every later reader of
+    the task (retry engine, transition whitelist, history checker) sees one value.
+    """
     if not isinstance(raw, Mapping):
         raise DomainError(Code.INVALID_VALUE, "request body must be a JSON object", ["body"])
     _check_keys(raw, CREATE_FIELDS)
-    data = {k: v for k, v in raw.items() if k not in SERVER_OWNED}
+    data = dict(defaults or {}) | {k: v for k, v in raw.items() if k not in SERVER_OWNED}
+    assert not (data.keys() - raw.keys()) - CONFIGURED_DEFAULTS, "only configured defaults"
     if "gpu_count" in data:
         if "gpu_required" in data and data["gpu_required"] != data["gpu_count"]:
             raise DomainError(
@@ -379,7 +399,24 @@ def parse_create(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = (
     _check_strict_types(data)
     spec = check_task_spec(spec)
     _check_semantics(spec, tenant=tenant, volume_allow_list=volume_allow_list)
-    return spec
+    return boosted(spec)
+
+
+def boosted(spec: TaskSpec) -> TaskSpec:
+    """The spec with the inference memory boost applied (libs/domain/boost.py).
+
+    At creation, not at start: the scheduler places by this spec, so it counts the memory the
+    container will get. An update goes through `parse_create` again, so it is applied there too.
+    """
+    memory, _ = boost_memory(spec.image, spec.memory_mb, spec.uses_gpu)
+    return spec if memory == spec.memory_mb else spec.model_copy(update={"memory_mb": memory})
+
+
+def boost_line(raw: Mapping[str, Any], spec: TaskSpec) -> str | None:
+    """The log line of the boost `parse_create(raw)` applied to give `spec`, or None."""
+    asked = raw.get("memory_mb")
+    memory = DEFAULT_MEMORY_MB if asked is None else int(asked)
+    return boost_memory(spec.image, memory, spec.uses_gpu)[1]
 
 
 def _check_strict_types(data: Mapping[str, Any]) -> None:
@@ -434,5 +471,7 @@ def parse_update(
         )
     merged = current.spec.model_dump() | data
     spec = parse_create(merged, tenant=tenant, volume_allow_list=volume_allow_list)
-    changes = {k: v for k, v in spec.model_dump(mode="json").items() if k in data}
+    # memory_mb may change without being named: the boost follows a new image (`boosted`).
+    boost = {"memory_mb"} if spec.memory_mb != current.spec.memory_mb else set()
+    changes = {k: v for k, v in spec.model_dump(mode="json").items() if k in data or k in boost}
     return spec, changes

@@ -10,11 +10,14 @@ from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
 from libs.domain.group import Group, GroupStatus
 from libs.domain.windows import ACTION_LABEL
 
 from .eventstore import EventStore
-from .pool import live_page, rows
+from .pool import rows
+from .types import GroupQuery
 
 
 def _groups(found: list[dict[str, Any]]) -> list[Group]:
@@ -33,12 +36,57 @@ async def by_ids(store: EventStore, ids: Sequence[str]) -> list[Group]:
     return _groups(await rows(store, "SELECT doc FROM groups WHERE id = ANY(%s)", [list(ids)]))
 
 
-async def page(
-    store: EventStore, tenant_id: str | None, status: str | None, page: int, per_page: int
-) -> tuple[list[Group], int]:
-    """Live groups, newest first, and the total that matches."""
-    found, total = await live_page(store, "groups", tenant_id, status, page, per_page)
-    return _groups(found), total
+# GET /task-groups `sort` values; priority is the member template's (no column of its own).
+SORT_COLUMNS = {
+    "created_at": "created_at",
+    "updated_at": "updated_at",
+    "priority": "(doc->'spec'->'template'->>'priority')::int",
+}
+
+
+async def page(store: EventStore, q: GroupQuery) -> tuple[list[Group], int]:
+    """A page of GET /task-groups (filters as the task list's) and the total that matches."""
+    where = ["deleted_at IS NULL"]
+    params: list[Any] = []
+    if q.tenant_id is not None:
+        where.append("tenant_id = %s")
+        params.append(q.tenant_id)
+    if q.status:
+        where.append("status = %s")
+        params.append(q.status)
+    if q.name:
+        escaped = q.name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        where.append("name ILIKE %s")
+        params.append(f"%{escaped}%")
+    if q.labels:
+        where.append("doc->'spec'->'template'->'labels' @> %s")
+        params.append(Jsonb(q.labels))
+    clause = " AND ".join(where)
+    direction = "ASC" if q.order == "asc" else "DESC"
+    found = await rows(
+        store,
+        f"SELECT doc, count(*) OVER () AS total FROM groups WHERE {clause}"
+        f" ORDER BY {SORT_COLUMNS[q.sort]} {direction}, id {direction} LIMIT %s OFFSET %s",
+        [*params, q.per_page, (q.page - 1) * q.per_page],
+    )
+    if found:
+        return _groups(found), int(found[0]["total"])
+    count = await rows(store, f"SELECT count(*) AS n FROM groups WHERE {clause}", params)
+    return [], int(count[0]["n"])
+
+
+async def stats(store: EventStore, tenant_id: str | None) -> dict[str, int]:
+    """Live groups by status (every status listed, zeros included), scoped like the list."""
+    where = "deleted_at IS NULL" + (" AND tenant_id = %s" if tenant_id is not None else "")
+    found = await rows(
+        store,
+        f"SELECT status, count(*) AS n FROM groups WHERE {where} GROUP BY status",
+        [tenant_id] if tenant_id is not None else [],
+    )
+    counts = {s.value: 0 for s in GroupStatus}
+    for r in found:
+        counts[r["status"]] = int(r["n"])
+    return counts
 
 
 async def live_or_recent(

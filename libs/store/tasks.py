@@ -159,6 +159,18 @@ async def ids_on_node(
     return [r["id"] for r in found]
 
 
+async def on_nodes(
+    store: EventStore, node_ids: Sequence[str], statuses: Collection[TaskStatus]
+) -> dict[str, str]:
+    """Task id → node id of the tasks placed on any of `node_ids` in one of `statuses`."""
+    found = await rows(
+        store,
+        "SELECT id, node_id FROM tasks WHERE node_id = ANY(%s) AND status = ANY(%s)",
+        [list(node_ids), [s.value for s in statuses]],
+    )
+    return {r["id"]: r["node_id"] for r in found}
+
+
 async def ids_pinned_pending(store: EventStore, node_id: str) -> list[str]:
     """Ids of the live pending tasks that asked for this node by name."""
     found = await rows(

@@ -41,6 +41,9 @@ ORDER BY t.recorded_at, t.id LIMIT %s
 """
 # Subjects whose entries are capped; node entries are only purged by age.
 CAPPED = ("task", "group")
+# SPEC §6: at most 200 entries per task and per group (the writer's default cap, and what a
+# group's timeline read returns at most).
+MAX_PER_SUBJECT = 200
 
 
 class NewEntry(Protocol):
@@ -172,11 +175,27 @@ async def task_page(
 
 
 async def group_page(
-    store: EventStore, group_id: str, member_ids: Sequence[str], page: int, per_page: int
+    store: EventStore,
+    group_id: str,
+    member_ids: Sequence[str],
+    page: int,
+    per_page: int,
+    newest: int = MAX_PER_SUBJECT,
 ) -> tuple[list[TimelineEntry], int]:
-    """A group's own entries and those of its member tasks, newest first."""
-    where = (
-        "(subject_type = 'group' AND subject_id = %s)"
+    """A group's own entries and those of its member tasks, newest first: the `newest` of
+    them together, however many members contributed (each subject is trimmed on its own, so
+    the union could otherwise hold `newest` × (members + 1))."""
+    found = await rows(
+        store,
+        "SELECT *, count(*) OVER () AS total FROM ("
+        " SELECT id, subject_type, subject_id, kind, message, details, occurred_at"
+        " FROM timeline WHERE (subject_type = 'group' AND subject_id = %s)"
         " OR (subject_type = 'task' AND subject_id = ANY(%s))"
+        " ORDER BY occurred_at DESC, id DESC LIMIT %s) AS newest"
+        " ORDER BY occurred_at DESC, id DESC LIMIT %s OFFSET %s",
+        [group_id, list(member_ids), newest, per_page, (page - 1) * per_page],
     )
-    return await _page(store, where, [group_id, list(member_ids)], page, per_page)
+    total = int(found[0]["total"]) if found else 0
+    for r in found:
+        del r["total"]
+    return [TimelineEntry(**r) for r in found], total

@@ -58,6 +58,20 @@ class TaskQuery:
 
 
 @dataclass(frozen=True)
+class GroupQuery:
+    """Filters, sort and page of GET /task-groups (validated by the gateway like TaskQuery)."""
+
+    tenant_id: str | None
+    page: int = 1
+    per_page: int = 20
+    status: str | None = None
+    name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    sort: str = "created_at"
+    order: str = "desc"
+
+
+@dataclass(frozen=True)
 class EventRange:
     """Which events an operator command reads: positions and times inclusive, any of the
     named streams (all when none)."""

@@ -91,6 +91,7 @@ def create_app(
     app.include_router(routes_tasks.router)
     app.include_router(routes_ops.router)
     app.include_router(gpu.router)
+    app.include_router(gpu.group_router)
     app.include_router(routes_groups.router)
     app.include_router(routes_scale.router)
     app.include_router(routes_rollout.router)

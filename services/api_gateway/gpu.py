@@ -1,4 +1,5 @@
-"""GET /tasks/{id}/gpu-metrics and /tasks/{id}/energy, from the agents' NVML samples."""
+"""GET /tasks/{id}/gpu-metrics and /tasks/{id}/energy, from the agents' NVML samples, and
+the same two for a task group (every task the group ever ran, superseded rows included)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from libs.domain.energy import task_energy
-from libs.domain.errors import Code, DomainError
+from libs.domain.errors import Code, DomainError, NotFound
 from libs.domain.task import Task
+from libs.store import groups as group_rows
+from libs.store import tasks as task_rows
 from libs.store import telemetry
+from libs.store.eventstore import EventStore
 
 from .deps import Principal, Store, tenant_scope
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["telemetry"])
+group_router = APIRouter(prefix="/api/v1/task-groups", tags=["telemetry"])
 NO_SAMPLES = (
     "no GPU samples: the task holds no card NVML can read (declared cards and "
     "CPU-only tasks report no numbers rather than made-up ones)"
@@ -37,24 +42,27 @@ def _fraction(task: Task) -> float | None:
     return None
 
 
-@router.get("/{task_id}/gpu-metrics")
-async def gpu_metrics(
-    request: Request, task_id: str, principal: Principal, store: Store
-) -> dict[str, Any]:
+Window = tuple[datetime, datetime, int]
+
+
+def _window(request: Request, now: datetime) -> Window:
     q = dict(request.query_params)
     unknown = sorted(set(q) - {"start", "end", "step"})
     if unknown:
         raise DomainError(
             Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
         )
-    task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
     step = q.get("step", "60")
     if not step.isdigit() or not 1 <= int(step) <= 86400:
         raise DomainError(Code.INVALID_VALUE, "step must be seconds in 1..86400", ["step"])
-    end = _time(q.get("end"), "end") or store.clock()
+    end = _time(q.get("end"), "end") or now
     start = _time(q.get("start"), "start") or end - timedelta(hours=1)
+    return start, end, int(step)
+
+
+async def _series(store: EventStore, task: Task, window: Window) -> list[dict[str, Any]]:
     series: dict[str, list[dict[str, Any]]] = {}
-    for p in await telemetry.series(store, task.id, start, end, int(step)):
+    for p in await telemetry.series(store, task.id, *window):
         series.setdefault(p.gpu_id, []).append(
             {
                 "t": p.t.isoformat(),
@@ -64,16 +72,44 @@ async def gpu_metrics(
                 "power_w": None if p.power_w is None else round(p.power_w, 1),
             }
         )
+    return [{"gpu_id": g, "points": p} for g, p in series.items()]
+
+
+def _window_body(window: Window, measured: bool) -> dict[str, Any]:
+    start, end, step = window
     body: dict[str, Any] = {
-        "task_id": task.id,
         "start": start.isoformat(),
         "end": end.isoformat(),
-        "step_s": int(step),
-        "measured": bool(series),
-        "series": [{"gpu_id": g, "points": p} for g, p in series.items()],
+        "step_s": step,
+        "measured": measured,
     }
-    if not series:
+    return body if measured else body | {"note": NO_SAMPLES}
+
+
+@router.get("/{task_id}/gpu-metrics")
+async def gpu_metrics(
+    request: Request, task_id: str, principal: Principal, store: Store
+) -> dict[str, Any]:
+    window = _window(request, store.clock())
+    task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
+    series = await _series(store, task, window)
+    return {"task_id": task.id} | _window_body(window, bool(series)) | {"series": series}
+
+
+async def _energy(store: EventStore, task: Task, factor: float) -> dict[str, Any]:
+    return task_energy(
+        await telemetry.power(store, task.id), fraction=_fraction(task), carbon_g_per_kwh=factor
+    )
+
+
+def _notes(result: dict[str, Any]) -> dict[str, Any]:
+    body = dict(result)
+    if not result["measured"]:
         body["note"] = NO_SAMPLES
+    if result["estimated"]:
+        body["estimate_note"] = (
+            "a card was shared: this energy is an apportioned estimate, not a per-task measurement"
+        )
     return body
 
 
@@ -83,17 +119,52 @@ async def energy(
 ) -> dict[str, Any]:
     task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
     factor = request.app.state.settings.carbon_intensity_g_per_kwh
-    result = task_energy(
-        await telemetry.power(store, task.id),
-        fraction=_fraction(task),
-        carbon_g_per_kwh=factor,
-    )
-    body: dict[str, Any] = {"task_id": task.id, **result}
-    if not result["measured"]:
-        body["note"] = NO_SAMPLES
-    if result["estimated"]:
-        body["estimate_note"] = (
-            "the card was shared: this task's energy is an apportioned "
-            "estimate, not a per-task measurement"
-        )
-    return body
+    return {"task_id": task.id} | _notes(await _energy(store, task, factor))
+
+
+async def _group_tasks(store: EventStore, group_id: str, principal: Principal) -> list[Task]:
+    group = await group_rows.get(store, group_id)
+    tenant = tenant_scope(principal)
+    if group is None or (tenant is not None and group.tenant_id != tenant):
+        raise NotFound("task group")
+    tasks = await task_rows.of_group(store, group.id, include_deleted=False)
+    return sorted(tasks, key=lambda t: (t.rank if t.rank is not None else -1, t.created_at))
+
+
+def _member(task: Task) -> dict[str, Any]:
+    return {"task_id": task.id, "rank": task.rank, "status": task.status.value}
+
+
+@group_router.get("/{group_id}/gpu-metrics")
+async def group_gpu_metrics(
+    request: Request, group_id: str, principal: Principal, store: Store
+) -> dict[str, Any]:
+    """Each member's series, as `GET /tasks/{id}/gpu-metrics` gives them."""
+    window = _window(request, store.clock())
+    members = [
+        _member(t) | {"series": await _series(store, t, window)}
+        for t in await _group_tasks(store, group_id, principal)
+    ]
+    measured = any(m["series"] for m in members)
+    return {"group_id": group_id} | _window_body(window, measured) | {"tasks": members}
+
+
+@group_router.get("/{group_id}/energy")
+async def group_energy(
+    request: Request, group_id: str, principal: Principal, store: Store
+) -> dict[str, Any]:
+    """The sum over every task the group ran, and each task's own figures."""
+    factor = request.app.state.settings.carbon_intensity_g_per_kwh
+    members = [
+        _member(t) | await _energy(store, t, factor)
+        for t in await _group_tasks(store, group_id, principal)
+    ]
+    kwh = sum(float(m["kwh"]) for m in members)
+    total = {
+        "kwh": round(kwh, 6),
+        "carbon_kg": round(kwh * factor / 1000, 6),
+        "carbon_g_per_kwh": factor,
+        "estimated": any(m["estimated"] for m in members),
+        "measured": any(m["measured"] for m in members),
+    }
+    return {"group_id": group_id} | _notes(total) | {"tasks": members}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -21,6 +22,7 @@ from libs.domain.group import (
     GroupCreated,
     GroupDeleted,
     GroupSpec,
+    GroupStatus,
     current_members,
     is_live,
     parse_group,
@@ -29,20 +31,22 @@ from libs.domain.group import (
 from libs.domain.group_update import parse_group_update
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TenantId
+from libs.domain.task import Task, TenantId, boost_line
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import GROUPS
+from libs.store.types import GroupQuery
 
 from . import timeline
-from .deps import Body, Principal, Store, page_query, tenant_scope
+from .deps import Body, Principal, Store, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
-from .routes_tasks import actor_of, tenant_for_create
+from .routes_tasks import LIST_PARAMS, actor_of, parse_list_query, tenant_for_create
 from .views import task_view
 
 router = APIRouter(prefix="/api/v1/task-groups", tags=["task-groups"])
+log = structlog.get_logger(__name__)
 S = TaskStatus
 
 
@@ -106,6 +110,7 @@ async def create_group(
         body,
         tenant=principal.is_tenant,
         volume_allow_list=request.app.state.settings.volume_allow_list,
+        defaults=request.app.state.settings.task_defaults(),
     )
     template = await into_queue(store, tenant_id, spec.template)
     spec = spec.model_copy(update={"template": template})
@@ -122,19 +127,47 @@ async def create_group(
         GROUPS, group_id, decide, metadata={"principal": principal.subject}
     )
     assert group is not None
+    if line := boost_line(body, template):
+        log.info(line, group_id=group_id)
     return FastJSONResponse(group_view(group, tasks), status_code=201)
+
+
+GROUP_LIST_PARAMS = LIST_PARAMS - {"node_id"}
+GROUP_STATUSES = frozenset(s.value for s in GroupStatus)
+
+
+def parse_group_query(params: dict[str, str], tenant_id: str | None) -> GroupQuery:
+    """As the task list's: unknown names 40001, bad values 40003, V2 status names."""
+    q = parse_list_query(params, tenant_id, allowed=GROUP_LIST_PARAMS, statuses=GROUP_STATUSES)
+    return GroupQuery(
+        tenant_id=q.tenant_id,
+        page=q.page,
+        per_page=q.per_page,
+        status=q.status,
+        name=q.name,
+        labels=q.labels,
+        sort=q.sort,
+        order=q.order,
+    )
 
 
 @router.get("")
 async def list_groups(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
-    page, per_page, status = page_query(request)
-    found, total = await group_rows.page(store, tenant_scope(principal), status, page, per_page)
+    q = parse_group_query(dict(request.query_params), tenant_scope(principal))
+    found, total = await group_rows.page(store, q)
     return {
         "groups": [group_view(g) for g in found],
         "total": total,
-        "page": page,
-        "per_page": per_page,
+        "page": q.page,
+        "per_page": q.per_page,
     }
+
+
+@router.get("/stats")
+async def group_stats(principal: Principal, store: Store) -> dict[str, Any]:
+    """Live groups by status, as `GET /tasks/stats` counts tasks."""
+    counts = await group_rows.stats(store, tenant_scope(principal))
+    return {"total": sum(counts.values()), "by_status": counts}
 
 
 @router.get("/{group_id}")

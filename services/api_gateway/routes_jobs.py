@@ -127,6 +127,7 @@ async def create_job(
         queue=queue.spec.name if queue else "",
         queue_max_gpus=queue.spec.quota.max_gpus if queue else 0,
         queue_problem=queue_problem,
+        defaults=request.app.state.settings.task_defaults(),
     )
     job_id = "job-" + uuid.uuid4().hex[:16]
     submitted = JobSubmitted(job_id=job_id, tenant_id=TenantId(tenant_id), spec=spec)

@@ -31,7 +31,7 @@ from . import timeline
 from .deps import Principal, Store, require_operator, tenant_scope
 from .responses import FastJSONResponse
 from .routes_tasks import actor_of
-from .views import task_view
+from .views import operation_view
 
 router = APIRouter(prefix="/api/v1", tags=["operations"])
 S = TaskStatus
@@ -70,7 +70,7 @@ async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONRes
             ),
             tenant_id=scope,
         )
-        return FastJSONResponse({"id": task_id, "status": "rescheduling"}, status_code=202)
+        return _rescheduling(task_id)
     await store.execute(
         task_id,
         lambda t: commands.decide_transition(
@@ -83,10 +83,24 @@ async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONRes
         ),
         tenant_id=scope,
     )
-    task = await _wait_for(store, task_id, {S.RUNNING}, WAKE_WAIT_S)
+    task = await _wait_for(store, task_id, {S.RUNNING, S.PENDING}, WAKE_WAIT_S)
     if task.status is S.RUNNING:
-        return FastJSONResponse(task_view(task) | {"message": "task woke up"})
-    return FastJSONResponse({"id": task_id, "status": task.status.value}, status_code=202)
+        return FastJSONResponse(operation_view(task, "task woke up"))
+    if task.status is S.PENDING:  # the node was lost while waking: placed again
+        return _rescheduling(task_id)
+    # SPEC §2 knows two 202s (queued, rescheduling); anything else is the current status.
+    return FastJSONResponse(
+        operation_view(task, f"wake requested; the task is {task.status.value}")
+    )
+
+
+def _rescheduling(task_id: str) -> JSONResponse:
+    body = {
+        "id": task_id,
+        "status": "rescheduling",
+        "message": "host offline: the task goes back to pending to be placed again",
+    }
+    return FastJSONResponse(body, status_code=202)
 
 
 async def _wait_for(

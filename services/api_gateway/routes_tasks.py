@@ -5,8 +5,10 @@ Handlers validate, call a pure decide function through the store, and shape the 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
+import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -15,6 +17,7 @@ from libs.auth import Principal as PrincipalT
 from libs.auth import Role
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError
+from libs.domain.node import NodeStatus
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import (
@@ -23,19 +26,23 @@ from libs.domain.task import (
     Task,
     TaskSpec,
     TenantId,
+    boost_line,
     parse_create,
     parse_update,
 )
 from libs.domain.validation import REPORT_TEXT_MAX
+from libs.store import nodes as node_rows
 from libs.store import tasks as task_rows
+from libs.store.eventstore import EventStore
 from libs.store.types import TaskQuery
 
 from .deps import Body, Principal, Store, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
-from .views import task_view
+from .views import operation_view, task_view
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
+log = structlog.get_logger(__name__)
 
 CREATE_BODY = {
     "requestBody": {
@@ -43,6 +50,10 @@ CREATE_BODY = {
         "content": {"application/json": {"schema": TaskSpec.model_json_schema()}},
     }
 }
+# Seed 002's status names, accepted in any case as `gpu_count` is beside `gpu_required`; the
+# others (PENDING, RUNNING, SLEEPING, STOPPED, FAILED) are ours in upper case.
+V2_STATUS = {"success": TaskStatus.COMPLETED.value}
+TASK_STATUSES = frozenset(s.value for s in TaskStatus)
 LIST_PARAMS = {"page", "per_page", "status", "node_id", "name", "sort", "order", "labels"}
 # What an agent or operator may send on the report path of PUT.
 REPORT_BODY = (REPORT_FIELDS - {"finished_at"}) | {"expected_status", "reason"}
@@ -78,12 +89,17 @@ async def create_task(
     tenant_id = tenant_for_create(principal, request)
     await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
     spec = parse_create(
-        body, tenant=principal.is_tenant, volume_allow_list=settings.volume_allow_list
+        body,
+        tenant=principal.is_tenant,
+        volume_allow_list=settings.volume_allow_list,
+        defaults=settings.task_defaults(),
     )
     spec = await into_queue(store, tenant_id, spec)
     task = await store.create_task(
         TenantId(tenant_id), spec, metadata={"principal": principal.subject}
     )
+    if line := boost_line(body, spec):
+        log.info(line, task_id=task.id)
     return FastJSONResponse(task_view(task), status_code=201)
 
 
@@ -108,15 +124,26 @@ def _labels_param(raw: str | None) -> dict[str, str]:
     return labels
 
 
-def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery:
-    unknown = sorted(set(params) - LIST_PARAMS)
+def parse_list_query(
+    params: dict[str, str],
+    tenant_id: str | None,
+    *,
+    allowed: Collection[str] = LIST_PARAMS,
+    statuses: Collection[str] = TASK_STATUSES,
+) -> TaskQuery:
+    """GET /tasks's query; groups use it with their own `allowed` names and `statuses`."""
+    unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise DomainError(
             Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
         )
     status = params.get("status")
-    if status is not None and status.lower() not in {s.value for s in TaskStatus}:
-        raise DomainError(Code.INVALID_VALUE, f"unknown status {status!r}", ["status"])
+    if status is not None:
+        status = V2_STATUS.get(status.lower(), status.lower())
+        if status not in statuses:
+            raise DomainError(
+                Code.INVALID_VALUE, f"unknown status {params['status']!r}", ["status"]
+            )
     sort = params.get("sort", "created_at")
     if sort not in task_rows.SORT_COLUMNS:
         raise DomainError(
@@ -129,7 +156,7 @@ def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery
         tenant_id=tenant_id,
         page=_int_param(params, "page", 1, 1, 1_000_000),
         per_page=_int_param(params, "per_page", 20, 1, 500),
-        status=status.lower() if status else None,
+        status=status or None,
         node_id=params.get("node_id") or None,
         name=params.get("name") or None,
         labels=_labels_param(params.get("labels")),
@@ -267,7 +294,8 @@ async def delete_task(task_id: str, principal: Principal, store: Store) -> dict[
         tenant_id=tenant_scope(principal),
         metadata={"principal": principal.subject},
     )
-    return {"message": "task deleted", "id": task.id, "status": task.status.value}
+    task = await end_on_lost_host(store, task)
+    return operation_view(task, "task deleted")
 
 
 @router.post("/{task_id}/stop")
@@ -279,7 +307,38 @@ async def stop_task(task_id: str, principal: Principal, store: Store) -> dict[st
         tenant_id=tenant_scope(principal),
         metadata={"principal": principal.subject},
     )
-    return task_view(task)
+    task = await end_on_lost_host(store, task)
+    return operation_view(task, stop_message(task))
+
+
+async def end_on_lost_host(store: EventStore, task: Task) -> Task:
+    """A task told to stop on a node that is offline ends `stopped` now: no agent is there to
+    report it (SPEC §3: `stopping` ends in place on node loss)."""
+    if task.status is not TaskStatus.STOPPING or not task.node_id:
+        return task
+    node = await node_rows.get(store, task.node_id)
+    if node is not None and node.status is NodeStatus.ONLINE:
+        return task
+    why = f"node {task.node_id} is offline: nothing is left to stop"
+    return await store.execute(
+        task.id,
+        lambda t: commands.decide_transition(
+            t,
+            TaskStatus.STOPPED,
+            actor=Actor.CONTROLLER,
+            expected_status=TaskStatus.STOPPING,
+            reason_code=ReasonCode.NODE_LOST,
+            reason=why,
+            error=why,
+        ),
+        include_deleted=True,
+    )
+
+
+def stop_message(task: Task) -> str:
+    if task.status is TaskStatus.STOPPING:
+        return "stop requested: the task is stopping"
+    return f"task {task.status.value}"
 
 
 @router.post("/{task_id}/sleep")
@@ -291,4 +350,4 @@ async def sleep_task(task_id: str, principal: Principal, store: Store) -> dict[s
         tenant_id=tenant_scope(principal),
         metadata={"principal": principal.subject},
     )
-    return task_view(task)
+    return operation_view(task, "task put to sleep")

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
 
 from libs.domain.pool import JOB_LABEL, gpu_type_matches
 from libs.domain.states import GPU_HOLDING, TaskStatus
-from libs.domain.task import Task, TaskSpec
+from libs.domain.task import Task, TaskSpec, TaskType
 
 from .reasons import Reason
 
@@ -148,6 +148,27 @@ class Requirement:
             runtime=spec.needs_runtime,
         )
 
+    @classmethod
+    def for_task(cls, task: Task) -> Requirement:
+        """`from_spec` plus the constraints a task's group adds (see `spread_key`)."""
+        req = cls.from_spec(task.spec)
+        key = spread_key(task)
+        if key:
+            return replace(req, anti_affinity=(*req.anti_affinity, key))
+        return req
+
+
+# Seed 000: a training group runs one container per node. Its members carry this
+# anti-affinity key without the user naming one, so a gang never doubles up on a node.
+SPREAD_KEY_PREFIX = "heteroflow.training-group:"
+
+
+def spread_key(task: Task) -> str:
+    """The implicit anti-affinity key of a training group's member, "" for any other task."""
+    if task.group_id and task.spec.task_type is TaskType.TRAINING:
+        return SPREAD_KEY_PREFIX + task.group_id
+    return ""
+
 
 def share_on(req: Requirement, gpu: Gpu) -> GpuShare:
     """The share a fractional request holds on `gpu`.
@@ -193,7 +214,7 @@ class Allocation:
         A fractional task whose card is missing from `gpus` is counted as holding the whole
         card: too much rather than too little.
         """
-        req = Requirement.from_spec(task.spec)
+        req = Requirement.for_task(task)
         fractions: tuple[GpuShare, ...] = ()
         if req.is_fractional:
             fractions = tuple(share_on(req, gpus[g]) for g in task.gpu_ids if g in gpus)
@@ -276,7 +297,7 @@ class PendingTask:
         return cls(
             task_id=task.id,
             tenant_id=task.tenant_id,
-            requirement=Requirement.from_spec(task.spec),
+            requirement=Requirement.for_task(task),
             created_at=task.created_at,
             priority=task.spec.priority,
             excluded_node_ids=excluded_node_ids,

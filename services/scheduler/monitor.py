@@ -50,11 +50,15 @@ S = TaskStatus
 NODES_BY_STATE = Gauge("heteroflow_nodes", "Nodes by state", ["state"])
 GPUS_BY_STATE = Gauge("heteroflow_gpus", "GPUs by state", ["state"])
 
-# Where each GPU-holding status goes when its node is lost (SPEC §3).
+# Where each GPU-holding status goes when its node is lost (SPEC §3). Every GPU-holding
+# status has an end here, so nothing waits (and counts against quota) on a lost host: a
+# sleeping task's paused container went with the node, so it is placed again, as a wake
+# with the host offline would do.
 ON_NODE_LOSS: dict[TaskStatus, TaskStatus] = {
     S.SCHEDULED: S.PENDING,
     S.STARTING: S.PENDING,
     S.RUNNING: S.PENDING,
+    S.SLEEPING: S.PENDING,
     S.WAKING: S.PENDING,
     S.PREEMPTING: S.PENDING,
     S.STOPPING: S.STOPPED,
@@ -244,6 +248,7 @@ class NodeMonitor(Controller):
                 await self.node_lost(node, silent)
             elif node.status is NodeStatus.OFFLINE and silent > self.gone_after_s:
                 await self.node_gone(node, silent)
+        await self.strand_check()
         await self.liveness_floor(now)
         if now >= self.next_sweep:
             self.next_sweep = now + self.sweep_every_s
@@ -375,6 +380,21 @@ class NodeMonitor(Controller):
             migrated=len(done),
             refused=len(refused),
         )
+
+    async def strand_check(self) -> None:
+        """End the tasks that reached a GPU-holding status on a node already offline (a group
+        wake or a stop after the loss, a write racing `node_lost`): without this they would
+        wait for a node that may never return."""
+        lost = [n.id for n in self.nodes.values() if n.status is not NodeStatus.ONLINE]
+        if not lost:
+            return
+        stranded = await task_rows.on_nodes(self.store, lost, ON_NODE_LOSS)
+        if not stranded:
+            return
+        why = {n: f"node_lost: {n} is offline" for n in set(stranded.values())}
+        decides = {t: migrate_decision(n, why=why[n]) for t, n in stranded.items()}
+        done, _ = await self.store.execute_batch(decides, fence=self.fence)
+        log.warning("stranded_tasks_ended", tasks=sorted(done), nodes=sorted(why))
 
     async def node_gone(self, node: Node, silent: float) -> None:
         """Confirmed gone for good: only now do pinned tasks lose their pin."""

@@ -188,7 +188,10 @@ async def test_run_while_leader_runs_one_body_at_a_time(kv: KeyValue) -> None:
         )
         for who in "ab"
     }
-    await asyncio.sleep(0.5)
+    for _ in range(100):  # until one of them leads (5 s deadline)
+        if running:
+            break
+        await asyncio.sleep(0.05)
     assert len(running) == 1
     leader = running[0]
     stops[leader].set()  # the leader steps down and releases

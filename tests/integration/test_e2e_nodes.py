@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import time
+from functools import partial
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -12,6 +13,11 @@ from .cluster import Cluster
 from .conftest import requires_docker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def readopted(log: Path, times: int) -> bool:
+    """The agent's log says it re-adopted a container at least `times` times."""
+    return log.read_text().count('"container_readopted"') >= times
 
 
 def node_events(cluster: Cluster, node_id: str) -> list[str]:
@@ -34,10 +40,11 @@ def test_agent_sigkill_restarts_keep_containers_and_readopt(cluster: Cluster) ->
     running = cluster.wait_status(t["id"], "running")
     container = client.containers.get(running["container_id"])
     started_at = container.attrs["State"]["StartedAt"]
-    for _ in range(3):
+    log = cluster.root / "agent-d1.log"
+    for restart in range(1, 4):
         cluster.kill_agent("d1")
         cluster.start_agent("d1", "docker")
-        time.sleep(1.0)
+        cluster.wait(partial(readopted, log, restart), f"re-adopted after restart {restart}")
         container.reload()
         assert container.status == "running"
         assert container.attrs["RestartCount"] == 0

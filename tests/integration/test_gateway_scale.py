@@ -206,7 +206,7 @@ async def test_group_list_pages_newest_first_within_the_tenant(api: Api) -> None
 @pytest.mark.parametrize("path", ["/api/v1/task-groups", "/api/v1/jobs"])
 @pytest.mark.parametrize(
     ("query", "code", "field"),
-    [("per_page=501", 40003, "per_page"), ("page=0", 40003, "page"), ("sort=x", 40001, "sort")],
+    [("per_page=501", 40003, "per_page"), ("page=0", 40003, "page"), ("colour=x", 40001, "colour")],
 )
 async def test_group_and_job_lists_refuse_bad_pages_by_name(
     api: Api, path: str, query: str, code: int, field: str

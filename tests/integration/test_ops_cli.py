@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -86,9 +87,18 @@ def test_export_and_tail(database_url: str, tmp_path: Path) -> None:
     tail = subprocess.Popen(
         [str(BIN), "events", "tail", "--from", "60"], env=env, stdout=subprocess.PIPE, text=True
     )
-    time.sleep(3)
+    printed: list[str] = []
+    stdout = tail.stdout
+    assert stdout is not None
+    reader = threading.Thread(target=lambda: printed.extend(iter(stdout.readline, "")))
+    reader.start()
+    deadline = time.monotonic() + 15
+    while len(printed) < 3 and time.monotonic() < deadline:  # until it printed the three
+        time.sleep(0.05)
     tail.terminate()
-    got = [json.loads(x) for x in tail.communicate(timeout=10)[0].splitlines()]
+    tail.wait(timeout=10)
+    reader.join(timeout=10)
+    got = [json.loads(x) for x in printed]
     assert [e["position"] for e in got] == [60, 61, 62]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -249,7 +250,7 @@ async def test_run_is_woken_by_notify_and_stops(
     relay = OutboxRelay(db, js, name="main", poll_interval=30.0)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
-    await asyncio.sleep(0.3)  # let it drain the empty store and start waiting
+    await until_round(relay)  # it listens and has drained the store once
     ids = insert_committed(db, stream_type, "task-a", [1])
     for _ in range(40):
         if await stored(js, stream_type):
@@ -276,6 +277,14 @@ async def test_versions_of_one_stream_go_out_in_order_when_tx_ids_disagree(
         assert await relay.run_once() == 3
     x_msgs = [m for m in await stored(js, stream_type) if ".task-x." in m.subject]
     assert msg_ids(x_msgs) == [x1, x2]
+
+
+async def until_round(relay: OutboxRelay, within_s: float = 5.0) -> None:
+    """Until `relay.run` has listened and finished a first round (its checkpoint is loaded)."""
+    deadline = time.monotonic() + within_s
+    while relay.checkpoint is None:
+        assert time.monotonic() < deadline, "the relay never completed a round"
+        await asyncio.sleep(0.02)
 
 
 def event(stream_id: str, version: int, position: int) -> OutboxEvent:
@@ -314,7 +323,7 @@ async def test_a_second_relay_waits_as_standby_and_takes_over(
     active, standby = Recording(db, js, name="main"), Recording(db, js, name="main")
     stops = asyncio.Event(), asyncio.Event()
     first = asyncio.create_task(active.run(stops[0]))
-    await asyncio.sleep(0.2)
+    await until_round(active)  # it holds the lock before the standby asks
     second = asyncio.create_task(standby.run(stops[1]))
     ids = insert_committed(db, stream_type, "task-a", [1, 2])
     assert await wait_stored(js, stream_type, 2) == ids

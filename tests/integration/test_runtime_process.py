@@ -180,7 +180,10 @@ async def test_stop_sends_sigterm_then_sigkill_after_grace(rt: ProcessRuntime) -
     assert (await rt.wait(h)).exit_code == 143
 
     stubborn = await rt.start(spec("trap '' TERM; echo ready; sleep 30"))
-    await asyncio.sleep(0.3)
+    deadline = time.monotonic() + 5
+    while "ready" not in await rt.logs(stubborn):  # its trap is set once it says so
+        assert time.monotonic() < deadline, "the stubborn task never got ready"
+        await asyncio.sleep(0.02)
     t0 = time.monotonic()
     await rt.stop(stubborn, grace_s=0.5)
     assert 0.4 < time.monotonic() - t0 < 3

@@ -4,11 +4,18 @@ a handled event written once, newest-first reads."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
+from libs.domain.commands import decide_transition
+from libs.domain.envelope import EventEnvelope
+from libs.domain.node import GpuLost
+from libs.domain.reasons import ReasonCode
+from libs.domain.states import Actor, TaskStatus
+from libs.domain.task import Task, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
 from libs.store.inbox import Receipt
 from services.api_gateway.timeline import task_timeline
@@ -73,3 +80,48 @@ async def test_cap_is_per_subject(timeline: Timeline) -> None:
     await timeline.write([entry(1000 + i, subject="t2") for i in range(150)], receipt())
     assert (await task_timeline(timeline.store, "t1", 1, 10))["total"] == 150
     assert (await task_timeline(timeline.store, "t2", 1, 10))["total"] == 150
+
+
+def placed_on(node: str, card: str) -> Callable[[Task], list[Any]]:
+    def decide(t: Task) -> list[Any]:
+        return list(
+            decide_transition(
+                t,
+                TaskStatus.SCHEDULED,
+                actor=Actor.SCHEDULER,
+                reason_code=ReasonCode.REPORTED,
+                node_id=node,
+                gpu_ids=(card,),
+            )
+        )
+
+    return decide
+
+
+async def test_gpu_lost_is_on_the_timeline_of_the_task_holding_the_card(
+    timeline: Timeline,
+) -> None:
+    store = timeline.store
+    spec = TaskSpec(name="holder", image="busybox", gpu_required=1)
+    holder = await store.create_task(TenantId("acme"), spec)
+    bystander = await store.create_task(TenantId("acme"), spec)
+    for task, card in ((holder, "gpu-7"), (bystander, "gpu-8")):
+        await store.execute(task.id, placed_on("n-gpu", card))
+    lost = GpuLost(node_id="n-gpu", gpu_id="gpu-7", missed_heartbeats=3)
+    await timeline.handle(
+        EventEnvelope(
+            event_id=uuid.uuid4(),
+            position=1,
+            stream_id="n-gpu",
+            stream_type="node",
+            version=2,
+            type=lost.type,
+            occurred_at=NOW,
+            payload=lost.model_dump(mode="json"),
+        )
+    )
+    page = await task_timeline(store, holder.id, 1, 50)
+    assert [e["kind"] for e in page["events"]] == ["gpu_lost"]
+    assert "gpu-7" in page["events"][0]["message"]
+    assert "neither moved nor failed" in page["events"][0]["message"]
+    assert (await task_timeline(store, bystander.id, 1, 50))["total"] == 0

@@ -1,10 +1,28 @@
-"""Agent memory boost (SPEC §4): which images are GPU inference servers, and when memory moves."""
+"""Memory boost (SPEC §4): which images are GPU inference servers, and when memory moves."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
 
-from agent.boost import boost_memory, image_repository, is_gpu_inference_image
+from agent.inventory import Inventory
+from agent.launch import run_spec
+from libs.domain.boost import boost_memory, image_repository, is_gpu_inference_image
+from libs.domain.protocol import CommandKind, NodeCommand, TaskRunSpec
+from libs.domain.states import TaskStatus
+from libs.domain.task import (
+    Task,
+    TaskId,
+    TaskSpec,
+    TaskType,
+    TenantId,
+    boost_line,
+    parse_create,
+    parse_update,
+)
+from services.scheduler.model import Requirement
 
 LINE = "Auto-boost GPU inference memory: 2048 → 8192MB"
 
@@ -76,3 +94,92 @@ def test_image_repository(image: str, repository: str) -> None:
 def test_is_gpu_inference_image_is_case_insensitive() -> None:
     assert is_gpu_inference_image("Ollama/Ollama:0.3")
     assert not is_gpu_inference_image("")
+
+
+# --- applied at creation, so placement counts it ------------------------------------------
+
+VLLM = {"name": "srv", "image": "vllm/vllm-openai:v0.6.3", "gpu_required": 1}
+
+
+@pytest.mark.parametrize(
+    ("body", "memory"),
+    [
+        (VLLM, 8192),
+        (VLLM | {"memory_mb": 2048}, 8192),  # still the default
+        (VLLM | {"memory_mb": 4096}, 4096),
+        ({"name": "srv", "image": "vllm/vllm-openai", "gpu_memory_mb": 4096}, 8192),
+        ({"name": "srv", "image": "vllm/vllm-openai"}, 2048),  # no GPU
+        ({"name": "x", "image": "busybox", "gpu_required": 1}, 2048),
+    ],
+    ids=["default", "explicit-default", "chosen", "fraction", "no-gpu", "not-inference"],
+)
+def test_create_applies_the_boost_the_scheduler_counts(body: dict[str, Any], memory: int) -> None:
+    spec = parse_create(body, tenant=True)
+    assert spec.memory_mb == memory
+    assert Requirement.from_spec(spec).memory_mb == memory
+
+
+def test_create_names_the_exact_line_only_when_it_boosted() -> None:
+    assert boost_line(VLLM, parse_create(VLLM, tenant=True)) == LINE
+    chosen = VLLM | {"memory_mb": 4096}
+    assert boost_line(chosen, parse_create(chosen, tenant=True)) is None
+
+
+def test_update_to_an_inference_image_boosts_a_pending_task() -> None:
+    now = datetime.now(UTC)
+    spec = parse_create({"name": "x", "image": "busybox", "gpu_required": 1}, tenant=True)
+    task = Task(id=TaskId("t"), tenant_id=TenantId("a"), spec=spec, created_at=now, updated_at=now)
+    new, changes = parse_update(task, {"image": "ollama/ollama"}, tenant=True)
+    assert new.memory_mb == 8192 and changes["memory_mb"] == 8192
+
+
+def test_agent_runs_the_placed_memory_without_boosting_again() -> None:
+    # A spec that reached the node at 2048 (placed before the boost moved to creation) runs
+    # with 2048: the node never gives a container more than the scheduler counted.
+    spec = TaskSpec(name="srv", image="vllm/vllm-openai", gpu_required=1)
+    inventory = Inventory(node_id="n1", hostname="h", memory_mb=65536, cpu_cores=8)
+    cmd = NodeCommand(
+        kind=CommandKind.START,
+        node_id="n1",
+        task_id="t",
+        attempt=0,
+        status=TaskStatus.SCHEDULED,
+        run=TaskRunSpec(spec=spec, gpu_ids=("g0",), tenant_id="a"),
+    )
+    run, _ = run_spec(cmd, inventory, "n1", "127.0.0.1", "process")
+    assert run.memory_mb == 2048
+    placed = parse_create(VLLM, tenant=True)
+    run, _ = run_spec(
+        cmd.model_copy(update={"run": TaskRunSpec(spec=placed, gpu_ids=("g0",))}),
+        inventory,
+        "n1",
+        "127.0.0.1",
+        "process",
+    )
+    assert run.memory_mb == 8192
+
+
+# --- the agent's start: inference runs without a running timeout -------------------------
+
+
+@pytest.mark.parametrize(
+    ("task_type", "image", "timeout"),
+    [
+        ("inference", "busybox", 0.0),
+        ("", "vllm/vllm-openai", 0.0),  # the image makes it inference when task_type is ""
+        ("batch", "vllm/vllm-openai", 5.0),  # task_type is authoritative
+        ("training", "busybox", 5.0),
+    ],
+)
+def test_inference_is_exempt_from_the_timeout(task_type: str, image: str, timeout: float) -> None:
+    spec = TaskSpec(name="x", image=image, timeout=5, task_type=TaskType(task_type))
+    cmd = NodeCommand(
+        kind=CommandKind.START,
+        node_id="n1",
+        task_id="t",
+        attempt=0,
+        status=TaskStatus.SCHEDULED,
+        run=TaskRunSpec(spec=spec),
+    )
+    inventory = Inventory(node_id="n1", hostname="h", memory_mb=4096, cpu_cores=2)
+    assert run_spec(cmd, inventory, "n1", "127.0.0.1", "process")[1] == timeout

@@ -276,3 +276,33 @@ def test_crash_looping_replica_fails_the_group_with_a_reason() -> None:
     # Failures older than the crash window do not count.
     late = decide_group(g, tasks, T0 + timedelta(seconds=700), POLICY, infra)
     assert late.new_ranks == [0]
+
+
+@pytest.mark.parametrize("parallelism", ["tensor_parallel", "pipeline_parallel"])
+def test_tp_pp_inference_world_is_rebuilt_whole_until_five(parallelism: str) -> None:
+    size = {f"{parallelism.split('_')[0]}_parallel_size": 2}
+    s = spec(task_type="inference", parallelism=parallelism, **size)
+    assert s.static_world and s.is_inference
+    broken = [member(0, S.FAILED, error="exit code 1", finished=5), member(1, S.RUNNING)]
+    plan = decide_group(group(s), broken, T0 + timedelta(seconds=6), POLICY, infra)
+    # The world is broken: the other rank ends first, nothing is rebuilt yet.
+    assert plan.stop == ["t1-0"] and not plan.new_ranks and not plan.events
+    ending = [broken[0], member(1, S.STOPPING)]
+    assert decide_group(group(s), ending, T0, POLICY, infra).empty
+    ended = [broken[0], member(1, S.STOPPED, finished=7)]
+    plan = decide_group(group(s, rebuilds=4), ended, T0, POLICY, infra)
+    assert plan.new_ranks == [0, 1] and plan.priority == 100
+    (rebuild,) = plan.events
+    assert isinstance(rebuild, GroupRecovery) and rebuild.kind == "inference_rebuild"
+    assert decide_group(group(s), ended, T0, POLICY, infra, allow_rebuild=False).empty
+    plan = decide_group(group(s, rebuilds=5), ended, T0, POLICY, infra)
+    assert not plan.new_ranks
+    assert any(isinstance(e, GroupStatusChanged) and e.to_status is G.FAILED for e in plan.events)
+
+
+def test_training_world_still_gets_the_restart_not_the_rebuild() -> None:
+    s = spec(task_type="training", parallelism="tensor_parallel", tensor_parallel_size=2)
+    ended = [member(0, S.FAILED, error="node n lost", finished=30), member(1, S.STOPPED)]
+    g = group(s, G.FAILED, failed_at=T0 + timedelta(seconds=31))
+    plan = decide_group(g, ended, T0 + timedelta(seconds=32), POLICY, infra)
+    assert [e.kind for e in plan.events if isinstance(e, GroupRecovery)] == ["restart_scheduled"]

@@ -47,6 +47,12 @@ CASES: list[tuple[str, dict[str, Any], FailureClass, str]] = [
     ),
     ("cancelled", {"exit_code": 143, "error_kind": "TaskCancelled"}, C.PERMANENT, "TaskCancelled"),
     (
+        "transient error kind",
+        {"exit_code": 1, "error_kind": "TransientError", "error": "try again"},
+        C.TRANSIENT,
+        "TransientError",
+    ),
+    (
         "network timeout kind",
         {"exit_code": 1, "error_kind": "NetworkTimeout"},
         C.TRANSIENT,

@@ -1,14 +1,16 @@
-"""Agent memory boost (SPEC §4): GPU inference servers need more host memory than the default.
+"""Memory boost (SPEC §4): GPU inference servers need more host memory than the default.
 
 A task that runs a known GPU inference image and still asks for the default host memory gets
-the boosted amount instead; any value the user chose is kept. Pure functions, no I/O.
+the boosted amount instead; any other value is kept. The rule is applied when the task is
+created (`libs.domain.task.parse_create`), so the spec the scheduler places by is what the
+container gets: a node's memory is never over-committed by a boost at start. Pure functions.
 """
 
 from __future__ import annotations
 
 import re
 
-DEFAULT_MEMORY_MB = 2048
+DEFAULT_MEMORY_MB = 2048  # a task's host memory when it names none (libs.domain.task)
 BOOSTED_MEMORY_MB = 8192
 
 # Names of GPU inference servers, matched as whole words in the image repository path (the
