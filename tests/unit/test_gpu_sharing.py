@@ -138,10 +138,10 @@ def test_run_spec_carries_a_fractions_qos_and_share() -> None:
     spec = TaskSpec(
         name="f", image="busybox", command="true", gpu_memory_mb=4096, gpu_compute_ratio=0.25
     )
-    run, _, _ = run_spec(start(spec, "silver"), inv, "n1", "127.0.0.1", "docker")
+    run, _ = run_spec(start(spec, "silver"), inv, "n1", "127.0.0.1", "docker")
     assert (run.qos, run.gpu_memory_mb, run.gpu_compute_ratio) == ("silver", 4096, 0.25)
     whole = TaskSpec(name="w", image="busybox", command="true", gpu_required=1)
-    run, _, _ = run_spec(start(whole, "silver"), inv, "n1", "127.0.0.1", "docker")
+    run, _ = run_spec(start(whole, "silver"), inv, "n1", "127.0.0.1", "docker")
     assert run.qos == ""
 
 
