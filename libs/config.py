@@ -19,7 +19,17 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HETEROFLOW_", extra="ignore")
 
     home: Path = Field(default_factory=default_home, description="state directory")
-    nats_url: SecretStr | None = Field(default=None, description="external NATS; unset = embedded")
+    nats_url: SecretStr | None = Field(
+        default=None,
+        description="external NATS, several servers comma-separated; unset = embedded",
+    )
+    nats_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="replicas of every stream and the lease bucket: 3 on a three-server "
+        "JetStream cluster, 1 on the embedded single server",
+    )
     database_url: SecretStr | None = Field(
         default=None, description="external PostgreSQL; unset = embedded"
     )
