@@ -36,6 +36,11 @@ class CommonSettings(BaseSettings):
     log_level: str = "info"
     log_format: str = Field(default="auto", description="json | console | auto (console on a TTY)")
     metrics_port: int = Field(default=0, description="Prometheus port of a lone service; 0 = off")
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="address the probe port (/healthz, /readyz, /metrics) binds; 0.0.0.0 in a "
+        "container or pod, so the orchestrator's probes reach it",
+    )
 
 
 class GatewaySettings(CommonSettings):
