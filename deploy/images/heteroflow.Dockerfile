@@ -11,8 +11,11 @@ RUN python3 -m venv /opt/heteroflow \
 COPY app /tmp/app
 RUN /opt/heteroflow/bin/pip install --no-cache-dir --no-index --no-deps /tmp/app/*.whl \
     && rm -rf /tmp/app \
-    && mkdir -p /var/lib/heteroflow && chown 10001:10001 /var/lib/heteroflow
+    && mkdir -p /var/lib/heteroflow && chown 10001:10001 /var/lib/heteroflow \
+    && echo 'heteroflow:x:10001:10001::/var/lib/heteroflow:/usr/sbin/nologin' >> /etc/passwd \
+    && echo 'heteroflow:x:10001:' >> /etc/group
 # Not root by default; an agent that drives the host's Docker socket runs as root instead.
+# A passwd entry: PostgreSQL's initdb (the compose deployment's database) looks the user up.
 USER 10001
 WORKDIR /var/lib/heteroflow
 EXPOSE 3333 9000
