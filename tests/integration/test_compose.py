@@ -1,18 +1,21 @@
 """The multi-container deployment (deploy/compose.yaml) from the images `just images` builds:
 three NATS servers (streams R3), PostgreSQL, every service in its own container, two gateways,
-two schedulers, three agents with different simulated GPUs. Tasks created through both
-gateways complete; a NATS server and then a scheduler are killed while work is in flight and
-every task still completes, run once.
-
-A smoke test, not the issue's full chaos run (200 tasks, the scheduler *leader* and a gateway
-killed too, replay): the scheduler killed here may be the standby.
+two schedulers, three agents with different simulated GPUs. 200 tasks are created through the
+gateways; while they run a NATS server, the scheduler leader and a gateway are killed. Every
+task that got a 201 completes, was placed once (`running` at most once) in the event log and
+had one container;
+the standby takes the scheduler lease within TTL + two retries; `events replay --dry-run`
+finds no difference.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +49,8 @@ pytestmark = [
 BUILD = Path(__file__).resolve().parents[2] / "deploy" / "images" / "build.sh"
 TIMEOUT = httpx.Timeout(10.0, connect=2.0)
 AGENTS = ("compose-agent-1", "compose-agent-2", "compose-agent-3")
+SCHEDULERS = ("scheduler-1", "scheduler-2")
+LEASE_TTL_S = 6.0  # services/scheduler/service.py
 
 
 def wait(cond: Callable[[], bool], what: str, timeout: float, logs: Callable[[], str]) -> None:
@@ -96,7 +101,19 @@ def deployment(images: None) -> Iterator[Compose]:
                 c.remove(force=True)
 
 
-def test_tasks_complete_once_through_a_killed_nats_server_and_scheduler(
+def holders(d: Compose, lease: str) -> set[str]:
+    """The scheduler services whose log says they acquired `lease`."""
+    found = set()
+    for name in SCHEDULERS:
+        for line in d.containers[name].logs().decode(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("event") == "lease_acquired" and entry.get("lease") == lease:
+                    found.add(name)
+    return found
+
+
+def test_200_tasks_complete_once_through_killed_nats_leader_and_gateway(
     deployment: Compose,
 ) -> None:
     d = deployment
@@ -124,46 +141,74 @@ def test_tasks_complete_once_through_a_killed_nats_server_and_scheduler(
         return set(AGENTS) <= online
 
     wait(nodes_online, "three agents online", 60, lambda: d.logs("agent-1"))
+    wait(lambda: len(holders(d, "scheduler")) == 1, "a scheduler leads", 30, lambda: "")
     headers = {"Authorization": f"Bearer {key}"}
     clients = [httpx.Client(base_url=g, headers=headers, timeout=TIMEOUT) for g in gateways]
+    tasks: list[str] = []
 
-    def create(i: int, command: str) -> str:
-        body = {"name": f"c{i}", "image": "busybox:latest", "command": command}
-        r = clients[i % 2].post("/api/v1/tasks", json=body)
-        assert r.status_code == 201, r.text
-        return str(r.json()["id"])
+    def create(count: int, via: list[httpx.Client]) -> None:
+        for i in range(count):
+            body = {"name": f"c{len(tasks)}", "image": "busybox:latest", "command": "echo ok"}
+            r = via[i % len(via)].post("/api/v1/tasks", json=body)
+            assert r.status_code == 201, r.text
+            tasks.append(str(r.json()["id"]))
 
-    tasks = [create(i, "sleep 2; echo ok") for i in range(12)]
+    create(80, clients)
     d.kill("nats-1")
-    tasks += [create(i, "echo ok") for i in range(12, 18)]
-    d.kill("scheduler-1")
-    tasks += [create(i, "echo ok") for i in range(18, 24)]
+    create(40, clients)
+    (leader,) = holders(d, "scheduler")
+    (standby,) = set(SCHEDULERS) - {leader}
+    d.kill(leader)
+    killed_at = time.monotonic()
+    create(40, clients)
+    wait(lambda: standby in holders(d, "scheduler"), "the standby leads", 30, lambda: "")
+    takeover_s = time.monotonic() - killed_at
+    d.kill("api-gateway-2")
+    create(40, clients[:1])
 
-    def status(t: str) -> str:
-        return str(clients[0].get(f"/api/v1/tasks/{t}").json()["status"])
+    def statuses() -> dict[str, int]:
+        with psycopg.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT status, count(*) FROM tasks WHERE id = ANY(%s) GROUP BY status", (tasks,)
+            ).fetchall()
+        return {str(s): int(n) for s, n in rows}
 
     wait(
-        lambda: all(status(t) == "completed" for t in tasks),
-        "every task completed",
-        90,
-        lambda: d.logs("scheduler-2") + d.logs("relay"),
+        lambda: statuses() == {"completed": len(tasks)},
+        f"all {len(tasks)} tasks completed",
+        180,
+        lambda: f"{statuses()}\n{d.logs(standby)}",
     )
     with psycopg.connect(db) as conn:
-        for t in tasks:
-            runs = conn.execute(
-                "SELECT count(*) FROM events WHERE stream_id = %s AND type = 'task_status_changed'"
-                " AND payload->>'to_status' = 'running'",
-                (t,),
-            ).fetchone()
-            assert runs == (1,), t
-    for t in tasks:  # one container per task: none was started twice
-        found = d.client.containers.list(all=True, filters={"label": f"heteroflow.task_id={t}"})
-        assert len(found) == 1, t
-    nodes = {
-        c.labels.get("heteroflow.node")
-        for t in tasks
-        for c in d.client.containers.list(all=True, filters={"label": f"heteroflow.task_id={t}"})
-    }
-    assert nodes <= set(AGENTS)
+        moves = conn.execute(
+            "SELECT stream_id, payload->>'to_status', count(*) FROM events"
+            " WHERE stream_id = ANY(%s) AND type = 'task_status_changed'"
+            " AND payload->>'to_status' IN ('scheduled', 'running') GROUP BY 1, 2",
+            (tasks,),
+        ).fetchall()
+    # Placed once each; `running` at most once (a report of a quick task may arrive after its
+    # exit, so a task can go from `starting` to `completed`, as in test_split_processes).
+    scheduled = {str(t): int(n) for t, s, n in moves if s == "scheduled"}
+    assert scheduled == dict.fromkeys(tasks, 1)
+    assert all(int(n) == 1 for _, s, n in moves if s == "running")
+    containers: dict[str, int] = {}
+    for node in AGENTS:  # one container per task, on the agent that ran it: none ran twice
+        for c in d.client.containers.list(all=True, filters={"label": f"heteroflow.node={node}"}):
+            task = c.labels.get("heteroflow.task_id", "")
+            containers[task] = containers.get(task, 0) + 1
+    assert {t: containers.get(t, 0) for t in tasks} == dict.fromkeys(tasks, 1)
+    # The lease expires at most TTL after the kill (the leader renewed every TTL/3), the
+    # standby retries every TTL/3, and this test sees it through logs polled on a busy
+    # machine: TTL + two retries is the bound (7.9 s measured, docs/deploy.md).
+    assert takeover_s <= LEASE_TTL_S * 5 / 3, takeover_s
+    print(f"lease takeover after the leader's kill: {takeover_s:.1f} s")
+    replay = subprocess.run(
+        [str(Path(sys.executable).parent / "heteroflow"), "events", "replay", "--dry-run"],
+        env=os.environ | {"HETEROFLOW_DATABASE_URL": db},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
     for c in clients:
         c.close()
