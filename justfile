@@ -34,3 +34,7 @@ openapi:
 # regenerate the committed AsyncAPI document (FastStream, from every subscriber and publisher)
 asyncapi:
     .venv/bin/python -m heteroflow.asyncapi > docs/asyncapi.json
+
+# build the images without a registry: Debian base (cached), HeteroFlow, NATS (deploy/images)
+images *WHAT:
+    bash deploy/images/build.sh {{WHAT}}

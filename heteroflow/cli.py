@@ -54,8 +54,11 @@ def _run_until_signal(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
         orphan_guard = asyncio.create_task(watch_parent(stop))
+        from libs.config import CommonSettings
+
         port, unmet = probe or (0, _nothing_missing)
-        async with watch_loop(name), serve_probe(port, unmet):
+        host = CommonSettings().metrics_host if port else "127.0.0.1"
+        async with watch_loop(name), serve_probe(port, unmet, host):
             await main(stop)
         orphan_guard.cancel()
 

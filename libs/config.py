@@ -21,13 +21,28 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HETEROFLOW_", extra="ignore")
 
     home: Path = Field(default_factory=default_home, description="state directory")
-    nats_url: SecretStr | None = Field(default=None, description="external NATS; unset = embedded")
+    nats_url: SecretStr | None = Field(
+        default=None,
+        description="external NATS, several servers comma-separated; unset = embedded",
+    )
+    nats_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="replicas of every stream and the lease bucket: 3 on a three-server "
+        "JetStream cluster, 1 on the embedded single server",
+    )
     database_url: SecretStr | None = Field(
         default=None, description="external PostgreSQL; unset = embedded"
     )
     log_level: str = "info"
     log_format: str = Field(default="auto", description="json | console | auto (console on a TTY)")
     metrics_port: int = Field(default=0, description="Prometheus port of a lone service; 0 = off")
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="address the probe port (/healthz, /readyz, /metrics) binds; 0.0.0.0 in a "
+        "container or pod, so the orchestrator's probes reach it",
+    )
 
 
 class GatewaySettings(CommonSettings):

@@ -29,6 +29,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from .nats import configured_replicas
 from .subjects import LEASE_BUCKET
 
 log = structlog.get_logger(__name__)
@@ -39,9 +40,10 @@ _STREAM_NAME_IN_USE = 10058
 
 
 async def open_lease_bucket(
-    js: JetStreamContext, ttl: float, bucket: str = LEASE_BUCKET, replicas: int = 1
+    js: JetStreamContext, ttl: float, bucket: str = LEASE_BUCKET, replicas: int | None = None
 ) -> KeyValue:
-    """The lease bucket, created with `ttl` if absent.
+    """The lease bucket, created with `ttl` if absent (`replicas` None = the configured
+    HETEROFLOW_NATS_REPLICAS).
 
     The TTL belongs to the bucket, so every lease in one bucket lasts as long; when the bucket
     exists with another TTL it is used as it is, and that TTL is logged.
@@ -52,7 +54,9 @@ async def open_lease_bucket(
         kv = await js.key_value(bucket)
     except BucketNotFoundError:
         try:
-            return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)
+            return await js.create_key_value(
+                bucket=bucket, ttl=ttl, history=1, replicas=replicas or configured_replicas()
+            )
         except BadRequestError as exc:
             if exc.err_code != _STREAM_NAME_IN_USE:
                 raise

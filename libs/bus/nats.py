@@ -29,6 +29,8 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
+from libs.config import CommonSettings
+
 from . import subjects as s
 
 log = structlog.get_logger(__name__)
@@ -98,14 +100,22 @@ async def connect(
     )
 
 
+def configured_replicas() -> int:
+    """HETEROFLOW_NATS_REPLICAS. Read by every process that declares streams (up, services,
+    agents, CLIs) so none of them "corrects" an R3 stream back to R1."""
+    return CommonSettings().nats_replicas
+
+
 def stream_configs(
     *,
     events_max_age: float = s.EVENTS_MAX_AGE_S,
     node_max_age: float = s.NODE_MAX_AGE_S,
     dlq_max_age: float = s.DLQ_MAX_AGE_S,
-    replicas: int = 1,
+    replicas: int | None = None,
 ) -> list[StreamConfig]:
-    """The platform's streams: events, node traffic, dead letters."""
+    """The platform's streams: events, node traffic, dead letters; `replicas` None = the
+    configured HETEROFLOW_NATS_REPLICAS."""
+    replicas = replicas or configured_replicas()
 
     def cfg(name: str, subjects: tuple[str, ...], max_age: float, description: str) -> StreamConfig:
         return StreamConfig(
@@ -158,7 +168,7 @@ async def ensure_streams(
     events_max_age: float = s.EVENTS_MAX_AGE_S,
     node_max_age: float = s.NODE_MAX_AGE_S,
     dlq_max_age: float = s.DLQ_MAX_AGE_S,
-    replicas: int = 1,
+    replicas: int | None = None,
 ) -> dict[str, StreamInfo]:
     """Declare every platform stream; safe to run from every replica on every start."""
     infos: dict[str, StreamInfo] = {}

@@ -1,0 +1,214 @@
+"""The multi-container deployment (deploy/compose.yaml) from the images `just images` builds:
+three NATS servers (streams R3), PostgreSQL, every service in its own container, two gateways,
+two schedulers, three agents with different simulated GPUs. 200 tasks are created through the
+gateways; while they run a NATS server, the scheduler leader and a gateway are killed. Every
+task that got a 201 completes, was placed once (`running` at most once) in the event log and
+had one container;
+the standby takes the scheduler lease within TTL + two retries; `events replay --dry-run`
+finds no difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from libs import auth
+from libs.store import tenants
+from libs.store.eventstore import EventStore
+
+from .compose import Compose
+from .conftest import requires_docker
+
+# Opt-in: ~2.5 min on a 2-core machine (16 containers) and the base image needs mmdebstrap
+# and apt sources, which would push CI past its time limit; run it with
+# HETEROFLOW_TEST_COMPOSE=1 (docs/deploy.md).
+requires_opt_in = pytest.mark.skipif(
+    os.environ.get("HETEROFLOW_TEST_COMPOSE") != "1",
+    reason="the multi-container run is opt-in: HETEROFLOW_TEST_COMPOSE=1",
+)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.docker,
+    requires_docker,
+    requires_opt_in,
+]
+
+BUILD = Path(__file__).resolve().parents[2] / "deploy" / "images" / "build.sh"
+TIMEOUT = httpx.Timeout(10.0, connect=2.0)
+AGENTS = ("compose-agent-1", "compose-agent-2", "compose-agent-3")
+SCHEDULERS = ("scheduler-1", "scheduler-2")
+LEASE_TTL_S = 6.0  # services/scheduler/service.py
+
+
+def wait(cond: Callable[[], bool], what: str, timeout: float, logs: Callable[[], str]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except (httpx.HTTPError, psycopg.OperationalError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"not within {timeout}s: {what}\n{logs()}")
+
+
+def bootstrap(url: str) -> tuple[str, str]:
+    """(tenant API key, operator token), written straight into the deployment's database."""
+
+    async def run() -> tuple[str, str]:
+        store = await EventStore.open(url, max_size=1)  # migrates, as every service does
+        try:
+            if await tenants.get_tenant(store, "default") is None:
+                await auth.create_tenant(store, "default", "default")
+            _, key = await auth.issue_api_key(store, "default", "compose")
+            operator = await auth.issue_system_credential(store, "operator", "compose")
+            return key, operator
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def images() -> None:
+    subprocess.run(["bash", str(BUILD), "all"], check=True, timeout=600, capture_output=True)
+
+
+@pytest.fixture
+def deployment(images: None) -> Iterator[Compose]:
+    compose = Compose()
+    try:
+        yield compose
+    finally:
+        compose.down()
+        for node in AGENTS:
+            for c in compose.client.containers.list(
+                all=True, filters={"label": f"heteroflow.node={node}"}
+            ):
+                c.remove(force=True)
+
+
+def holders(d: Compose, lease: str) -> set[str]:
+    """The scheduler services whose log says they acquired `lease`."""
+    found = set()
+    for name in SCHEDULERS:
+        for line in d.containers[name].logs().decode(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("event") == "lease_acquired" and entry.get("lease") == lease:
+                    found.add(name)
+    return found
+
+
+def test_200_tasks_complete_once_through_killed_nats_leader_and_gateway(
+    deployment: Compose,
+) -> None:
+    d = deployment
+    d.up("postgres", "nats-1", "nats-2", "nats-3")
+    db = f"postgresql://heteroflow:change-me@127.0.0.1:{d.port('postgres', 5432)}/heteroflow"
+
+    def accepts() -> bool:
+        with psycopg.connect(db, connect_timeout=2):
+            return True
+
+    wait(accepts, "postgres accepts logins", 30, lambda: d.logs("postgres"))
+    key, operator = bootstrap(db)
+    d.up(*(n for n in d.services if n not in d.containers))
+    gateways = [f"http://127.0.0.1:{d.port(g, 3333)}" for g in ("api-gateway-1", "api-gateway-2")]
+
+    def ready() -> bool:
+        return all(httpx.get(f"{g}/readyz", timeout=1).status_code == 200 for g in gateways)
+
+    wait(ready, "both gateways ready", 60, lambda: d.logs("api-gateway-1"))
+    ops = {"Authorization": f"Bearer {operator}"}
+
+    def nodes_online() -> bool:
+        r = httpx.get(f"{gateways[0]}/api/v1/nodes", headers=ops, timeout=TIMEOUT)
+        online = {n["id"] for n in r.json()["nodes"] if n["status"] == "online"}
+        return set(AGENTS) <= online
+
+    wait(nodes_online, "three agents online", 60, lambda: d.logs("agent-1"))
+    wait(lambda: len(holders(d, "scheduler")) == 1, "a scheduler leads", 30, lambda: "")
+    headers = {"Authorization": f"Bearer {key}"}
+    clients = [httpx.Client(base_url=g, headers=headers, timeout=TIMEOUT) for g in gateways]
+    tasks: list[str] = []
+
+    def create(count: int, via: list[httpx.Client]) -> None:
+        for i in range(count):
+            body = {"name": f"c{len(tasks)}", "image": "busybox:latest", "command": "echo ok"}
+            r = via[i % len(via)].post("/api/v1/tasks", json=body)
+            assert r.status_code == 201, r.text
+            tasks.append(str(r.json()["id"]))
+
+    create(80, clients)
+    d.kill("nats-1")
+    create(40, clients)
+    (leader,) = holders(d, "scheduler")
+    (standby,) = set(SCHEDULERS) - {leader}
+    d.kill(leader)
+    killed_at = time.monotonic()
+    create(40, clients)
+    wait(lambda: standby in holders(d, "scheduler"), "the standby leads", 30, lambda: "")
+    takeover_s = time.monotonic() - killed_at
+    d.kill("api-gateway-2")
+    create(40, clients[:1])
+
+    def statuses() -> dict[str, int]:
+        with psycopg.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT status, count(*) FROM tasks WHERE id = ANY(%s) GROUP BY status", (tasks,)
+            ).fetchall()
+        return {str(s): int(n) for s, n in rows}
+
+    wait(
+        lambda: statuses() == {"completed": len(tasks)},
+        f"all {len(tasks)} tasks completed",
+        180,
+        lambda: f"{statuses()}\n{d.logs(standby)}",
+    )
+    with psycopg.connect(db) as conn:
+        moves = conn.execute(
+            "SELECT stream_id, payload->>'to_status', count(*) FROM events"
+            " WHERE stream_id = ANY(%s) AND type = 'task_status_changed'"
+            " AND payload->>'to_status' IN ('scheduled', 'running') GROUP BY 1, 2",
+            (tasks,),
+        ).fetchall()
+    # Placed once each; `running` at most once (a report of a quick task may arrive after its
+    # exit, so a task can go from `starting` to `completed`, as in test_split_processes).
+    scheduled = {str(t): int(n) for t, s, n in moves if s == "scheduled"}
+    assert scheduled == dict.fromkeys(tasks, 1)
+    assert all(int(n) == 1 for _, s, n in moves if s == "running")
+    containers: dict[str, int] = {}
+    for node in AGENTS:  # one container per task, on the agent that ran it: none ran twice
+        for c in d.client.containers.list(all=True, filters={"label": f"heteroflow.node={node}"}):
+            task = c.labels.get("heteroflow.task_id", "")
+            containers[task] = containers.get(task, 0) + 1
+    assert {t: containers.get(t, 0) for t in tasks} == dict.fromkeys(tasks, 1)
+    # The lease expires at most TTL after the kill (the leader renewed every TTL/3), the
+    # standby retries every TTL/3, and this test sees it through logs polled on a busy
+    # machine: TTL + two retries is the bound (7.9 s measured, docs/deploy.md).
+    assert takeover_s <= LEASE_TTL_S * 5 / 3, takeover_s
+    print(f"lease takeover after the leader's kill: {takeover_s:.1f} s")
+    replay = subprocess.run(
+        [str(Path(sys.executable).parent / "heteroflow"), "events", "replay", "--dry-run"],
+        env=os.environ | {"HETEROFLOW_DATABASE_URL": db},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    for c in clients:
+        c.close()
