@@ -22,6 +22,7 @@ from services.api_gateway import bus as gateway_bus
 from services.event_timeline import service as timeline
 from services.job_orchestrator import service as job_orchestrator
 from services.retry_engine import service as retry_engine
+from services.rollout import inflight as rollout
 from services.scheduler import routes as scheduler
 
 
@@ -48,6 +49,7 @@ def all_routes() -> list[Routes]:
         timeline.routes(_unused, _unused),
         agent_routes.routes("{node_id}", "agent-{node_id}", command=_unused, logs=_unused),
         gateway_bus.routes(),
+        rollout.routes(),
     ]
 
 
