@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from libs.domain.rollout import decide_drain
@@ -113,7 +114,15 @@ class Load:
 
 
 def versioned_group(cluster: Cluster, task_count: int) -> dict[str, Any]:
-    return create_group(cluster, task_count=task_count, command=VERSIONED, env={"VERSION": "v1"})
+    # Small replicas: old and new ones must fit together on a 2-core test node.
+    return create_group(
+        cluster,
+        task_count=task_count,
+        command=VERSIONED,
+        env={"VERSION": "v1"},
+        cpu_cores=0.25,
+        memory_mb=128,
+    )
 
 
 def rollout(cluster: Cluster, group_id: str, action: str = "", **body: Any) -> dict[str, Any]:
@@ -126,8 +135,15 @@ def rollout(cluster: Cluster, group_id: str, action: str = "", **body: Any) -> d
     return dict(r.json())
 
 
+def all_tasks(cluster: Cluster, group_id: str) -> list[dict[str, Any]]:
+    """Every task of the group, replaced ones included (the group view lists its members)."""
+    with psycopg.connect(cluster.database_url) as conn:
+        rows = conn.execute("SELECT doc FROM tasks WHERE group_id = %s", (group_id,)).fetchall()
+    return [dict(r[0]) for r in rows]
+
+
 def live_by_generation(cluster: Cluster, group_id: str) -> dict[int, int]:
-    tasks = group(cluster, group_id)["tasks"]
+    tasks = all_tasks(cluster, group_id)
     return dict(Counter(t["generation"] for t in tasks if t["status"] not in TERMINAL))
 
 
@@ -166,7 +182,7 @@ def test_a_canary_then_a_full_rollout_under_load_fails_no_request(cluster: Clust
         (3, "done"),
     ]
     assert {call(cluster, gid, "version").text.strip() for _ in range(12)} == {"v2"}
-    tasks = group(cluster, gid)["tasks"]
+    tasks = all_tasks(cluster, gid)
     assert {t["status"] for t in tasks if t["generation"] == 0} == {"cancelled"}
     assert sorted(t["rank"] for t in tasks if t["status"] == "running") == [0, 1, 2]
     kinds = timeline_kinds(cluster, gid)
@@ -193,7 +209,7 @@ def test_a_rollout_whose_health_never_passes_rolls_back_and_v1_keeps_serving(
     assert "not running and healthy within 3s" in view["reason"]
     failed = [b["attempt"] for b in view["batches"] if b["step"] == "failed"]
     assert failed == [1, 2]  # the first try and one retry
-    tasks = {t["id"]: t for t in group(cluster, gid)["tasks"]}
+    tasks = {t["id"]: t for t in all_tasks(cluster, gid)}
     assert all(tasks[t]["status"] == "running" and not tasks[t]["draining"] for t in v1)
     new = [t for t in tasks.values() if t["generation"] == 1]
     assert new and all(t["status"] in TERMINAL for t in new)
@@ -210,6 +226,8 @@ def test_a_tenant_at_full_quota_completes_a_rollout_with_max_surge_1(cluster: Cl
             "command": "sleep 300",
             "task_count": 2,
             "gpu_required": 1,
+            "cpu_cores": 0.25,
+            "memory_mb": 128,
             "env": {"VERSION": "v1"},
         },
         headers=cluster.tenant,
@@ -231,8 +249,10 @@ def test_a_tenant_at_full_quota_completes_a_rollout_with_max_surge_1(cluster: Cl
     rollout(cluster, gid, env={"VERSION": "v2"}, max_surge=1)
     cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
     assert rollout(cluster, gid)["phase"] == "completed"
-    running = [t for t in group(cluster, gid)["tasks"] if t["status"] == "running"]
-    assert sorted((t["generation"], t["env"]["VERSION"]) for t in running) == [(1, "v2")] * 2
+    running = [t for t in all_tasks(cluster, gid) if t["status"] == "running"]
+    assert (
+        sorted((t["generation"], t["spec"]["env"]["VERSION"]) for t in running) == [(1, "v2")] * 2
+    )
 
 
 @pytest.mark.cluster_env(
