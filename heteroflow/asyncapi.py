@@ -23,6 +23,7 @@ from services.autoscaler import metrics as autoscaler
 from services.event_timeline import service as timeline
 from services.job_orchestrator import service as job_orchestrator
 from services.retry_engine import service as retry_engine
+from services.rollout import inflight as rollout
 from services.scheduler import routes as scheduler
 
 
@@ -50,6 +51,7 @@ def all_routes() -> list[Routes]:
         agent_routes.routes("{node_id}", "agent-{node_id}", command=_unused, logs=_unused),
         gateway_bus.routes(),
         autoscaler.routes(),
+        rollout.routes(),
     ]
 
 

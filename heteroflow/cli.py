@@ -27,6 +27,7 @@ SERVICES = (
     "job-orchestrator",
     "event-timeline",
     "autoscaler",
+    "rollout",
     "relay",
 )
 
@@ -144,6 +145,7 @@ def _service(args: argparse.Namespace) -> int:
         run_job_orchestrator,
         run_relay,
         run_retry_engine,
+        run_rollout,
         run_scheduler,
         run_timeline,
     )
@@ -165,6 +167,7 @@ def _service(args: argparse.Namespace) -> int:
         "job-orchestrator": run_job_orchestrator,
         "event-timeline": run_timeline,
         "autoscaler": run_autoscaler,
+        "rollout": run_rollout,
         "relay": run_relay,
     }[args.name]
 

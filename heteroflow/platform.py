@@ -50,6 +50,8 @@ from services.event_timeline.service import TimelineSettings
 from services.job_orchestrator import service as job_service
 from services.retry_engine import service as retry_service
 from services.retry_engine.service import RetrySettings
+from services.rollout import service as rollout_service
+from services.rollout.service import RolloutSettings
 from services.scheduler import service as scheduler_service
 from services.scheduler.service import SchedulerSettings
 
@@ -67,6 +69,11 @@ class PlatformSettings(GatewaySettings):
     local_agent: bool = Field(default=True, description="start one agent for this machine")
     processes: bool = Field(
         default=False, description="run each service and the local agent as a child process"
+    )
+    rollout_in_up: bool = Field(
+        default=True,
+        description="run the rollout controller in `up` (false: `heteroflow service rollout` "
+        "runs it elsewhere)",
     )
 
 
@@ -298,6 +305,14 @@ async def run_autoscaler(platform: Platform, stop: asyncio.Event) -> None:
         await ctx.close()
 
 
+async def run_rollout(platform: Platform, stop: asyncio.Event) -> None:
+    ctx = await _open_context(platform, "rollout")
+    try:
+        await rollout_service.run(ctx, stop, RolloutSettings())
+    finally:
+        await ctx.close()
+
+
 async def run_local_agent(platform: Platform, stop: asyncio.Event) -> None:
     url, key = platform.agent_login()
     await serve_agent(AgentSettings(agent_token=key), url, stop)
@@ -366,6 +381,8 @@ async def serve(
             run_autoscaler,
             run_gateway,
         ]
+        if settings.rollout_in_up:
+            runners.append(run_rollout)
         if settings.local_agent:
             runners.append(run_local_agent)
         tasks = [asyncio.create_task(supervised(r, platform, stop)) for r in runners]

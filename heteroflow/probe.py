@@ -31,6 +31,7 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
     "job-orchestrator": ("job-orchestrator",),
     "event-timeline": ("event-timeline",),
     "autoscaler": (),
+    "rollout": (),
 }
 
 

@@ -39,6 +39,7 @@ SERVICE_ORDER = (
     "job-orchestrator",
     "event-timeline",
     "autoscaler",
+    "rollout",
     "api-gateway",
 )
 PARENT_PID_ENV = "HETEROFLOW_PARENT_PID"

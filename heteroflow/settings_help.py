@@ -74,6 +74,7 @@ def up_settings() -> str:
     from services.autoscaler.service import AutoscalerSettings
     from services.event_timeline.service import TimelineSettings
     from services.retry_engine.service import RetrySettings
+    from services.rollout.service import RolloutSettings
     from services.scheduler.service import SchedulerSettings
 
     classes = (
@@ -82,6 +83,7 @@ def up_settings() -> str:
         RetrySettings,
         TimelineSettings,
         AutoscalerSettings,
+        RolloutSettings,
     )
     seen: set[str] = set()
     return "\n\n".join(

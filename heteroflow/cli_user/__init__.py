@@ -14,7 +14,7 @@ from typing import Any
 
 from libs.domain.autoscale import Metric
 
-from . import commands, events, jobs, scale
+from . import commands, events, jobs, rollout, scale
 from .client import Client, CliError, Context, resolve_target
 from .output import FORMATS
 
@@ -199,7 +199,7 @@ def _add_autoscale(gsub: Any, conn: argparse.ArgumentParser, fmt: argparse.Argum
 def _add_groups(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentParser) -> None:
     groups = sub.add_parser(
         "groups",
-        help="task groups: ls, describe, events, scale, autoscale, stop, sleep, wake, rm",
+        help="task groups: ls, describe, events, scale, autoscale, rollout, stop, sleep, wake, rm",
     )
     gsub = groups.add_subparsers(dest="group_command", required=True, metavar="COMMAND")
     p = gsub.add_parser("ls", parents=[conn, fmt], help="list task groups")
@@ -218,6 +218,7 @@ def _add_groups(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentP
     p.add_argument("replicas", type=_replicas, help="the new replica count (0 allowed)")
     p.set_defaults(func=_entry(scale.cmd_groups_scale))
     _add_autoscale(gsub, conn, fmt)
+    rollout.register(gsub, [conn, fmt], _entry)
     for op in OPS:
         p = gsub.add_parser(op, parents=[conn, fmt], help=f"{OP_HELP[op]}, for every member")
         p.add_argument("group_ids", nargs="+", metavar="GROUP_ID")

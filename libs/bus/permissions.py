@@ -35,6 +35,7 @@ SERVICE_USERS: tuple[str, ...] = (
     "event-timeline",
     "job-orchestrator",
     "autoscaler",
+    "rollout",
 )
 
 # Stream administration: create, change, delete, purge, edit messages, snapshot/restore,

@@ -20,7 +20,13 @@ from .errors import Code, DomainError
 from .events import Payload, ReasonedPayload, register
 from .group_scaling import GroupAutoscaleDecided, GroupScalingUpdated, LastDecision
 from .reasons import ReasonCode
-from .rollout_model import ROLLOUT_EVENTS, Rollout, fold_rollout
+from .rollout_model import (
+    ROLLOUT_EVENTS,
+    Rollout,
+    RolloutPhase,
+    RolloutPhaseChanged,
+    fold_rollout,
+)
 from .states import TERMINAL, TaskStatus
 from .task import Task, TaskSpec, TaskType, TenantId, parse_create
 from .windows import ScheduleWindow, parse_window
@@ -357,6 +363,11 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
         up["deleted_at"] = at
     elif isinstance(event, ROLLOUT_EVENTS):
         up.update(fold_rollout(group.rollout, event, at))
+        if isinstance(event, RolloutPhaseChanged) and event.to_phase is RolloutPhase.COMPLETED:
+            # Completed: the new generation's template is the group's from now on (a
+            # self-healed or scaled-up replica is built from it).
+            template = up["rollout"].target
+            up["spec"] = group.spec.model_copy(update={"template": template})
     else:
         raise ValueError(f"not a group event: {event.type}")
     return group.model_copy(update=up)
@@ -366,13 +377,19 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
 
 
 def current_members(tasks: Sequence[Task]) -> list[Task]:
-    """The newest task of each rank; older rows of a rank are historical remnants."""
+    """The newest live task of each rank, else its newest task; older rows of a rank are
+    historical remnants. (Two live tasks of one rank exist only during a rollout: the new
+    generation's replica is the member; after a rollback the restored old one is.)"""
     newest: dict[int, Task] = {}
     for t in tasks:
         if t.rank is None:
             continue
         seen = newest.get(t.rank)
-        if seen is None or (t.created_at, t.id) > (seen.created_at, seen.id):
+        if seen is None or (is_live(t), t.created_at, t.id) > (
+            is_live(seen),
+            seen.created_at,
+            seen.id,
+        ):
             newest[t.rank] = t
     return [newest[r] for r in sorted(newest)]
 

@@ -25,6 +25,7 @@ from .group import (
     sized_members,
 )
 from .reasons import ReasonCode
+from .rollout_model import ACTIVE
 from .states import GPU_HOLDING, TaskStatus
 from .task import Task
 
@@ -80,6 +81,11 @@ def decide_group(
     """`allow_rebuild=False` leaves inference rebuilds to the slower rebuild scan."""
     out = GroupActions()
     if group.deleted_at is not None:
+        return out
+    if group.rollout is not None and group.rollout.phase in ACTIVE:
+        # The rollout controller owns the members until its rollout ends (a new replica
+        # that fails is its batch's failure, not a self-heal; old and new replicas of one
+        # rank are both live).
         return out
     members = sized_members(group, current_members(tasks))
     failed = [m for m in members if m.status is S.FAILED]

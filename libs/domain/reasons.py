@@ -45,6 +45,8 @@ class ReasonCode(StrEnum):
     RETRY_GIVEN_UP = "retry_given_up"
     GROUP_FAILED = "group_failed"
     ROLLOUT_DRAIN = "rollout_drain"
+    ROLLOUT_REPLACED = "rollout_replaced"
+    ROLLOUT_STOPPED = "rollout_stopped"
     # --- group events -------------------------------------------------------------------
     MEMBER_FAILED = "member_failed"
     MEMBERS_CHANGED = "members_changed"
@@ -57,6 +59,10 @@ class ReasonCode(StrEnum):
     SCHEDULE_WINDOW = "schedule_window"
     AUTOSCALE = "autoscale"
     ROLLOUT_ACTION = "rollout_action"
+    ROLLOUT_BATCH_FAILED = "rollout_batch_failed"
+    ROLLOUT_HOLDER_LOST = "rollout_holder_lost"
+    ROLLOUT_COMPLETED = "rollout_completed"
+    ROLLOUT_ROLLED_BACK = "rollout_rolled_back"
     # --- node events --------------------------------------------------------------------
     NODE_GONE = "node_gone"
     GPU_LOST = "gpu_lost"
@@ -116,6 +122,8 @@ TEXT: dict[ReasonCode, str] = {
     R.RETRY_GIVEN_UP: "the retry engine gave up: no retry left or a permanent failure",
     R.GROUP_FAILED: "its group failed",
     R.ROLLOUT_DRAIN: "replaced by a newer generation in a rolling update: draining",
+    R.ROLLOUT_REPLACED: "replaced by a newer generation in a rolling update: drained, cancelled",
+    R.ROLLOUT_STOPPED: "a new-generation replica stopped by a failed batch or a rollback",
     R.MEMBER_FAILED: "a member failed",
     R.MEMBERS_CHANGED: "the members' statuses changed",
     R.REBUILDS_EXHAUSTED: "no live replica and every rebuild used",
@@ -127,6 +135,10 @@ TEXT: dict[ReasonCode, str] = {
     R.SCHEDULE_WINDOW: "the group's schedule window opened or closed",
     R.AUTOSCALE: "the AutoScaler changed the replica count or ended an overdue drain",
     R.ROLLOUT_ACTION: "pause, resume or rollback of a rollout requested",
+    R.ROLLOUT_BATCH_FAILED: "a rollout batch failed every attempt: rolled back",
+    R.ROLLOUT_HOLDER_LOST: "the rollout's holder stopped renewing its lease",
+    R.ROLLOUT_COMPLETED: "every replica runs the new generation",
+    R.ROLLOUT_ROLLED_BACK: "the previous configuration serves again",
     R.NODE_GONE: "the node is gone for good",
     R.GPU_LOST: "a card disappeared from the heartbeats",
     R.GPU_RECOVERED: "a lost card is seen again",

@@ -103,6 +103,7 @@ def decide_start(
             sorted(raw) if isinstance(raw, dict) else [],
         )
     req = parse_rollout(raw, group.spec)
+    check_surge(req, group)
     previous = group.spec.template
     return [
         RolloutStarted(
@@ -114,6 +115,21 @@ def decide_start(
             target=target_template(previous, req),
         )
     ]
+
+
+def check_surge(req: RolloutRequest, group: Group) -> None:
+    """The surge allowance: during a rollout the tenant may hold at most `max_surge`
+    replicas' cards over its GPU quota, and never more surge replicas than the rollout
+    replaces (a larger surge would only hold cards nobody needs)."""
+    replaced = group.size if req.partition is None else min(req.partition, group.size)
+    if req.strategy == "rolling" and req.max_surge > max(replaced, 1):
+        raise DomainError(
+            Code.INVALID_VALUE,
+            f"max_surge {req.max_surge} is beyond the surge allowance: this rollout replaces "
+            f"{replaced} replica(s), and a tenant may exceed its GPU quota by at most the "
+            "cards of that many surge replicas",
+            ["max_surge"],
+        )
 
 
 def parse_partition(raw: dict[str, Any]) -> RolloutRequest:

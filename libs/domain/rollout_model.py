@@ -50,10 +50,36 @@ class RolloutPhase(StrEnum):
     ROLLBACK = "rollback"
     COMPLETED = "completed"
     FAILED = "failed"
+    ROLLED_BACK = "rolled_back"  # a requested rollback finished: the previous config serves
 
 
 # Phases in which a rollout holds the group: no second one may start.
 ACTIVE = frozenset({RolloutPhase.RUNNING, RolloutPhase.PAUSED, RolloutPhase.ROLLBACK})
+
+
+class BatchStep(StrEnum):
+    """What happened to a batch (one entry of the rollout's history each)."""
+
+    STARTED = "started"  # new-generation replicas created for these ranks
+    READY = "ready"  # every new replica of the batch is running and healthy
+    DRAIN = "drain"  # the old replicas of the batch were marked draining
+    DONE = "done"  # the old replicas ended cancelled: the ranks are replaced
+    FAILED = "failed"  # a new replica failed or was not healthy in time
+    RESTORED = "restored"  # rollback: old-configuration replicas rebuilt for these ranks
+
+
+class BatchRecord(BaseModel):
+    """One step of one batch, as the rollout's history shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    number: int  # 1, 2, ... (a retry keeps its batch's number)
+    attempt: int  # 1 = first try
+    step: BatchStep
+    ranks: tuple[int, ...]
+    task_ids: tuple[str, ...] = ()
+    at: datetime
+    reason: str = ""
 
 
 class Rollout(BaseModel):
@@ -73,6 +99,18 @@ class Rollout(BaseModel):
     reason: str = ""
     started_at: datetime
     updated_at: datetime
+    batches: tuple[BatchRecord, ...] = ()
+    # The controller instance that holds the group's rollout lease and when it last renewed
+    # it ("" / None: not taken yet). A holder silent past the recovery window is dead.
+    holder: str = ""
+    lease_renewed_at: datetime | None = None
+
+    @property
+    def current(self) -> BatchRecord | None:
+        """The last history entry of the batch in progress (None: between batches)."""
+        if not self.batches or self.batches[-1].step in (BatchStep.DONE, BatchStep.RESTORED):
+            return None
+        return self.batches[-1]
 
 
 class RolloutStarted(Payload):
@@ -112,9 +150,48 @@ class RolloutPartitionChanged(Payload):
     partition: int | None
 
 
-register(RolloutStarted, RolloutPhaseChanged, RolloutPartitionChanged)
+class RolloutBatchRecorded(Payload):
+    """The rollout controller moved a batch on (started, ready, drain, done, failed, ...)."""
 
-ROLLOUT_EVENTS = (RolloutStarted, RolloutPhaseChanged, RolloutPartitionChanged)
+    type: ClassVar[str] = "rollout_batch_recorded"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    rollout_id: str
+    number: int
+    attempt: int
+    step: BatchStep
+    ranks: tuple[int, ...]
+    task_ids: tuple[str, ...] = ()
+    reason: str = ""
+
+
+class RolloutLeaseRenewed(Payload):
+    """The rollout controller took or renewed the group's rollout lease (TTL 60 s)."""
+
+    type: ClassVar[str] = "rollout_lease_renewed"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    rollout_id: str
+    holder: str
+
+
+register(
+    RolloutStarted,
+    RolloutPhaseChanged,
+    RolloutPartitionChanged,
+    RolloutBatchRecorded,
+    RolloutLeaseRenewed,
+)
+
+ROLLOUT_EVENTS = (
+    RolloutStarted,
+    RolloutPhaseChanged,
+    RolloutPartitionChanged,
+    RolloutBatchRecorded,
+    RolloutLeaseRenewed,
+)
 
 
 def fold_rollout(rollout: Rollout | None, event: Payload, at: datetime) -> dict[str, Any]:
@@ -142,6 +219,19 @@ def fold_rollout(rollout: Rollout | None, event: Payload, at: datetime) -> dict[
     elif isinstance(event, RolloutPartitionChanged):
         request = rollout.request.model_copy(update={"partition": event.partition})
         update = {"request": request}
+    elif isinstance(event, RolloutBatchRecorded):
+        record = BatchRecord(
+            number=event.number,
+            attempt=event.attempt,
+            step=event.step,
+            ranks=event.ranks,
+            task_ids=event.task_ids,
+            at=at,
+            reason=event.reason,
+        )
+        update = {"batches": (*rollout.batches, record)}
+    elif isinstance(event, RolloutLeaseRenewed):
+        update = {"holder": event.holder, "lease_renewed_at": at}
     else:
         raise ValueError(f"not a rollout event: {event.type}")
     return {"rollout": rollout.model_copy(update=update | {"updated_at": at})}

@@ -95,6 +95,11 @@ class ServingMetrics(BaseModel):
     # other gateway processes take it into their idle judgement.
     idle_s: float | None = None
     at: datetime
+    # Requests in flight on each replica (task id → count, zeros left out): the rollout
+    # controller ends a draining replica once no router counts one on it.
+    outstanding: dict[str, int] = Field(default_factory=dict)
+    # The replicas this router knows are draining (it sends them nothing new).
+    draining: list[str] = Field(default_factory=list)
 
 
 # --- replica choice --------------------------------------------------------------------

@@ -368,8 +368,10 @@ class EventStore:
         metadata: dict[str, Any] | None = None,
         fence: Fence | None = None,
         receipt: Receipt | None = None,
+        generation: int = 0,
     ) -> tuple[M | None, list[Task]]:
-        """Append to an aggregate and create tasks in one transaction (group membership)."""
+        """Append to an aggregate and create tasks in one transaction (group membership);
+        `generation`: the group generation the new tasks belong to."""
         meta = self._meta(metadata, fence)
         async with self.pool.connection() as conn, conn.transaction():
             first = await self._guard(conn, fence, receipt)
@@ -378,7 +380,7 @@ class EventStore:
                 return current, []
             events, new_tasks = decide(current)
             result: M | None = await self._apply(conn, agg, agg_id, current, events, meta)
-            return result, await self._create_in(conn, new_tasks, meta)
+            return result, await self._create_in(conn, new_tasks, meta, generation)
 
     async def execute_aggregate(
         self,

@@ -123,3 +123,14 @@ async def with_auto_scale(store: EventStore) -> list[Group]:
         " AND jsonb_typeof(doc->'spec'->'auto_scale') = 'object' ORDER BY id",
     )
     return _groups(found)
+
+
+async def with_active_rollout(store: EventStore, phases: Collection[str]) -> list[Group]:
+    """Live groups whose rollout is in one of `phases` (the rollout controller's scan)."""
+    found = await rows(
+        store,
+        "SELECT doc FROM groups WHERE deleted_at IS NULL"
+        " AND doc->'rollout'->>'phase' = ANY(%s) ORDER BY id",
+        [list(phases)],
+    )
+    return _groups(found)

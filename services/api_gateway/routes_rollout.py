@@ -2,7 +2,7 @@
 
 The gateway only records intent as group events (one compare-and-set on the group stream
 raises its generation); replacing replicas batch by batch is the rollout controller's work
-(docs/rollout.md).
+(services/rollout, docs/rollout.md), whose batch history this view shows.
 """
 
 from __future__ import annotations
@@ -58,7 +58,11 @@ def rollout_view(group: Group, tasks: list[Task]) -> dict[str, Any]:
         "replicas": [
             {"generation": g, "live": per_gen[g], "draining": draining[g]} for g in sorted(per_gen)
         ],
-        "batches": [],
+        "batches": [b.model_dump(mode="json") for b in rollout.batches] if rollout else [],
+        "holder": rollout.holder if rollout else "",
+        "lease_renewed_at": (
+            rollout.lease_renewed_at.isoformat() if rollout and rollout.lease_renewed_at else None
+        ),
     }
 
 

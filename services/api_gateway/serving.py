@@ -121,7 +121,7 @@ class ServingRouter:
                 raise NotFound("serving target")
             tasks = await task_rows.of_group(self.store, target_id, include_deleted=False)
             spec = group.spec.template
-            return group.tenant_id, spec.serving, spec.idle_timeout_minutes, current_members(tasks)
+            return group.tenant_id, spec.serving, spec.idle_timeout_minutes, _serving(tasks)
         try:
             task = await self.store.get_task(target_id)
         except NotFound:
@@ -239,6 +239,8 @@ class ServingRouter:
             ready_replicas=len(t.ready()),
             idle_s=None if t.window.last_request_at is None else now - t.window.last_request_at,
             at=datetime.now(UTC),
+            outstanding={r.task_id: r.outstanding for r in t.replicas.values() if r.outstanding},
+            draining=sorted(r.task_id for r in t.replicas.values() if r.draining),
         )
 
     async def publish(self, t: Target) -> None:
@@ -365,6 +367,14 @@ class ServingRouter:
         finally:
             t.window.queued -= 1
             t.last_activity = self.clock()
+
+
+def _serving(tasks: list[Task]) -> list[Task]:
+    """The group's members, plus any other live replica: during a rollout the old replica of
+    a rank serves (and drains) beside its new-generation replacement."""
+    members = current_members(tasks)
+    ids = {m.id for m in members}
+    return members + [t for t in tasks if t.id not in ids and t.status not in TERMINAL]
 
 
 def _wake_decision(online: bool) -> commands.Decide:

@@ -51,6 +51,13 @@ KINDS = (
     "idle_sleep",
     "request_wake",
     "liveness_lost",
+    "rollout_started",
+    "rollout_batch",
+    "rollout_drain",
+    "rollout_rollback",
+    "rollout_completed",
+    "rollout_failed",
+    "rollout_rolled_back",
 )
 
 
@@ -188,9 +195,74 @@ GROUP_KINDS = {
 }
 
 
+ROLLOUT_PHASE_KINDS = {
+    "rollback": "rollout_rollback",
+    "completed": "rollout_completed",
+    "failed": "rollout_failed",
+    "rolled_back": "rollout_rolled_back",
+}
+BATCH_CODES = {
+    "started": R.ROLLOUT_ACTION,
+    "ready": R.ROLLOUT_ACTION,
+    "drain": R.ROLLOUT_DRAIN,
+    "done": R.ROLLOUT_REPLACED,
+    "failed": R.ROLLOUT_STOPPED,
+    "restored": R.ROLLOUT_ROLLED_BACK,
+}
+BATCH_TEXT = {
+    "started": "new-generation replica(s) created",
+    "ready": "new replica(s) running and healthy",
+    "failed": "failed",
+    "done": "old replica(s) drained and cancelled",
+    "restored": "old-configuration replica(s) rebuilt",
+}
+
+
+def rollout_entries(env: dict[str, Any]) -> list[Entry]:
+    """Start, each batch, drain, rollback and the end of a rolling update."""
+    p = env["payload"]
+    gid = p.get("group_id", "")
+    ro = p.get("rollout_id", "")
+    if env["type"] == "rollout_started":
+        text = f"rollout {ro} to generation {p['generation']} started"
+        code = R.ROLLOUT_ACTION.value
+        return [_entry(env, "group", gid, "rollout_started", text, rollout_id=ro, reason_code=code)]
+    if env["type"] == "rollout_batch_recorded":
+        step, ranks = p["step"], p.get("ranks", [])
+        kind = "rollout_drain" if step == "drain" else "rollout_batch"
+        head = f"rollout {ro} batch {p['number']} (attempt {p['attempt']}) ranks {ranks}"
+        text = f"{head}: old replica(s) draining" if step == "drain" else f"{head}: "
+        if step != "drain":
+            text += BATCH_TEXT.get(step, step) + (f": {p['reason']}" if p.get("reason") else "")
+        return [
+            _entry(
+                env,
+                "group",
+                gid,
+                kind,
+                text,
+                rollout_id=ro,
+                reason_code=BATCH_CODES.get(step, R.UNSPECIFIED).value,
+                step=step,
+                batch=p["number"],
+                attempt=p["attempt"],
+                ranks=ranks,
+                task_ids=p.get("task_ids", []),
+            )
+        ]
+    phase_kind = ROLLOUT_PHASE_KINDS.get(p.get("to_phase", ""))
+    if env["type"] == "rollout_phase_changed" and phase_kind is not None:
+        code = reason_code_of(env["type"], p)
+        text = f"rollout {ro} {p['to_phase']}: {p['reason']}"
+        return [_entry(env, "group", gid, phase_kind, text, rollout_id=ro, reason_code=code.value)]
+    return []
+
+
 def group_entries(env: dict[str, Any]) -> list[Entry]:
     p = env["payload"]
     gid = p.get("group_id", "")
+    if env["type"].startswith("rollout_"):
+        return rollout_entries(env)
     if env["type"] == "group_recovery":
         return [
             _entry(

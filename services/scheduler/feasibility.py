@@ -122,14 +122,16 @@ class Quota:
     tenant_id: str
     limit: float
     used: float
+    surge: float = 0.0  # a rolling update's surge allowance, over the limit
 
     def allows(self, cost: float) -> bool:
-        return self.used + cost <= self.limit + EPS
+        return self.used + cost <= self.limit + self.surge + EPS
 
     def rejection(self, cost: float) -> Verdict:
+        extra = f" plus a rollout surge allowance of {self.surge:g}" if self.surge else ""
         return reject(
             Reason.TENANT_QUOTA_EXCEEDED,
-            f"tenant {self.tenant_id!r} GPU quota is {self.limit:g} card(s): "
+            f"tenant {self.tenant_id!r} GPU quota is {self.limit:g} card(s){extra}: "
             f"{self.used:g} held, this task needs {cost:g}",
         )
 

@@ -136,7 +136,12 @@ class GroupController(Controller):
             return list(plan.events), new
 
         await self.store.execute_with_tasks(
-            GROUPS, seen.id, decide, metadata={"actor": "group_controller"}, fence=self.fence
+            GROUPS,
+            seen.id,
+            decide,
+            metadata={"actor": "group_controller"},
+            fence=self.fence,
+            generation=seen.generation,  # a replacement belongs to the group's generation
         )
 
     async def _move_members(self, plan: GroupActions) -> None:

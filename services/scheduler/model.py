@@ -17,6 +17,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from libs.domain.pool import JOB_LABEL, gpu_type_matches
+from libs.domain.rollout_plan import SURGE_LABEL
 from libs.domain.states import GPU_HOLDING, TaskStatus
 from libs.domain.task import Task, TaskSpec, TaskType
 
@@ -269,6 +270,9 @@ class PendingTask:
     gang_size: int = 0  # members expected; 0 = whatever is pending
     queue: str = ""  # "" = no queue: only the tenant quota applies
     job: str = ""
+    # A new-generation replica of a rolling update may take the tenant past its GPU quota
+    # by at most this many cards (the surge replicas' cards; SPEC §5, docs/rollout.md).
+    surge_cards: float = 0.0
     # Filled from the queue by the planner (queues.py): where it may go and how it ranks.
     pools: frozenset[str] = frozenset()  # empty = any node
     queue_priority: int = 0
@@ -308,6 +312,7 @@ class PendingTask:
             gang_size=gang_size,
             queue=task.spec.queue,
             job=task.spec.labels.get(JOB_LABEL, ""),
+            surge_cards=_surge(task),
         )
 
 
@@ -385,3 +390,11 @@ class Plan:
 
     def unplaced_for(self, task_id: str) -> Unplaced | None:
         return next((u for u in self.unplaced if u.task_id == task_id), None)
+
+
+def _surge(task: Task) -> float:
+    """The surge allowance the rollout controller gave a new replica (0: none, or garbled)."""
+    try:
+        return max(0.0, float(task.spec.labels.get(SURGE_LABEL, "0")))
+    except ValueError:
+        return 0.0

@@ -56,7 +56,7 @@ DEFAULT_MAX_CANDIDATES = 4
 
 # What makes two pending tasks indistinguishable to the search (quota and anti-affinity are
 # per tenant; priority matters only to preemption, which runs per task).
-ShapeKey = tuple[Requirement, str, frozenset[str], int, str, frozenset[str]]
+ShapeKey = tuple[Requirement, str, frozenset[str], int, str, frozenset[str], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +82,11 @@ class Evaluation:
     def nodes(self) -> tuple[Node, ...]:
         return self.index.nodes  # sorted by id, so every pass is deterministic
 
-    def quota(self, ledger: Ledger, tenant_id: str) -> Quota | None:
+    def quota(self, ledger: Ledger, tenant_id: str, surge: float = 0.0) -> Quota | None:
         limit = self.snapshot.quota_of(tenant_id)
         if limit <= 0:
             return None
-        return Quota(tenant_id, limit, ledger.tenant_used.get(tenant_id, 0.0))
+        return Quota(tenant_id, limit, ledger.tenant_used.get(tenant_id, 0.0), surge)
 
 
 # The index depends on the nodes alone. A caller that passes the very same nodes tuple again
@@ -197,7 +197,7 @@ def gpu_label(gpus: Sequence[Gpu], granted: Sequence[str]) -> str:
 def schedule_task(ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt: bool) -> Outcome:
     """Place one task on the best node (reserving it in `ledger`), or explain why not and
     maybe ask for preemption."""
-    quota = ev.quota(ledger, task.tenant_id)
+    quota = ev.quota(ledger, task.tenant_id, task.surge_cards)
     queue = ev.snapshot.queues.get(task.queue)
     for verdict in (
         check_backoff(task, ev.snapshot.now),
@@ -238,6 +238,7 @@ def _search(
         task.required_min_vram_mb,
         task.same_node_id,
         task.pools,
+        task.surge_cards,
     )
     miss = ev.misses.get(shape)
     if miss is not None and miss[0] == ledger.version:
@@ -406,7 +407,7 @@ def _fit_without(
 ) -> Fit | None:
     gone = {a.task_id for a in removed}
     rest = [a for a in ledger.on(node.id) if a.task_id not in gone]
-    quota = ev.quota(ledger, task.tenant_id)
+    quota = ev.quota(ledger, task.tenant_id, task.surge_cards)
     if quota is not None:
         refund = sum(allocation_cost(a, ev.gpus) for a in removed if a.tenant_id == task.tenant_id)
         quota = replace(quota, used=quota.used - refund)

@@ -1,17 +1,35 @@
-"""Rollout pieces end to end with real busybox httpd replicas behind the router."""
+"""Rolling updates end to end: real busybox httpd replicas behind the router, the rollout
+controller replacing them under load, rollback, canary, surge quota and holder recovery."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
 
+import httpx
+import psycopg
 import pytest
 
 from libs.domain.rollout import decide_drain
 from libs.store.eventstore import EventStore
 
-from .cluster import Cluster
+from . import web
+from .cluster import BIN, TERMINAL, Cluster, free_port
 from .conftest import requires_docker
-from .test_e2e_serving import call, create_group, ready_replicas, serving
+from .test_e2e_serving import (
+    call,
+    create_group,
+    group,
+    ready_replicas,
+    serving,
+    timeline_kinds,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker, requires_docker]
 
@@ -46,3 +64,246 @@ def test_router_sends_nothing_new_to_a_draining_replica(cluster: Cluster) -> Non
     assert served == {kept}
     view = {r["task_id"]: r for r in serving(cluster, g["id"])["replicas"]}
     assert view[old]["status"] == "running" and view[old]["draining"]
+
+
+# --- the rollout controller end to end -----------------------------------------------------
+
+# A replica that serves its VERSION at /version; with BROKEN=yes its health path is missing.
+VERSIONED = (
+    "mkdir -p /tmp/www && "
+    '{ [ "$BROKEN" = yes ] || echo ok > /tmp/www/healthz; } && '
+    'echo "$VERSION" > /tmp/www/version && exec httpd -f -p 8000 -h /tmp/www'
+)
+FAST = {
+    "HETEROFLOW_SERVE_METRICS_INTERVAL_S": "1",
+    "HETEROFLOW_ROLLOUT_INTERVAL_S": "0.5",
+    "HETEROFLOW_ROLLOUT_DRAIN_MIN_S": "1",
+}
+
+
+@dataclass
+class Load:
+    """Requests through the router, one after another, until stopped."""
+
+    cluster: Cluster
+    target: str
+    answers: list[tuple[int, str]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def __enter__(self) -> Load:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                r = call(self.cluster, self.target, "version")
+                self.answers.append((r.status_code, r.text.strip()))
+            except httpx.HTTPError as exc:
+                self.answers.append((0, repr(exc)))
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        assert self.thread is not None
+        self.thread.join(60)
+
+    def failures(self) -> list[tuple[int, str]]:
+        return [a for a in self.answers if a[0] != 200]
+
+
+def versioned_group(cluster: Cluster, task_count: int) -> dict[str, Any]:
+    # Small replicas: old and new ones must fit together on a 2-core test node.
+    return create_group(
+        cluster,
+        task_count=task_count,
+        command=VERSIONED,
+        env={"VERSION": "v1"},
+        cpu_cores=0.25,
+        memory_mb=128,
+    )
+
+
+def rollout(cluster: Cluster, group_id: str, action: str = "", **body: Any) -> dict[str, Any]:
+    url = f"{cluster.url}/api/v1/task-groups/{group_id}/rollout" + (f"/{action}" if action else "")
+    if action or body:
+        r = web.post(url, json=body or None, headers=cluster.tenant)
+        assert r.status_code in (200, 202), r.text
+    else:
+        r = web.get(url, headers=cluster.tenant)
+    return dict(r.json())
+
+
+def all_tasks(cluster: Cluster, group_id: str) -> list[dict[str, Any]]:
+    """Every task of the group, replaced ones included (the group view lists its members)."""
+    with psycopg.connect(cluster.database_url) as conn:
+        rows = conn.execute("SELECT doc FROM tasks WHERE group_id = %s", (group_id,)).fetchall()
+    return [dict(r[0]) for r in rows]
+
+
+def live_by_generation(cluster: Cluster, group_id: str) -> dict[int, int]:
+    tasks = all_tasks(cluster, group_id)
+    return dict(Counter(t["generation"] for t in tasks if t["status"] not in TERMINAL))
+
+
+def phase_is(cluster: Cluster, group_id: str, *phases: str) -> bool:
+    return rollout(cluster, group_id)["phase"] in phases
+
+
+@pytest.mark.cluster_env(**FAST)
+def test_a_canary_then_a_full_rollout_under_load_fails_no_request(cluster: Cluster) -> None:
+    cluster.start_agent("sv1", "docker")
+    g = versioned_group(cluster, 3)
+    gid = g["id"]
+    cluster.wait(lambda: len(ready_replicas(cluster, gid)) == 3, "three ready replicas", 60)
+    with Load(cluster, gid) as load:
+        started = rollout(cluster, gid, env={"VERSION": "v2"}, partition=1)
+        assert started["generation"] == 1 and started["phase"] == "running"
+
+        def canary_done() -> bool:
+            view = rollout(cluster, gid)
+            return any(b["step"] == "done" for b in view["batches"])
+
+        cluster.wait(canary_done, "the canary batch", 45)
+        assert live_by_generation(cluster, gid) == {0: 2, 1: 1}  # exactly one v2 replica
+        assert rollout(cluster, gid)["phase"] == "running"  # held at the partition
+        rollout(cluster, gid, partition=3)
+        cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
+        cluster.wait(lambda: call(cluster, gid, "version").text.strip() == "v2", "v2 only", 10)
+    assert load.failures() == [], load.failures()[:5]
+    assert {body for _, body in load.answers} <= {"v1", "v2"}
+    assert len(load.answers) > 20  # the load ran throughout
+    view = rollout(cluster, gid)
+    assert view["phase"] == "completed", view
+    assert [(b["number"], b["step"]) for b in view["batches"] if b["step"] == "done"] == [
+        (1, "done"),
+        (2, "done"),
+        (3, "done"),
+    ]
+    assert {call(cluster, gid, "version").text.strip() for _ in range(12)} == {"v2"}
+    tasks = all_tasks(cluster, gid)
+    assert {t["status"] for t in tasks if t["generation"] == 0} == {"cancelled"}
+    assert sorted(t["rank"] for t in tasks if t["status"] == "running") == [0, 1, 2]
+    kinds = timeline_kinds(cluster, gid)
+    for kind in ("rollout_started", "rollout_batch", "rollout_drain", "rollout_completed"):
+        assert kind in kinds, kinds
+
+
+@pytest.mark.cluster_env(**FAST, HETEROFLOW_ROLLOUT_BATCH_RETRIES="1")
+def test_a_rollout_whose_health_never_passes_rolls_back_and_v1_keeps_serving(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("sv1", "docker")
+    g = versioned_group(cluster, 2)
+    gid = g["id"]
+    cluster.wait(lambda: len(ready_replicas(cluster, gid)) == 2, "two ready replicas", 60)
+    v1 = {t["id"] for t in group(cluster, gid)["tasks"]}
+    with Load(cluster, gid) as load:
+        rollout(cluster, gid, env={"VERSION": "v2", "BROKEN": "yes"}, health_timeout_s=3)
+        cluster.wait(lambda: phase_is(cluster, gid, "failed", "completed"), "the rollback", 60)
+    assert load.failures() == [], load.failures()[:5]
+    assert {body for _, body in load.answers} == {"v1"}
+    view = rollout(cluster, gid)
+    assert view["phase"] == "failed" and view["reason_code"] == "rollout_batch_failed", view
+    assert "not running and healthy within 3s" in view["reason"]
+    failed = [b["attempt"] for b in view["batches"] if b["step"] == "failed"]
+    assert failed == [1, 2]  # the first try and one retry
+    tasks = {t["id"]: t for t in all_tasks(cluster, gid)}
+    assert all(tasks[t]["status"] == "running" and not tasks[t]["draining"] for t in v1)
+    new = [t for t in tasks.values() if t["generation"] == 1]
+    assert new and all(t["status"] in TERMINAL for t in new)
+    assert "rollout_rollback" in timeline_kinds(cluster, gid)
+
+
+def test_a_tenant_at_full_quota_completes_a_rollout_with_max_surge_1(cluster: Cluster) -> None:
+    cluster.start_agent("q1", "process", HETEROFLOW_DECLARED_GPUS="amd:MI300X:196608x4")
+    r = web.post(
+        f"{cluster.url}/api/v1/task-groups",
+        json={
+            "name": "q",
+            "image": "busybox:latest",
+            "command": "sleep 300",
+            "task_count": 2,
+            "gpu_required": 1,
+            "cpu_cores": 0.25,
+            "memory_mb": 128,
+            "env": {"VERSION": "v1"},
+        },
+        headers=cluster.tenant,
+    )
+    assert r.status_code == 201, r.text
+    gid, tenant = r.json()["id"], r.json()["tenant_id"]
+    r = web.put(
+        f"{cluster.url}/api/v1/tenants/{tenant}", json={"gpu_quota": 2}, headers=cluster.operator
+    )
+    assert r.status_code == 200, r.text
+    cluster.wait(lambda: live_by_generation(cluster, gid) == {0: 2}, "two replicas", 30)
+    cluster.wait(
+        lambda: all(t["status"] == "running" for t in group(cluster, gid)["tasks"]), "running", 30
+    )
+    url = f"{cluster.url}/api/v1/task-groups/{gid}/rollout"
+    r = web.post(url, json={"env": {"VERSION": "v2"}, "max_surge": 3}, headers=cluster.tenant)
+    assert r.status_code == 400 and r.json()["fields"] == ["max_surge"], r.text
+    assert "surge allowance" in r.json()["error"]
+    rollout(cluster, gid, env={"VERSION": "v2"}, max_surge=1)
+    cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
+    assert rollout(cluster, gid)["phase"] == "completed"
+    running = [t for t in all_tasks(cluster, gid) if t["status"] == "running"]
+    assert (
+        sorted((t["generation"], t["spec"]["env"]["VERSION"]) for t in running) == [(1, "v2")] * 2
+    )
+
+
+@pytest.mark.cluster_env(
+    **FAST,
+    HETEROFLOW_ROLLOUT_IN_UP="false",
+    HETEROFLOW_ROLLOUT_LEASE_RENEW_S="1",
+    HETEROFLOW_ROLLOUT_RECOVERY_AFTER_S="5",
+)
+def test_a_killed_rollout_service_is_recovered_and_a_new_rollout_succeeds(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("sv1", "docker")
+    g = versioned_group(cluster, 2)
+    gid = g["id"]
+    first = start_rollout_service(cluster)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        cluster.wait(lambda: len(ready_replicas(cluster, gid)) == 2, "two ready replicas", 60)
+        # v2 never turns healthy within the (long) timeout: the rollout is mid-batch.
+        rollout(cluster, gid, env={"VERSION": "v2", "BROKEN": "yes"}, health_timeout_s=600)
+
+        def held_mid_batch() -> bool:
+            view = rollout(cluster, gid)
+            return bool(view["holder"]) and any(b["step"] == "started" for b in view["batches"])
+
+        cluster.wait(held_mid_batch, "the rollout held mid-batch", 30)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        killed = time.monotonic()
+        second = start_rollout_service(cluster)
+        cluster.wait(lambda: phase_is(cluster, gid, "failed"), "the recovery scan", 30)
+        assert time.monotonic() - killed < 30
+        view = rollout(cluster, gid)
+        assert view["reason_code"] == "rollout_holder_lost", view
+        assert "stopped renewing" in view["reason"] and "submit a new rollout" in view["reason"]
+        again = rollout(cluster, gid, env={"VERSION": "v3"})
+        assert again["generation"] == 2
+        cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
+        assert rollout(cluster, gid)["phase"] == "completed"
+        assert live_by_generation(cluster, gid) == {2: 2}
+        cluster.wait(lambda: call(cluster, gid, "version").text.strip() == "v3", "v3 serving", 10)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def start_rollout_service(cluster: Cluster) -> subprocess.Popen[bytes]:
+    log = open(cluster.root / "rollout.log", "ab")  # noqa: SIM115 - the child owns it
+    env = cluster.env | {"HETEROFLOW_METRICS_PORT": str(free_port())}
+    return subprocess.Popen(
+        [str(BIN), "service", "rollout"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )

@@ -40,6 +40,7 @@ CHILDREN = {
     "job-orchestrator",
     "event-timeline",
     "autoscaler",
+    "rollout",
     "api-gateway",
     "agent",
 }

@@ -243,6 +243,62 @@ CASES = [
         ),
         [("group", "group_failed")],
     ),
+    (
+        "rollout started",
+        env("group", "rollout_started", group_id="g", rollout_id="ro-1", generation=1),
+        [("group", "rollout_started")],
+    ),
+    *[
+        (
+            f"rollout batch {step}",
+            env(
+                "group",
+                "rollout_batch_recorded",
+                group_id="g",
+                rollout_id="ro-1",
+                number=1,
+                attempt=1,
+                step=step,
+                ranks=[0],
+            ),
+            [("group", kind)],
+        )
+        for step, kind in (
+            ("started", "rollout_batch"),
+            ("drain", "rollout_drain"),
+            ("done", "rollout_batch"),
+            ("failed", "rollout_batch"),
+            ("restored", "rollout_batch"),
+        )
+    ],
+    *[
+        (
+            f"rollout {to}",
+            env(
+                "group",
+                "rollout_phase_changed",
+                group_id="g",
+                rollout_id="ro-1",
+                from_phase="running",
+                to_phase=to,
+                reason="r",
+                reason_code="rollout_batch_failed",
+            ),
+            [("group", kind)] if kind else [],
+        )
+        for to, kind in (
+            ("rollback", "rollout_rollback"),
+            ("completed", "rollout_completed"),
+            ("failed", "rollout_failed"),
+            ("rolled_back", "rollout_rolled_back"),
+            ("paused", None),
+        )
+    ],
+    (
+        "rollout lease renewed",
+        env("group", "rollout_lease_renewed", group_id="g", rollout_id="ro-1", holder="h"),
+        [],
+    ),
     # Not fault-tolerance transitions: nothing is invented.
     ("ordinary completion", status("running", "completed", R.EXITED), []),
     ("placement", status("pending", "scheduled", R.PLACED), []),

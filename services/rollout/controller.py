@@ -1,0 +1,204 @@
+"""The rollout controller: leader-only, one pass every `interval_s` over the groups whose
+rollout is running, paused or rolling back.
+
+For each group it first takes or renews the group's rollout lease (a `rollout_lease_renewed`
+event, at most every `lease_renew`), or, when another holder has been silent past the
+recovery window, fails the rollout with the reason. Then it asks the pure `plan_rollout`
+(libs/domain/rollout_plan.py) for the next step and carries it out with the term's fence:
+the group events and the new replicas in one transaction (a compare-and-set on the group's
+version: a group that moved since it was read is left to the next pass), then the replicas'
+drain marks, ends and stops in one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from libs.controller import Controller, Term
+from libs.domain import commands
+from libs.domain.errors import Fenced
+from libs.domain.events import Payload
+from libs.domain.group import Group
+from libs.domain.reasons import ReasonCode
+from libs.domain.rollout import decide_drain
+from libs.domain.rollout_model import ACTIVE, BatchStep
+from libs.domain.rollout_plan import (
+    RolloutPolicy,
+    RolloutStep,
+    decide_lease,
+    plan_rollout,
+    replica_spec,
+    surge_cards,
+)
+from libs.domain.states import Actor, TaskStatus
+from libs.domain.task import Task, TenantId
+from libs.store import groups as group_rows
+from libs.store import tasks as task_rows
+from libs.store.eventstore import EventStore, NewTask
+from libs.store.fencing import Fence
+from libs.store.projections import GROUPS
+
+from .inflight import HealthProbe, InFlight
+
+log = structlog.get_logger(__name__)
+S = TaskStatus
+META = {"actor": "rollout"}
+PHASES = tuple(p.value for p in ACTIVE)
+
+
+class RolloutController(Controller):
+    name = "rollout"
+
+    def __init__(
+        self,
+        store: EventStore,
+        clock: Callable[[], datetime],
+        holder: str,
+        policy: RolloutPolicy,
+        inflight: InFlight,
+        probe: HealthProbe,
+        *,
+        interval_s: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.holder = holder
+        self.policy = policy
+        self.inflight = inflight
+        self.probe = probe
+        self.interval_s = interval_s
+        self.fence: Fence | None = None
+
+    async def elected(self, term: Term) -> None:
+        self.fence = term.fence
+
+    async def evaluate(self, term: Term) -> None:
+        await self.scan()
+
+    async def scan(self) -> int:
+        acted = 0
+        for group in await group_rows.with_active_rollout(self.store, PHASES):
+            try:
+                acted += await self.reconcile(group)
+            except Fenced:
+                raise  # deposed: touch nothing more
+            except Exception:
+                log.exception("rollout_reconcile_failed", group_id=group.id)
+        return acted
+
+    async def reconcile(self, group: Group) -> int:
+        now = self.clock()
+        ours, events = decide_lease(group, self.holder, now, self.policy)
+        if events:
+            moved = await self._append(group, events, [], 0)
+            if moved is None:
+                return 0
+            group = moved
+        r = group.rollout
+        if not ours or r is None or r.phase not in ACTIVE:
+            return 1 if events else 0
+        tasks = await task_rows.of_group(self.store, group.id, include_deleted=False)
+        new = [t for t in tasks if t.generation == r.generation]
+        healthy = await self.probe.healthy(new)
+        step = plan_rollout(group, tasks, now, healthy, self._drained(group, tasks), self.policy)
+        if step.empty:
+            return 1 if events else 0
+        await self.apply(group, step)
+        return 1
+
+    def _drained(self, group: Group, tasks: Sequence[Task]) -> frozenset[str]:
+        """Draining replicas the routers know as draining with nothing in flight."""
+        return frozenset(
+            t.id
+            for t in tasks
+            if t.draining and t.status is S.RUNNING and self.inflight.idle(group.id, t.id)
+        )
+
+    async def apply(self, group: Group, step: RolloutStep) -> None:
+        r = group.rollout
+        assert r is not None
+        new: list[NewTask] = []
+        generation = r.generation
+        tenant = TenantId(group.tenant_id)
+        if step.create:
+            surge = surge_cards(r, group.size)
+            new = [
+                (tenant, replica_spec(group, r.target, k, surge), group.id, k) for k in step.create
+            ]
+        elif step.restore:
+            generation = r.from_generation
+            new = [(tenant, replica_spec(group, r.previous, k), group.id, k) for k in step.restore]
+        if (step.events or new) and await self._append(group, step.events, new, generation) is None:
+            return
+        await self._move(step)
+        log.info(
+            "rollout_step",
+            group_id=group.id,
+            rollout_id=r.id,
+            events=[_describe(e) for e in step.events],
+            created=step.create,
+            restored=step.restore,
+            drained=len(step.drain),
+            ended=len(step.end),
+            stopped=len(step.stop),
+        )
+
+    async def _append(
+        self, seen: Group, events: Sequence[Payload], new: Sequence[NewTask], generation: int
+    ) -> Group | None:
+        """Append and create in one transaction if the group is still as we read it."""
+        moved = False
+
+        def decide(current: Group | None) -> tuple[list[Payload], list[NewTask]]:
+            nonlocal moved
+            if current is None or current.version != seen.version:
+                moved = True
+                return [], []
+            return list(events), list(new)
+
+        group, _ = await self.store.execute_with_tasks(
+            GROUPS, seen.id, decide, metadata=META, fence=self.fence, generation=generation
+        )
+        return None if moved else group
+
+    async def _move(self, step: RolloutStep) -> None:
+        decisions: dict[str, commands.Decide] = {}
+        for task_id in step.drain:
+            decisions[task_id] = lambda t: list(decide_drain(t))
+        for task_id in step.end:
+            decisions[task_id] = _retire
+        for task_id in step.stop:
+            decisions[task_id] = _stop_new
+        if decisions:
+            await self.store.execute_batch(decisions, metadata=META, fence=self.fence)
+
+
+def _describe(event: Payload) -> str:
+    step = getattr(event, "step", None)
+    if isinstance(step, BatchStep):
+        return f"batch {getattr(event, 'number', '?')} {step.value}"
+    return event.type
+
+
+def _retire(t: Task) -> list[Any]:
+    """An old replica replaced by the new generation ends `cancelled`, never `completed`: a
+    running one goes `draining` (the agent stops it, its exit records cancelled), one that
+    never ran is cancelled at once."""
+    code = ReasonCode.ROLLOUT_REPLACED
+    if t.status is S.RUNNING:
+        return list(
+            commands.decide_transition(
+                t, S.DRAINING, actor=Actor.CONTROLLER, expected_status=S.RUNNING, reason_code=code
+            )
+        )
+    # pending: cancelled; placed but not running: stopping (the agent may be starting it)
+    return list(commands.decide_stop(t, Actor.CONTROLLER, code, code.text))
+
+
+def _stop_new(t: Task) -> list[Any]:
+    code = ReasonCode.ROLLOUT_STOPPED
+    return list(commands.decide_stop(t, Actor.CONTROLLER, code, code.text))
