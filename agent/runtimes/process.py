@@ -90,8 +90,11 @@ except BaseException as e:
 me = os.getpid()
 put("pids.json", {"pid": job.pid, "pid_ticks": ticks(job.pid),
              "supervisor_pid": me, "supervisor_ticks": ticks(me)})
-print("ok", job.pid, flush=True)
-os.close(1)
+try:
+    print("ok", job.pid, flush=True)
+except OSError:  # the agent died before reading it (a SIGKILLed `up`): supervise all the same
+    pass
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # release the agent's pipe; a late flush goes nowhere
 def forward(sig, _frame):
     try: os.killpg(job.pid, sig)
     except ProcessLookupError: pass
