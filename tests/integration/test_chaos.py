@@ -5,7 +5,8 @@ with the process runtime), and a part of it killed with SIGKILL. Nobody helps it
   one left, runs on the same store, and every task that got a 201 ends, each run once;
 * nats-server killed: `/readyz` is not ready within 10 s, NATS is back within 30 s, and
   tasks created during the outage run;
-* postgres killed: requests answer 503 within 2 s, and the platform serves again by itself.
+* postgres killed: requests answer 503 within the gateway's database wait (2 s) plus a
+  quarter second, and the platform serves again by itself.
 
 Each ends with a clean SIGTERM (no server left behind), `heteroflow check history` clean
 (with the acknowledged ids) and `heteroflow events replay --dry-run` at zero differences.
@@ -104,7 +105,8 @@ class Up:
             self.proc = subprocess.Popen(
                 [str(BIN), "up"], env=self.env(), stdout=out, stderr=subprocess.STDOUT
             )
-        self.until(lambda: self.readyz()[0] == 200, "up became ready", READY_WITHIN_S)
+        took = self.until(lambda: self.readyz()[0] == 200, "up became ready", READY_WITHIN_S)
+        print(f"up ready in {took:.1f} s")
 
     def until(self, cond: Callable[[], bool], what: str, within_s: float) -> float:
         """Poll `cond` until it holds; the seconds it took."""
@@ -186,7 +188,8 @@ def wait_completed(up: Up, api: httpx.Client, ids: list[str]) -> None:
                 status[task_id] = r.json()["status"]
         return all(s in TERMINAL for s in status.values())
 
-    up.until(ended, f"every task ended: {status}", TASKS_END_WITHIN_S)
+    took = up.until(ended, f"every task ended: {status}", TASKS_END_WITHIN_S)
+    print(f"{len(ids)} task(s) ended within {took:.1f} s")
     assert set(status.values()) == {"completed"}, status
 
 
@@ -198,9 +201,10 @@ def finish(up: Up, acknowledged: list[str]) -> None:
         listed = api.get("/api/v1/tasks", params={"per_page": 500}).json()["tasks"]
         every = [t["id"] for t in listed]
         wait_completed(up, api, every)  # also those whose 201 was lost with the killed `up`
-    runs = collections.Counter(up.runs.read_text().split())
-    assert {t: runs[t] for t in acknowledged} == dict.fromkeys(acknowledged, 1), runs
-    assert max(runs.values()) == 1, f"a task ran twice: {runs.most_common(3)}"
+        runs = collections.Counter(up.runs.read_text().split())
+        twice = {t: api.get(f"/api/v1/tasks/{t}/retries").json() for t, n in runs.items() if n > 1}
+        assert not twice, f"tasks ran more than once; their attempts: {twice}"
+        assert {t: runs[t] for t in acknowledged} == dict.fromkeys(acknowledged, 1), runs
     up.stop()
 
     ids = up.root / "acknowledged.txt"
@@ -249,6 +253,9 @@ def test_up_killed_during_creates_comes_back_by_itself(up: Up) -> None:
     now = {"nats": [up.recorded("nats")], "postgres": [up.recorded("postgres")]}
     assert up.server_pids() == now, "one server per store"
     assert "embedded_orphan_stopped" in up.output(0)
+    second = up.hf("up")  # while one runs, another `up` on the same directory starts nothing
+    assert second.returncode == 1 and "another `heteroflow up`" in second.stderr, second.stderr
+    assert up.server_pids() == now
     finish(up, acknowledged)
 
 
@@ -268,6 +275,7 @@ def test_nats_killed_comes_back_and_tasks_created_meanwhile_run(up: Up) -> None:
             during.append(r.json()["id"])
         assert up.readyz()[0] == 503, "the creates were made while NATS was down"
         up.until(lambda: up.readyz()[0] == 200, "ready again", 30 - (time.monotonic() - killed))
+        print(f"nats-server killed: ready again after {time.monotonic() - killed:.1f} s")
         assert up.recorded("nats") != old
         metrics = api.get("/metrics").text
     assert 'heteroflow_embedded_server_restarts_total{server="nats-server"} 1.0' in metrics
@@ -282,6 +290,7 @@ def test_postgres_killed_answers_503_at_once_and_recovers_by_itself(up: Up) -> N
         wait_completed(up, api, [warm])
         old = up.recorded("postgres")
         os.kill(old, signal.SIGKILL)
+        killed = time.monotonic()
 
         def refused() -> bool:
             """Every answer within the bound: served (a backend of the killed postmaster
@@ -323,6 +332,7 @@ def test_postgres_killed_answers_503_at_once_and_recovers_by_itself(up: Up) -> N
 
         up.until(served, "creates served again", 60)
         up.until(lambda: up.readyz()[0] == 200, "ready again", 30)
+        print(f"postmaster killed: serving and ready again after {time.monotonic() - killed:.1f} s")
         assert up.recorded("postgres") != old
         metrics = api.get("/metrics").text
     assert 'heteroflow_embedded_server_restarts_total{server="postgres"} 1.0' in metrics
