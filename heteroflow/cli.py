@@ -102,7 +102,13 @@ def _up(args: argparse.Namespace) -> int:
     if args.processes:
         settings.processes = True
     configure(settings.log_level, settings.log_format)
-    asyncio.run(serve(settings))
+    from libs.pidfile import StoreInUse
+
+    try:
+        asyncio.run(serve(settings))
+    except StoreInUse as exc:  # another `up`, or a live process, runs on this state directory
+        print(f"heteroflow up: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

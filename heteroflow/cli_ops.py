@@ -28,7 +28,8 @@ def _database_url(settings: CommonSettings) -> str:
             f"no database: set HETEROFLOW_DATABASE_URL or run `heteroflow up` "
             f"(nothing under {pgdata})"
         )
-    return EmbeddedPostgres(pgdata).start().url
+    # Attach: with `heteroflow up` running, use its server and leave it running.
+    return EmbeddedPostgres(pgdata, attach=True).start().url
 
 
 def _nats_url(settings: CommonSettings) -> str:

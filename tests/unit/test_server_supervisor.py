@@ -1,0 +1,88 @@
+"""The embedded-server supervisor's rules (libs/server_supervisor.py) on a stand-in server:
+a server that dies is started again after the backoff, the backoff doubles while starts fail,
+each restart is counted, and stop ends the watch without a restart. The real servers are
+killed and brought back in tests/integration/test_embedded_servers.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from libs.server_supervisor import RESTARTS, ServerSupervisor
+
+
+@dataclass
+class FakeServer:
+    """Dies when told; each restart either fails (the first `failing` ones) or runs again."""
+
+    failing: int = 0
+    code: int | None = None
+    restarts_at: list[float] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int | None:
+        return 4242
+
+    def exit_code(self) -> int | None:
+        return self.code
+
+    def restart(self) -> None:
+        self.restarts_at.append(time.monotonic())
+        if len(self.restarts_at) <= self.failing:
+            raise RuntimeError("shared memory still in use")
+        self.code = None
+
+
+async def wait_until(cond: Callable[[], bool], within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def restarts(name: str) -> float:
+    return float(RESTARTS.labels(name)._value.get())
+
+
+async def test_a_dead_server_is_started_again_after_the_backoff() -> None:
+    server = FakeServer()
+    sup = ServerSupervisor({"unit-a": server}, poll_s=0.01, first_backoff_s=0.2)
+    stop = asyncio.Event()
+    watch = asyncio.create_task(sup.run(stop))
+    before = restarts("unit-a")
+    await asyncio.sleep(0.05)
+    assert server.restarts_at == []  # running: nothing to do
+    died = time.monotonic()
+    server.code = -9
+    await wait_until(lambda: server.code is None)
+    assert server.restarts_at[0] - died >= 0.2
+    assert restarts("unit-a") == before + 1
+    stop.set()
+    await asyncio.wait_for(watch, 2)
+
+
+async def test_failed_starts_are_retried_with_a_doubling_backoff() -> None:
+    server = FakeServer(failing=2, code=1)
+    sup = ServerSupervisor({"unit-b": server}, poll_s=0.01, first_backoff_s=0.1)
+    stop = asyncio.Event()
+    before = restarts("unit-b")
+    watch = asyncio.create_task(sup.run(stop))
+    await wait_until(lambda: server.code is None)
+    first, second, third = server.restarts_at
+    assert second - first >= 0.2 and third - second >= 0.4  # 0.1, then 0.2, then 0.4
+    assert restarts("unit-b") == before + 1  # only the start that worked counts
+    stop.set()
+    await asyncio.wait_for(watch, 2)
+
+
+async def test_stop_during_the_backoff_restarts_nothing() -> None:
+    server = FakeServer(code=-9)
+    sup = ServerSupervisor({"unit-c": server}, poll_s=0.01, first_backoff_s=5)
+    stop = asyncio.Event()
+    watch = asyncio.create_task(sup.run(stop))
+    await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(watch, 1)
+    assert server.restarts_at == []
