@@ -21,6 +21,7 @@ from .reasons import ReasonCode
 from .rollout_model import ROLLOUT_EVENTS, Rollout, fold_rollout
 from .states import TERMINAL, TaskStatus
 from .task import Task, TaskSpec, TaskType, TenantId, parse_create
+from .validation import is_integer
 from .windows import ScheduleWindow, parse_window
 
 S = TaskStatus
@@ -127,7 +128,7 @@ def parse_group(raw: Any, *, tenant: bool, volume_allow_list: Iterable[str] = ()
     if "task_count" not in shape_raw:
         raise DomainError(Code.INVALID_VALUE, "task_count is required", ["task_count"])
     for key, value in shape_raw.items():
-        if key != "parallelism" and (isinstance(value, bool) or not isinstance(value, int)):
+        if key != "parallelism" and not is_integer(value):
             raise DomainError(Code.INVALID_VALUE, f"{key} must be an integer", [key])
     try:
         shape = GroupShape.model_validate(shape_raw)

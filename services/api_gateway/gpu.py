@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
 from libs.domain.energy import task_energy
 from libs.domain.errors import Code, DomainError
@@ -13,21 +13,13 @@ from libs.domain.task import Task
 from libs.store import telemetry
 
 from .deps import Principal, Store, tenant_scope
+from .schemas import GpuMetricsQuery, query_of
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["telemetry"])
 NO_SAMPLES = (
     "no GPU samples: the task holds no card NVML can read (declared cards and "
     "CPU-only tasks report no numbers rather than made-up ones)"
 )
-
-
-def _time(raw: str | None, name: str) -> datetime | None:
-    if raw is None:
-        return None
-    try:
-        return datetime.fromisoformat(raw)
-    except ValueError:
-        raise DomainError(Code.INVALID_VALUE, f"{name} must be an ISO 8601 time", [name]) from None
 
 
 def _fraction(task: Task) -> float | None:
@@ -39,20 +31,20 @@ def _fraction(task: Task) -> float | None:
 
 @router.get("/{task_id}/gpu-metrics")
 async def gpu_metrics(
-    request: Request, task_id: str, principal: Principal, store: Store
+    task_id: str,
+    principal: Principal,
+    store: Store,
+    q: Annotated[GpuMetricsQuery, Depends(query_of(GpuMetricsQuery))],
 ) -> dict[str, Any]:
-    q = dict(request.query_params)
-    unknown = sorted(set(q) - {"start", "end", "step"})
-    if unknown:
-        raise DomainError(
-            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
-        )
     task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
-    step = q.get("step", "60")
-    if not step.isdigit() or not 1 <= int(step) <= 86400:
-        raise DomainError(Code.INVALID_VALUE, "step must be seconds in 1..86400", ["step"])
-    end = _time(q.get("end"), "end") or store.clock()
-    start = _time(q.get("start"), "start") or end - timedelta(hours=1)
+    step = q.step
+    end = q.end or store.clock()
+    if q.start is not None:
+        start = q.start
+    elif end > datetime.min.replace(tzinfo=end.tzinfo) + timedelta(hours=1):
+        start = end - timedelta(hours=1)
+    else:
+        raise DomainError(Code.INVALID_VALUE, "end is too early for the default start", ["end"])
     series: dict[str, list[dict[str, Any]]] = {}
     for p in await telemetry.series(store, task.id, start, end, int(step)):
         series.setdefault(p.gpu_id, []).append(

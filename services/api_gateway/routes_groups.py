@@ -7,9 +7,9 @@ Membership is created only here: a group and its `task_count` member tasks (rank
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs import auth
@@ -30,19 +30,24 @@ from libs.domain.group import (
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TenantId
+from libs.domain.validation import INT_FIELD_MAX, is_integer
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import GROUPS
 
-from . import timeline
-from .deps import Body, Principal, Store, page_query, tenant_scope
+from . import request_docs, timeline
+from .deps import Principal, Store, page_query, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
-from .routes_tasks import actor_of, tenant_for_create
+from .routes_tasks import FOR_TENANT, actor_of, tenant_for_create
+from .schemas import GroupUpdate, PageQuery, TimelineQuery, documented_body, query_of
 from .views import task_view
 
 router = APIRouter(prefix="/api/v1/task-groups", tags=["task-groups"])
+CreateBody = Annotated[dict[str, Any], Depends(documented_body(request_docs.group_create))]
+# The route names its own refusals (40020 for any other field), equal to the model's rules.
+UpdateBody = Annotated[dict[str, Any], Depends(documented_body(request_docs.of(GroupUpdate)))]
 S = TaskStatus
 
 
@@ -90,9 +95,9 @@ async def _tasks(store: EventStore, group_id: str) -> list[Task]:
     return await task_rows.of_group(store, group_id, include_deleted=False)
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, dependencies=FOR_TENANT)
 async def create_group(
-    request: Request, principal: Principal, store: Store, body: Body
+    request: Request, principal: Principal, store: Store, body: CreateBody
 ) -> JSONResponse:
     tenant_id = tenant_for_create(principal, request)
     await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
@@ -119,7 +124,7 @@ async def create_group(
     return FastJSONResponse(group_view(group, tasks), status_code=201)
 
 
-@router.get("")
+@router.get("", dependencies=[Depends(query_of(PageQuery))])
 async def list_groups(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
     page, per_page, status = page_query(request)
     found, total = await group_rows.page(store, tenant_scope(principal), status, page, per_page)
@@ -151,7 +156,7 @@ async def _each_member(
     }
 
 
-@router.get("/{group_id}/events")
+@router.get("/{group_id}/events", dependencies=[Depends(query_of(TimelineQuery))])
 async def group_events(
     request: Request, group_id: str, principal: Principal, store: Store
 ) -> dict[str, Any]:
@@ -217,7 +222,7 @@ async def delete_group(group_id: str, principal: Principal, store: Store) -> dic
 
 @router.put("/{group_id}")
 async def update_group(
-    group_id: str, principal: Principal, store: Store, body: Body
+    group_id: str, principal: Principal, store: Store, body: UpdateBody
 ) -> dict[str, Any]:
     group = await _load(store, group_id, tenant_scope(principal))
     others = sorted(set(body) - {"idle_timeout_minutes"})
@@ -228,14 +233,14 @@ async def update_group(
             f"refused: {', '.join(others)}",
             others,
         )
-    value = body.get("idle_timeout_minutes")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    value: Any = body.get("idle_timeout_minutes")
+    if not is_integer(value) or not 0 <= value <= INT_FIELD_MAX:
         raise DomainError(
             Code.INVALID_VALUE,
-            "idle_timeout_minutes must be an integer >= 0",
+            f"idle_timeout_minutes must be an integer >= 0 (at most {INT_FIELD_MAX})",
             ["idle_timeout_minutes"],
         )
-    changes = {"idle_timeout_minutes": value}
+    changes = {"idle_timeout_minutes": int(value)}
     updated = await store.execute_aggregate(
         GROUPS, group.id, lambda _g: [GroupConfigUpdated(group_id=group.id, changes=changes)]
     )

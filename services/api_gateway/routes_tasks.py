@@ -5,9 +5,9 @@ Handlers validate, call a pure decide function through the store, and shape the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs import auth
@@ -21,7 +21,6 @@ from libs.domain.task import (
     REPORT_FIELDS,
     SERVER_OWNED,
     Task,
-    TaskSpec,
     TenantId,
     parse_create,
     parse_update,
@@ -30,20 +29,19 @@ from libs.domain.validation import REPORT_TEXT_MAX
 from libs.store import tasks as task_rows
 from libs.store.types import TaskQuery
 
-from .deps import Body, Principal, Store, tenant_scope
+from . import request_docs
+from .deps import Principal, Store, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
+from .schemas import CreateQuery, TaskListQuery, documented_body, query_of
 from .views import task_view
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
 
-CREATE_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": TaskSpec.model_json_schema()}},
-    }
-}
-LIST_PARAMS = {"page", "per_page", "status", "node_id", "name", "sort", "order", "labels"}
+CreateBody = Annotated[dict[str, Any], Depends(documented_body(request_docs.task_create))]
+UpdateBody = Annotated[dict[str, Any], Depends(documented_body(request_docs.task_update))]
+ListQuery = Annotated[TaskListQuery, Depends(query_of(TaskListQuery))]
+FOR_TENANT = [Depends(query_of(CreateQuery))]
 # What an agent or operator may send on the report path of PUT.
 REPORT_BODY = (REPORT_FIELDS - {"finished_at"}) | {"expected_status", "reason"}
 
@@ -70,9 +68,9 @@ def tenant_for_create(principal: PrincipalT, request: Request) -> str:
     raise DomainError(Code.FORBIDDEN, "agents cannot create tasks")
 
 
-@router.post("", status_code=201, openapi_extra=CREATE_BODY)
+@router.post("", status_code=201, dependencies=FOR_TENANT)
 async def create_task(
-    request: Request, principal: Principal, store: Store, body: Body
+    request: Request, principal: Principal, store: Store, body: CreateBody
 ) -> JSONResponse:
     settings = request.app.state.settings
     tenant_id = tenant_for_create(principal, request)
@@ -87,18 +85,9 @@ async def create_task(
     return FastJSONResponse(task_view(task), status_code=201)
 
 
-def _int_param(params: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    raw = params.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
-        raise DomainError(Code.INVALID_VALUE, f"{name} must be an integer in {lo}..{hi}", [name])
-    return int(raw)
-
-
-def _labels_param(raw: str | None) -> dict[str, str]:
+def _labels_param(raw: str) -> dict[str, str]:
     labels: dict[str, str] = {}
-    for part in (raw or "").split(","):
+    for part in raw.split(","):
         if not part:
             continue
         key, sep, value = part.partition("=")
@@ -108,39 +97,23 @@ def _labels_param(raw: str | None) -> dict[str, str]:
     return labels
 
 
-def parse_list_query(params: dict[str, str], tenant_id: str | None) -> TaskQuery:
-    unknown = sorted(set(params) - LIST_PARAMS)
-    if unknown:
-        raise DomainError(
-            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
-        )
-    status = params.get("status")
-    if status is not None and status.lower() not in {s.value for s in TaskStatus}:
-        raise DomainError(Code.INVALID_VALUE, f"unknown status {status!r}", ["status"])
-    sort = params.get("sort", "created_at")
-    if sort not in task_rows.SORT_COLUMNS:
-        raise DomainError(
-            Code.INVALID_VALUE, "sort must be created_at, updated_at or priority", ["sort"]
-        )
-    order = params.get("order", "desc").lower()
-    if order not in ("asc", "desc"):
-        raise DomainError(Code.INVALID_VALUE, "order must be asc or desc", ["order"])
+def list_query(q: TaskListQuery, tenant_id: str | None) -> TaskQuery:
     return TaskQuery(
         tenant_id=tenant_id,
-        page=_int_param(params, "page", 1, 1, 1_000_000),
-        per_page=_int_param(params, "per_page", 20, 1, 500),
-        status=status.lower() if status else None,
-        node_id=params.get("node_id") or None,
-        name=params.get("name") or None,
-        labels=_labels_param(params.get("labels")),
-        sort=sort,
-        order=order,
+        page=q.page,
+        per_page=q.per_page,
+        status=q.status.value if q.status else None,
+        node_id=q.node_id or None,
+        name=q.name or None,
+        labels=_labels_param(q.labels),
+        sort=q.sort,
+        order=q.order,
     )
 
 
 @router.get("")
-async def list_tasks(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
-    q = parse_list_query(dict(request.query_params), tenant_scope(principal))
+async def list_tasks(query: ListQuery, principal: Principal, store: Store) -> dict[str, Any]:
+    q = list_query(query, tenant_scope(principal))
     tasks, total = await task_rows.list_tasks(store, q)
     return {
         "tasks": [task_view(t) for t in tasks],
@@ -161,9 +134,9 @@ async def get_task(task_id: str, principal: Principal, store: Store) -> dict[str
     return task_view(await store.get_task(task_id, tenant_id=tenant_scope(principal)))
 
 
-@router.put("/{task_id}", openapi_extra=CREATE_BODY)
+@router.put("/{task_id}")
 async def update_task(
-    request: Request, task_id: str, principal: Principal, store: Store, body: Body
+    request: Request, task_id: str, principal: Principal, store: Store, body: UpdateBody
 ) -> dict[str, Any]:
     reported = sorted((REPORT_FIELDS | {"expected_status"}) & body.keys())
     if principal.is_tenant and reported:
