@@ -50,11 +50,18 @@ def run(url: str, key: str) -> tuple[list[str], Counter[int]]:
     return failures, statuses
 
 
+# The tenant's write rate (100/s by default) would answer most generated writes 429, an
+# accepted outcome that reaches no handler: raised, so the positive path is exercised.
+@pytest.mark.cluster_env(
+    HETEROFLOW_TENANT_WRITE_RATE_PER_S="100000", HETEROFLOW_TENANT_WRITE_BURST="100000"
+)
 def test_schemathesis_finds_no_failure_and_reaches_the_positive_path(cluster: Cluster) -> None:
     failures, statuses = run(cluster.url, cluster.creds["tenant_api_key"])
     assert not failures, "\n".join(sorted(set(failures))[:30])
     answered = sum(statuses.values())
     served = sum(n for s, n in statuses.items() if 200 <= s < 300)
-    assert answered > 200, statuses
-    assert statuses[201] > 0 and served / answered > 0.1, statuses
+    assert answered > 1000, statuses
+    # Measured: ~10-15 % 2xx (most generated requests are refusals by design: negative
+    # data, other tenants' or missing resources, operator-only routes).
+    assert statuses[201] >= 50 and served / answered > 0.05, statuses
     assert not any(s >= 500 for s in statuses), statuses
