@@ -29,6 +29,7 @@ from .rollout_model import (
 )
 from .states import TERMINAL, TaskStatus
 from .task import Task, TaskSpec, TaskType, TenantId, parse_create
+from .validation import is_integer
 from .windows import ScheduleWindow, parse_window
 
 S = TaskStatus
@@ -143,7 +144,7 @@ def parse_group(
     if "task_count" not in shape_raw:
         raise DomainError(Code.INVALID_VALUE, "task_count is required", ["task_count"])
     for key, value in shape_raw.items():
-        if key != "parallelism" and (isinstance(value, bool) or not isinstance(value, int)):
+        if key != "parallelism" and not is_integer(value):
             raise DomainError(Code.INVALID_VALUE, f"{key} must be an integer", [key])
     try:
         shape = GroupShape.model_validate(shape_raw)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import Code, DomainError
 from .events import Payload, register
+from .validation import exactly_bool, exactly_int
 
 NAME_PATTERN = r"^[a-z0-9A-Z][a-zA-Z0-9._-]{0,62}$"
 QUEUE_PRIORITY_MAX = 1000
@@ -163,6 +164,10 @@ class QueueQuota(BaseModel):
     max_running_jobs: int = Field(default=0, ge=0, le=1_000_000)
     max_running_tasks: int = Field(default=0, ge=0, le=1_000_000)
 
+    _ints = field_validator("max_gpus", "max_running_jobs", "max_running_tasks", mode="before")(
+        exactly_int
+    )
+
 
 class QueueSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -174,6 +179,9 @@ class QueueSpec(BaseModel):
     priority: int = Field(default=0, ge=0, le=QUEUE_PRIORITY_MAX)
     policy: QueuePolicy = QueuePolicy.PRIORITY
     default: bool = False  # the tenant's queue for work submitted without `queue`
+
+    _priority = field_validator("priority", mode="before")(exactly_int)
+    _default = field_validator("default", mode="before")(exactly_bool)
 
     @field_validator("pools")
     @classmethod

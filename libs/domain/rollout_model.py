@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .events import Payload, ReasonedPayload, register
 from .reasons import ReasonCode
 from .task import TaskSpec, Volume, normalise_env
+from .validation import exactly_int
 
 DEFAULT_HEALTH_TIMEOUT_S = 300
 MAX_HEALTH_TIMEOUT_S = 3600
@@ -34,6 +35,10 @@ class RolloutRequest(BaseModel):
     partition: int | None = Field(default=None, ge=0)
     health_timeout_s: int = Field(default=DEFAULT_HEALTH_TIMEOUT_S, ge=1, le=MAX_HEALTH_TIMEOUT_S)
     strategy: Literal["rolling", "recreate"] = "rolling"
+
+    _ints = field_validator(
+        "max_surge", "max_unavailable", "partition", "health_timeout_s", mode="before"
+    )(exactly_int)
 
     @field_validator("env", mode="before")
     @classmethod

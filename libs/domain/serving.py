@@ -15,6 +15,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .validation import exactly_int
+
 # Whole words in the image's repository path that name an inference server. The registry host
 # and the tag are not looked at (`myapp:vllm-fix` is not vLLM).
 INFERENCE_IMAGE_WORDS: tuple[str, ...] = (
@@ -48,6 +50,8 @@ class ServingSpec(BaseModel):
     port: int = Field(ge=1, le=65535)
     health_path: str = Field(default="/", max_length=512)
     metrics_path: str = Field(default="", max_length=512)
+
+    _port = field_validator("port", mode="before")(exactly_int)
 
     @field_validator("health_path", "metrics_path")
     @classmethod

@@ -19,7 +19,7 @@ from .errors import Code, DomainError
 from .reasons import ReasonCode
 from .serving import ServingSpec, looks_like_inference
 from .states import TaskStatus
-from .validation import check_task_spec
+from .validation import check_task_spec, exactly_bool, is_integer
 
 TaskId = NewType("TaskId", str)
 TenantId = NewType("TenantId", str)
@@ -50,6 +50,8 @@ class Volume(BaseModel):
     host_path: str = Field(min_length=1)
     container_path: str = Field(min_length=1)
     read_only: bool = False
+
+    _read_only = field_validator("read_only", mode="before")(exactly_bool)
 
     @field_validator("container_path")
     @classmethod
@@ -379,6 +381,10 @@ def parse_create(
     _check_keys(raw, CREATE_FIELDS)
     data = dict(defaults or {}) | {k: v for k, v in raw.items() if k not in SERVER_OWNED}
     assert not (data.keys() - raw.keys()) - CONFIGURED_DEFAULTS, "only configured defaults"
+    for key in ("gpu_required", "gpu_count"):
+        # Before the alias is folded (false == 0 in Python: the two would "agree").
+        if key in data and not is_integer(data[key]):
+            raise DomainError(Code.INVALID_VALUE, f"{key} must be an integer", [key])
     if "gpu_count" in data:
         if "gpu_required" in data and data["gpu_required"] != data["gpu_count"]:
             raise DomainError(
@@ -427,7 +433,7 @@ def _check_strict_types(data: Mapping[str, Any]) -> None:
         v = data[key]
         if v is None and key in NULLABLE:
             continue
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not is_integer(v):
             raise DomainError(Code.INVALID_VALUE, f"{key} must be an integer", [key])
     numbers = {"cpu_cores", "gpu_compute_ratio", "retry_delay", "backoff_multiplier"}
     for key in numbers & data.keys():

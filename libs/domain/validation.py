@@ -33,6 +33,10 @@ LABEL_VALUE_MAX = 512
 VOLUMES_MAX = 32
 PATH_MAX = 1_024
 ANTI_AFFINITY_MAX = 32
+# Counts, sizes and durations a task names (seconds, minutes, MB) that have no natural
+# bound: kept within a 32-bit integer, which every consumer of the event can hold.
+INT_FIELD_MAX = 2**31 - 1
+UNBOUNDED_INTS = ("gpu_memory_mb", "timeout", "idle_timeout_minutes", "oom_memory_limit")
 SHORT_TEXT_MAX = 253  # gpu_type, requested_node_id, one anti-affinity key
 REPORT_TEXT_MAX = 65_536  # `result` and `error` of an agent's or operator's status report
 # The whole specification as the relay encodes it (JSON, ASCII-escaped): a backstop for
@@ -57,6 +61,31 @@ _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}
 IMAGE_REFERENCE = re.compile(
     rf"(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII
 )
+
+
+def exactly_bool(value: Any) -> Any:
+    """A before-validator: JSON true/false only. Bodies are validated laxly (lists become
+    tuples), and lax validation would take "yes" or 1 where the document says boolean."""
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def is_integer(value: Any) -> bool:
+    """A JSON integer: `3`, or `3.0` (JSON Schema reads a number without a fraction as an
+    integer, and some clients cannot tell them apart); never `true` or `"3"`."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def exactly_int(value: Any) -> Any:
+    """A before-validator: a JSON integer (or null) only; lax validation would take "3"."""
+    if value is None:
+        return value
+    if not is_integer(value):
+        raise ValueError("must be an integer")
+    return int(value)
 
 
 def image_reference_error(ref: str) -> str | None:
@@ -154,6 +183,9 @@ def check_task_spec(spec: TaskSpec) -> TaskSpec:
     # No image: the task runs as a plain process on a `process` node (docs/api.md).
     if spec.image and (why := image_reference_error(spec.image)) is not None:
         _refuse("image", f"image {why}")
+    for field in UNBOUNDED_INTS:
+        if (getattr(spec, field) or 0) > INT_FIELD_MAX:
+            _refuse(field, f"{field} is larger than {INT_FIELD_MAX}")
     if len(spec.command) > COMMAND_MAX:
         _refuse("command", f"command is longer than {COMMAND_MAX} characters")
     for field in ("gpu_type", "requested_node_id"):
@@ -196,6 +228,8 @@ def _check_map(field: str, values: Mapping[str, str], entries: int, kmax: int, v
     if len(values) > entries:
         _refuse(field, f"{field} has {len(values)} entries, more than {entries}")
     for key, val in values.items():
+        if not key:
+            _refuse(field, f"{field} has an empty key")
         if len(key) > kmax:
             _refuse(f"{field}.{key[:40]}", f"{field} key {key[:40]!r}... is longer than {kmax}")
         if len(val) > vmax:

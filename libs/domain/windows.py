@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import Code, DomainError
+from .validation import exactly_int
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 ORIGINAL_LABEL = "heteroflow.window.original_replicas"
@@ -41,6 +42,8 @@ class ScheduleWindow(BaseModel):
     days: tuple[str, ...] = DAYS
     action: WindowAction
     scale_to: int | None = Field(default=None, ge=0, le=1024)
+
+    _scale_to = field_validator("scale_to", mode="before")(exactly_int)
 
     @field_validator("start", "end")
     @classmethod

@@ -75,7 +75,7 @@ def create_app(
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = contract.complete(generate())
+            app.openapi_schema = contract.complete(generate(), app.routes, settings)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

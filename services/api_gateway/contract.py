@@ -4,10 +4,14 @@ FastAPI documents what it sees in the handlers: the success status, and a 422 th
 gateway never sends (validation failures are 400s in the SPEC §2 error shape). Here the
 generated document is completed once, in place:
 
+* the bearer credential every path but the health probes requires (`securitySchemes`);
 * every error status an operation can answer is listed with the `Error` schema (401 and 403
   for authenticated paths, 404 and 409 where a path names a resource, 413 and 415 where a
   body is read, 429 for tenants' writes, 503 with `Retry-After` for shedding and a lost
   database, 500 for a bug), and the unused 422 goes;
+* every request body and query parameter a route checks through a `schemas` dependency
+  (`query_of`, `body_of`, `documented_body`) is described by that dependency's model, so
+  what is documented is what is checked;
 * schemas embedded whole from pydantic models keep their definitions under `$defs`, which
   no reader of the document can resolve: they move to `components/schemas`, and their
   references with them.
@@ -15,7 +19,17 @@ generated document is completed once, in place:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+from fastapi import routing
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
+
+from libs.config import GatewaySettings
+
+from .schemas import Contract
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 ERROR_SCHEMA: dict[str, Any] = {
@@ -43,17 +57,28 @@ DESCRIPTIONS = {
     "503": "shed (too much in flight) or the database is unavailable; nothing was changed",
     "500": "internal error",
 }
+BEARER = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "operator, agent or tenant API key, tenant-user JWT (a join token for join)",
+}
+UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
 WRITES = frozenset({"post", "put", "patch", "delete"})
 _FASTAPI_VALIDATION = ("HTTPValidationError", "ValidationError")
 
 
-def complete(doc: dict[str, Any]) -> dict[str, Any]:
-    """Complete `doc` (FastAPI's generated document) in place and return it."""
+def complete(
+    doc: dict[str, Any], routes: Iterable[BaseRoute] = (), settings: GatewaySettings | None = None
+) -> dict[str, Any]:
+    """Complete `doc` (FastAPI's generated document for `routes`) in place and return it."""
     schemas: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
+    _requests(doc, routes, settings or GatewaySettings())
     _hoist_defs(doc, schemas)
     schemas["Error"] = ERROR_SCHEMA
+    doc["components"]["securitySchemes"] = {"bearer": BEARER}
     for path, item in doc.get("paths", {}).items():
         for method, op in item.items():
+            op["security"] = [] if path in UNAUTHENTICATED else [{"bearer": []}]
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             for status in _errors(path, method):
@@ -67,6 +92,68 @@ def complete(doc: dict[str, Any]) -> dict[str, Any]:
     for name in _FASTAPI_VALIDATION:
         schemas.pop(name, None)
     return doc
+
+
+def _requests(doc: dict[str, Any], routes: Iterable[BaseRoute], settings: GatewaySettings) -> None:
+    """Describe each route's query parameters and body from the models it checks them with."""
+    for path, methods, dependant in _api_routes(routes):
+        for method in methods:
+            op = doc.get("paths", {}).get(path, {}).get(method.lower())
+            if op is None:
+                continue
+            for contract in _contracts(dependant):
+                schema = contract.schema(settings)
+                if contract.where == "body":
+                    op["requestBody"] = {
+                        "required": True,
+                        "content": {"application/json": {"schema": schema}},
+                    }
+                else:
+                    op.setdefault("parameters", []).extend(_query_parameters(schema))
+
+
+def _api_routes(routes: Iterable[BaseRoute]) -> Iterator[tuple[str, set[str], Dependant]]:
+    """(path, methods, dependant) of every API route, through included routers (which newer
+    FastAPI keeps as wrappers rather than copying their routes)."""
+    iterate = getattr(routing, "iter_route_contexts", None)
+    if iterate is None:  # older FastAPI: the routes are the API routes themselves
+        contexts: Iterable[Any] = routes
+    else:
+        contexts = iterate(list(routes))
+    for ctx in contexts:
+        route = getattr(ctx, "original_route", ctx)
+        if isinstance(route, APIRoute) and route.include_in_schema:
+            yield ctx.path_format, set(ctx.methods or ()), route.dependant
+
+
+def _contracts(dependant: Dependant) -> Iterator[Contract]:
+    for dep in dependant.dependencies:
+        contract = getattr(dep.call, "contract", None)
+        if isinstance(contract, Contract):
+            yield contract
+        yield from _contracts(dep)
+
+
+def _query_parameters(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """One OpenAPI parameter per property of a query model (null is not a query value)."""
+    required = set(schema.get("required", []))
+    params = []
+    for name, prop in schema.get("properties", {}).items():
+        prop = dict(prop)
+        options = [s for s in prop.pop("anyOf", []) if s.get("type") != "null"]
+        if len(options) == 1:
+            prop |= options[0]
+        elif options:
+            prop["anyOf"] = options
+        if prop.get("default", 0) is None:
+            del prop["default"]
+        prop.pop("title", None)
+        param: dict[str, Any] = {"name": name, "in": "query", "required": name in required}
+        if "description" in prop:
+            param["description"] = prop.pop("description")
+        param["schema"] = prop | ({"$defs": schema["$defs"]} if "$defs" in schema else {})
+        params.append(param)
+    return params
 
 
 def _errors(path: str, method: str) -> list[str]:

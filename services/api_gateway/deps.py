@@ -1,8 +1,8 @@
-"""Request dependencies: the store, the caller's principal, a JSON object body."""
+"""Request dependencies: the store and the caller's principal (bodies and queries: schemas.py)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
 
@@ -10,7 +10,6 @@ from libs import auth
 from libs.domain.errors import Code, DomainError
 from libs.store.eventstore import EventStore
 
-from .limits import read_json_object
 from .shedding import READ_METHODS, ROUTED_PREFIX
 
 
@@ -66,9 +65,6 @@ def _agent_may(request: Request) -> None:
 
 Principal = Annotated[auth.Principal, Depends(get_principal)]
 Store = Annotated[EventStore, Depends(get_store)]
-
-
-Body = Annotated[dict[str, Any], Depends(read_json_object)]
 
 
 def require_operator(principal: auth.Principal) -> None:

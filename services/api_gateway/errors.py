@@ -81,16 +81,21 @@ def install(app: FastAPI) -> None:
 
 
 def _allowed_methods(request: Request) -> list[str]:
-    """The methods the API documents for the request's path (templates matched per segment)."""
+    """The methods the API documents for the request's path: those of the most specific
+    template that matches it (`/tasks/stats` is its own path, not a `/tasks/{task_id}`)."""
     asked = request.url.path.rstrip("/").split("/")
-    methods: set[str] = set()
+    best, methods = -1, set[str]()
     for template, item in request.app.openapi().get("paths", {}).items():
         parts = template.rstrip("/").split("/")
         if len(parts) == len(asked) and all(
             p == a or (p.startswith("{") and p.endswith("}") and a)
             for p, a in zip(parts, asked, strict=True)
         ):
-            methods |= {m.upper() for m in item}
+            literal = sum(not p.startswith("{") for p in parts)
+            if literal > best:
+                best, methods = literal, set()
+            if literal == best:
+                methods |= {m.upper() for m in item}
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)

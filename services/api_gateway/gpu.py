@@ -4,9 +4,9 @@ the same two for a task group (every task the group ever ran, superseded rows in
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
 from libs.domain.energy import task_energy
 from libs.domain.errors import Code, DomainError, NotFound
@@ -17,6 +17,7 @@ from libs.store import telemetry
 from libs.store.eventstore import EventStore
 
 from .deps import Principal, Store, tenant_scope
+from .schemas import GpuMetricsQuery, query_of
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["telemetry"])
 group_router = APIRouter(prefix="/api/v1/task-groups", tags=["telemetry"])
@@ -24,15 +25,6 @@ NO_SAMPLES = (
     "no GPU samples: the task holds no card NVML can read (declared cards and "
     "CPU-only tasks report no numbers rather than made-up ones)"
 )
-
-
-def _time(raw: str | None, name: str) -> datetime | None:
-    if raw is None:
-        return None
-    try:
-        return datetime.fromisoformat(raw)
-    except ValueError:
-        raise DomainError(Code.INVALID_VALUE, f"{name} must be an ISO 8601 time", [name]) from None
 
 
 def _fraction(task: Task) -> float | None:
@@ -45,19 +37,16 @@ def _fraction(task: Task) -> float | None:
 Window = tuple[datetime, datetime, int]
 
 
-def _window(request: Request, now: datetime) -> Window:
-    q = dict(request.query_params)
-    unknown = sorted(set(q) - {"start", "end", "step"})
-    if unknown:
-        raise DomainError(
-            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
-        )
-    step = q.get("step", "60")
-    if not step.isdigit() or not 1 <= int(step) <= 86400:
-        raise DomainError(Code.INVALID_VALUE, "step must be seconds in 1..86400", ["step"])
-    end = _time(q.get("end"), "end") or now
-    start = _time(q.get("start"), "start") or end - timedelta(hours=1)
-    return start, end, int(step)
+Query = Annotated[GpuMetricsQuery, Depends(query_of(GpuMetricsQuery))]
+
+
+def _window(q: GpuMetricsQuery, now: datetime) -> Window:
+    end = q.end or now
+    if q.start is not None:
+        return q.start, end, q.step
+    if end <= datetime.min.replace(tzinfo=end.tzinfo) + timedelta(hours=1):
+        raise DomainError(Code.INVALID_VALUE, "end is too early for the default start", ["end"])
+    return end - timedelta(hours=1), end, q.step
 
 
 async def _series(store: EventStore, task: Task, window: Window) -> list[dict[str, Any]]:
@@ -87,10 +76,8 @@ def _window_body(window: Window, measured: bool) -> dict[str, Any]:
 
 
 @router.get("/{task_id}/gpu-metrics")
-async def gpu_metrics(
-    request: Request, task_id: str, principal: Principal, store: Store
-) -> dict[str, Any]:
-    window = _window(request, store.clock())
+async def gpu_metrics(task_id: str, principal: Principal, store: Store, q: Query) -> dict[str, Any]:
+    window = _window(q, store.clock())
     task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
     series = await _series(store, task, window)
     return {"task_id": task.id} | _window_body(window, bool(series)) | {"series": series}
@@ -137,10 +124,10 @@ def _member(task: Task) -> dict[str, Any]:
 
 @group_router.get("/{group_id}/gpu-metrics")
 async def group_gpu_metrics(
-    request: Request, group_id: str, principal: Principal, store: Store
+    group_id: str, principal: Principal, store: Store, q: Query
 ) -> dict[str, Any]:
     """Each member's series, as `GET /tasks/{id}/gpu-metrics` gives them."""
-    window = _window(request, store.clock())
+    window = _window(q, store.clock())
     members = [
         _member(t) | {"series": await _series(store, t, window)}
         for t in await _group_tasks(store, group_id, principal)

@@ -8,9 +8,9 @@ tasks are created by the job orchestrator when their dependencies' terminal even
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs import auth
@@ -36,12 +36,15 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import JOBS
 
-from .deps import Body, Principal, Store, page_query, tenant_scope
+from . import request_docs
+from .deps import Principal, Store, page_query, tenant_scope
 from .queueing import queue_for
 from .responses import FastJSONResponse
-from .routes_tasks import actor_of, tenant_for_create
+from .routes_tasks import FOR_TENANT, actor_of, tenant_for_create
+from .schemas import PageQuery, documented_body, query_of
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+CreateBody = Annotated[dict[str, Any], Depends(documented_body(request_docs.job_create))]
 
 
 def _task_brief(task: Task) -> dict[str, Any]:
@@ -105,9 +108,9 @@ async def _load(store: EventStore, job_id: str, tenant: str | None) -> Job:
     return job
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, dependencies=FOR_TENANT)
 async def create_job(
-    request: Request, principal: Principal, store: Store, body: Body
+    request: Request, principal: Principal, store: Store, body: CreateBody
 ) -> JSONResponse:
     tenant_id = tenant_for_create(principal, request)
     await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
@@ -147,7 +150,7 @@ async def create_job(
     return FastJSONResponse(job_view(job, tasks), status_code=201)
 
 
-@router.get("")
+@router.get("", dependencies=[Depends(query_of(PageQuery))])
 async def list_jobs(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
     page, per_page, status = page_query(request)
     found, total = await job_rows.page(store, tenant_scope(principal), status, page, per_page)

@@ -7,9 +7,9 @@ import json
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
@@ -31,6 +31,7 @@ from . import timeline
 from .deps import Principal, Store, require_operator, tenant_scope
 from .responses import FastJSONResponse
 from .routes_tasks import actor_of
+from .schemas import JoinTokenQuery, LogsQuery, TimelineQuery, query_of
 from .views import operation_view
 
 router = APIRouter(prefix="/api/v1", tags=["operations"])
@@ -45,7 +46,12 @@ async def _node(store: EventStore, node_id: str | None) -> Node | None:
     return await node_rows.get(store, node_id)
 
 
-@router.post("/tasks/{task_id}/wake")
+WAKE_ACCEPTED: dict[int | str, dict[str, Any]] = {
+    202: {"description": "not resumed yet: `queued` or `rescheduling` (the host is offline)"}
+}
+
+
+@router.post("/tasks/{task_id}/wake", responses=WAKE_ACCEPTED)
 async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONResponse:
     scope, actor = tenant_scope(principal), actor_of(principal)
     task = await store.get_task(task_id, tenant_id=scope)
@@ -141,30 +147,23 @@ async def fetch_logs(request: Request, task: Task, tail: int | None) -> dict[str
     return logs.model_dump(exclude={"schema_version"})
 
 
-def _lines_param(request: Request) -> int:
-    raw = request.query_params.get("lines", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
-        raise DomainError(Code.INVALID_VALUE, "lines must be an integer in 1..100000", ["lines"])
-    return int(raw)
+SSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the lines (JSON), or with `follow=true` an event stream",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
 
 
-def _follow_param(request: Request) -> bool:
-    raw = request.query_params.get("follow", "false").lower()
-    if raw not in ("true", "false", "1", "0"):
-        raise DomainError(Code.INVALID_VALUE, "follow must be true or false", ["follow"])
-    return raw in ("true", "1")
-
-
-@router.get("/tasks/{task_id}/logs", response_model=None)
+@router.get("/tasks/{task_id}/logs", response_model=None, responses=SSE)
 async def task_logs(
-    request: Request, task_id: str, principal: Principal, store: Store
+    request: Request,
+    task_id: str,
+    principal: Principal,
+    store: Store,
+    q: Annotated[LogsQuery, Depends(query_of(LogsQuery))],
 ) -> JSONResponse | StreamingResponse:
-    unknown = sorted(set(request.query_params) - {"lines", "follow"})
-    if unknown:
-        raise DomainError(
-            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
-        )
-    lines, follow = _lines_param(request), _follow_param(request)
+    lines, follow = q.lines, q.follow
     task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
     if not follow:
         data = await fetch_logs(request, task, lines)
@@ -211,7 +210,7 @@ async def task_retries(task_id: str, principal: Principal, store: Store) -> dict
     }
 
 
-@router.get("/tasks/{task_id}/events")
+@router.get("/tasks/{task_id}/events", dependencies=[Depends(query_of(TimelineQuery))])
 async def task_events(
     request: Request, task_id: str, principal: Principal, store: Store
 ) -> dict[str, Any]:
@@ -236,20 +235,16 @@ async def register_node(node_id: str, principal: Principal, store: Store) -> dic
     return {"node_id": node_id, "agent_token": token, "nats_user": auth.nats_user(node_id)}
 
 
-JOIN_TTL_MAX_S = 7 * 24 * 3600
-
-
 @router.post("/nodes/join-tokens", status_code=201)
-async def issue_join_token(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
+async def issue_join_token(
+    principal: Principal,
+    store: Store,
+    q: Annotated[JoinTokenQuery, Depends(query_of(JoinTokenQuery))],
+) -> dict[str, Any]:
     """A one-time token with which one new node registers itself (`?ttl_s=`, default 1 h)."""
     require_operator(principal)
-    raw = request.query_params.get("ttl_s", "3600")
-    if not raw.isdigit() or not 1 <= int(raw) <= JOIN_TTL_MAX_S:
-        raise DomainError(
-            Code.INVALID_VALUE, f"ttl_s must be 1..{JOIN_TTL_MAX_S} seconds", ["ttl_s"]
-        )
     now = datetime.now(UTC)
-    token, expires = await auth.issue_join_token(store, timedelta(seconds=int(raw)), now)
+    token, expires = await auth.issue_join_token(store, timedelta(seconds=q.ttl_s), now)
     return {"join_token": token, "expires_at": expires.isoformat()}
 
 

@@ -7,9 +7,9 @@ selector now, less what the GPU-holding tasks on them use.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from libs.domain.errors import Code, Conflict, DomainError, NotFound
 from libs.domain.events import Payload
@@ -30,9 +30,12 @@ from libs.store import queues as queue_rows
 from libs.store import tasks as task_rows
 from libs.store.projections import POOLS
 
-from .deps import Body, Principal, Store, require_operator
+from . import request_docs
+from .deps import Principal, Store, require_operator
+from .schemas import documented_body
 
 router = APIRouter(prefix="/api/v1/pools", tags=["pools"])
+Body = Annotated[dict[str, Any], Depends(documented_body(request_docs.pool))]
 
 
 def members(pool: PoolSpec, nodes: Sequence[Node]) -> list[Node]:

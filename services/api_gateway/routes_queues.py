@@ -6,9 +6,9 @@ read from the tasks it holds now, never stored.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from libs.domain.errors import Code, Conflict, DomainError, NotFound
 from libs.domain.events import Payload
@@ -27,9 +27,12 @@ from libs.store import tasks as task_rows
 from libs.store import tenants
 from libs.store.projections import QUEUES
 
-from .deps import Body, Principal, Store, require_operator, tenant_scope
+from . import request_docs
+from .deps import Principal, Store, require_operator, tenant_scope
+from .schemas import documented_body
 
 router = APIRouter(prefix="/api/v1/queues", tags=["queues"])
+Body = Annotated[dict[str, Any], Depends(documented_body(request_docs.queue))]
 
 
 def queue_view(queue: Queue, usage: dict[str, float] | None = None) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from libs.domain.errors import NotFound
@@ -24,8 +24,10 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 from libs.store.projections import GROUPS
 
-from .deps import Body, Principal, Store, tenant_scope
+from . import request_docs
+from .deps import Principal, Store, tenant_scope
 from .responses import FastJSONResponse
+from .schemas import documented_body
 
 router = APIRouter(prefix="/api/v1/task-groups", tags=["rollout"])
 
@@ -68,7 +70,10 @@ def rollout_view(group: Group, tasks: list[Task]) -> dict[str, Any]:
 
 @router.post("/{group_id}/rollout", status_code=202)
 async def start_rollout(
-    group_id: str, principal: Principal, store: Store, body: Body
+    group_id: str,
+    principal: Principal,
+    store: Store,
+    body: Annotated[dict[str, Any], Depends(documented_body(request_docs.rollout))],
 ) -> JSONResponse:
     group = await _load(store, group_id, tenant_scope(principal))
     rollout_id = "ro-" + uuid.uuid4().hex[:16]

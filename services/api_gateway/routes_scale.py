@@ -7,13 +7,12 @@ Static-world groups answer 400; a suspended tenant may scale down but not up (40
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from libs import auth
 from libs.domain import commands
-from libs.domain.errors import Code, DomainError
 from libs.domain.events import Payload
 from libs.domain.group import Group
 from libs.domain.reasons import ReasonCode
@@ -23,24 +22,23 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import NewTask
 from libs.store.projections import GROUPS
 
-from .deps import Body, Principal, Store, tenant_scope
+from .deps import Principal, Store, tenant_scope
 from .routes_groups import _load, _tasks, group_view
 from .routes_tasks import actor_of
+from .schemas import ScaleRequest, body_of
 
 router = APIRouter(prefix="/api/v1/task-groups", tags=["task-groups"])
 
 
 @router.post("/{group_id}/scale")
 async def scale_group(
-    group_id: str, principal: Principal, store: Store, body: Body
+    group_id: str,
+    principal: Principal,
+    store: Store,
+    req: Annotated[ScaleRequest, Depends(body_of(ScaleRequest))],
 ) -> dict[str, Any]:
     group = await _load(store, group_id, tenant_scope(principal))
-    unknown = sorted(set(body) - {"replicas"})
-    if unknown:
-        raise DomainError(Code.UNKNOWN_FIELD, f"unknown field(s): {', '.join(unknown)}", unknown)
-    if "replicas" not in body:
-        raise DomainError(Code.INVALID_VALUE, "replicas is required", ["replicas"])
-    replicas = parse_replicas(body["replicas"])
+    replicas = parse_replicas(req.replicas)
     check_scalable(group)
     if replicas > group.size:
         await auth.admit_tenant(store, group.tenant_id)  # uncached: a suspension counts now

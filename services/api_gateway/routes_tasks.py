@@ -5,11 +5,10 @@ Handlers validate, call a pure decide function through the store, and shape the 
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+from typing import Annotated, Any
 
 import structlog
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs import auth
@@ -24,7 +23,6 @@ from libs.domain.task import (
     REPORT_FIELDS,
     SERVER_OWNED,
     Task,
-    TaskSpec,
     TenantId,
     boost_line,
     parse_create,
@@ -36,25 +34,20 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 from libs.store.types import TaskQuery
 
-from .deps import Body, Principal, Store, tenant_scope
+from . import request_docs
+from .deps import Principal, Store, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
+from .schemas import CreateQuery, TaskListQuery, documented_body, query_of
 from .views import operation_view, task_view
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
 log = structlog.get_logger(__name__)
 
-CREATE_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": TaskSpec.model_json_schema()}},
-    }
-}
-# Seed 002's status names, accepted in any case as `gpu_count` is beside `gpu_required`; the
-# others (PENDING, RUNNING, SLEEPING, STOPPED, FAILED) are ours in upper case.
-V2_STATUS = {"success": TaskStatus.COMPLETED.value}
-TASK_STATUSES = frozenset(s.value for s in TaskStatus)
-LIST_PARAMS = {"page", "per_page", "status", "node_id", "name", "sort", "order", "labels"}
+CreateBody = Annotated[dict[str, Any], Depends(documented_body(request_docs.task_create))]
+UpdateBody = Annotated[dict[str, Any], Depends(documented_body(request_docs.task_update))]
+ListQuery = Annotated[TaskListQuery, Depends(query_of(TaskListQuery))]
+FOR_TENANT = [Depends(query_of(CreateQuery))]
 # What an agent or operator may send on the report path of PUT.
 REPORT_BODY = (REPORT_FIELDS - {"finished_at"}) | {"expected_status", "reason"}
 
@@ -81,9 +74,9 @@ def tenant_for_create(principal: PrincipalT, request: Request) -> str:
     raise DomainError(Code.FORBIDDEN, "agents cannot create tasks")
 
 
-@router.post("", status_code=201, openapi_extra=CREATE_BODY)
+@router.post("", status_code=201, dependencies=FOR_TENANT)
 async def create_task(
-    request: Request, principal: Principal, store: Store, body: Body
+    request: Request, principal: Principal, store: Store, body: CreateBody
 ) -> JSONResponse:
     settings = request.app.state.settings
     tenant_id = tenant_for_create(principal, request)
@@ -103,18 +96,9 @@ async def create_task(
     return FastJSONResponse(task_view(task), status_code=201)
 
 
-def _int_param(params: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    raw = params.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
-        raise DomainError(Code.INVALID_VALUE, f"{name} must be an integer in {lo}..{hi}", [name])
-    return int(raw)
-
-
-def _labels_param(raw: str | None) -> dict[str, str]:
+def _labels_param(raw: str) -> dict[str, str]:
     labels: dict[str, str] = {}
-    for part in (raw or "").split(","):
+    for part in raw.split(","):
         if not part:
             continue
         key, sep, value = part.partition("=")
@@ -124,50 +108,23 @@ def _labels_param(raw: str | None) -> dict[str, str]:
     return labels
 
 
-def parse_list_query(
-    params: dict[str, str],
-    tenant_id: str | None,
-    *,
-    allowed: Collection[str] = LIST_PARAMS,
-    statuses: Collection[str] = TASK_STATUSES,
-) -> TaskQuery:
-    """GET /tasks's query; groups use it with their own `allowed` names and `statuses`."""
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise DomainError(
-            Code.UNKNOWN_FIELD, f"unknown query parameter(s): {', '.join(unknown)}", unknown
-        )
-    status = params.get("status")
-    if status is not None:
-        status = V2_STATUS.get(status.lower(), status.lower())
-        if status not in statuses:
-            raise DomainError(
-                Code.INVALID_VALUE, f"unknown status {params['status']!r}", ["status"]
-            )
-    sort = params.get("sort", "created_at")
-    if sort not in task_rows.SORT_COLUMNS:
-        raise DomainError(
-            Code.INVALID_VALUE, "sort must be created_at, updated_at or priority", ["sort"]
-        )
-    order = params.get("order", "desc").lower()
-    if order not in ("asc", "desc"):
-        raise DomainError(Code.INVALID_VALUE, "order must be asc or desc", ["order"])
+def list_query(q: TaskListQuery, tenant_id: str | None) -> TaskQuery:
     return TaskQuery(
         tenant_id=tenant_id,
-        page=_int_param(params, "page", 1, 1, 1_000_000),
-        per_page=_int_param(params, "per_page", 20, 1, 500),
-        status=status or None,
-        node_id=params.get("node_id") or None,
-        name=params.get("name") or None,
-        labels=_labels_param(params.get("labels")),
-        sort=sort,
-        order=order,
+        page=q.page,
+        per_page=q.per_page,
+        status=q.status.value if q.status else None,
+        node_id=q.node_id or None,
+        name=q.name or None,
+        labels=_labels_param(q.labels),
+        sort=q.sort,
+        order=q.order,
     )
 
 
 @router.get("")
-async def list_tasks(request: Request, principal: Principal, store: Store) -> dict[str, Any]:
-    q = parse_list_query(dict(request.query_params), tenant_scope(principal))
+async def list_tasks(query: ListQuery, principal: Principal, store: Store) -> dict[str, Any]:
+    q = list_query(query, tenant_scope(principal))
     tasks, total = await task_rows.list_tasks(store, q)
     return {
         "tasks": [task_view(t) for t in tasks],
@@ -188,9 +145,9 @@ async def get_task(task_id: str, principal: Principal, store: Store) -> dict[str
     return task_view(await store.get_task(task_id, tenant_id=tenant_scope(principal)))
 
 
-@router.put("/{task_id}", openapi_extra=CREATE_BODY)
+@router.put("/{task_id}")
 async def update_task(
-    request: Request, task_id: str, principal: Principal, store: Store, body: Body
+    request: Request, task_id: str, principal: Principal, store: Store, body: UpdateBody
 ) -> dict[str, Any]:
     reported = sorted((REPORT_FIELDS | {"expected_status"}) & body.keys())
     if principal.is_tenant and reported:

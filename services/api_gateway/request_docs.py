@@ -1,0 +1,283 @@
+"""The documented shape of the bodies the domain parses itself: a task, a task update, a group,
+a job, a rollout, a pool, a queue.
+
+Each schema starts from the domain model its parser validates against (`TaskSpec`,
+`GroupShape`, `JobSpec`, …) and adds what the parser checks beyond the model, from the same
+constants and settings the checks use: the OCI image grammar, the per-field limits of
+`libs.domain.validation`, the volume allow-list, the forbidden mount points, the reserved env
+prefix, the most a tenant may set as priority. A client that follows the schema is accepted
+(state- and reference-dependent refusals aside: a named queue must exist, `sleep` needs a
+running task); one that does not is refused with the field named.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from zoneinfo import available_timezones
+
+from pydantic import BaseModel
+
+from libs.config import GatewaySettings
+from libs.domain import validation as v
+from libs.domain.group import GroupShape, Parallelism
+from libs.domain.job import MAX_TASKS, JobSpec
+from libs.domain.pool import PoolSpec, QueueSpec
+from libs.domain.rollout_model import RolloutRequest
+from libs.domain.task import (
+    NAME_MAX,
+    REPORT_FIELDS,
+    RESERVED_ENV_PREFIX,
+    TENANT_MAX_PRIORITY,
+    TaskSpec,
+)
+from libs.domain.windows import DAYS, ScheduleWindow
+
+from .schemas import model_schema
+
+NOT_BLANK = r"\S"
+# One path segment with a name: not empty, not `.`, not `..`.
+_NAME = r"(?:[^/.\x00][^/\x00]*|\.[^/.\x00][^/\x00]*|\.\.[^/\x00]+)"
+# Any segment but `..` (normpath drops `.` and empty ones).
+_SEGMENT = rf"(?:{_NAME}|\.)?"
+_NO_NUL = r"^[^\x00]*$"
+
+
+def image_pattern() -> str:
+    """The OCI reference grammar of `validation.IMAGE_REFERENCE` as a JSON-schema pattern
+    (no named groups; ASCII word characters), or "" for no image."""
+    # `\w` occurs only inside character classes there (the tag): ASCII word characters.
+    pattern = re.sub(r"\(\?P<\w+>", "(", v.IMAGE_REFERENCE.pattern).replace(r"\w", "A-Za-z0-9_")
+    return f"^(?:{pattern})?$"
+
+
+def host_path_pattern(allow_list: list[str]) -> str:
+    """Absolute, under one of the allowed prefixes, no `..` segment."""
+    prefixes = "|".join(re.escape(p.rstrip("/")) for p in allow_list) or "(?!)"
+    return rf"^(?:{prefixes})(?:/{_SEGMENT})*$"
+
+
+def container_path_pattern() -> str:
+    """Absolute, no `..` segment, and once `.` and empty segments are dropped (normpath) at
+    least one segment, the first not one of the forbidden mounts."""
+    forbidden = "|".join(re.escape(p.lstrip("/")) for p in v.FORBIDDEN_MOUNTS)
+    return rf"^(?:/\.?)*/(?!(?:{forbidden})(?:/|$)){_NAME}(?:/(?:{_NAME}|\.)?)*$"
+
+
+def env_key_pattern() -> str:
+    prefix = RESERVED_ENV_PREFIX
+    reserved = "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in prefix)
+    return rf"^(?!{reserved})[^=\x00]+$"
+
+
+def _string_map(entries: int, key_max: int, value_max: int, key_pattern: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "maxProperties": entries,
+        "propertyNames": {"minLength": 1, "maxLength": key_max, "pattern": key_pattern},
+        "additionalProperties": {"type": "string", "maxLength": value_max},
+    }
+
+
+def _env() -> dict[str, Any]:
+    as_map = _string_map(v.ENV_MAX_ENTRIES, v.ENV_KEY_MAX, v.ENV_VALUE_MAX, env_key_pattern())
+    # V2 clients send numbers and booleans as values too: they are taken as their text.
+    as_map["additionalProperties"] = {
+        "anyOf": [{"type": "string", "maxLength": v.ENV_VALUE_MAX}, {"type": ["number", "boolean"]}]
+    }
+    reserved = env_key_pattern().removesuffix(r"[^=\x00]+$")
+    as_list = {
+        "type": "array",
+        "maxItems": v.ENV_MAX_ENTRIES,
+        "items": {"type": "string", "pattern": rf"{reserved}[^=\x00]+=[^\x00]*$"},
+    }
+    return {
+        "anyOf": [as_map, as_list],
+        "description": f"KEY=VALUE list or a map; keys starting {RESERVED_ENV_PREFIX} are refused",
+    }
+
+
+def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> dict[str, Any]:
+    """`TaskSpec`'s schema, with the parser's further rules (see the module docstring)."""
+    schema = model_schema(TaskSpec)
+    props = schema["properties"]
+    for prop in props.values():
+        prop.pop("title", None)
+    props["name"] |= {"pattern": NOT_BLANK, "maxLength": NAME_MAX}
+    # null, like an omitted image: a plain process (NULLABLE in libs/domain/task.py).
+    props["image"] = {
+        "anyOf": [
+            {"type": "string", "pattern": image_pattern(), "maxLength": v.IMAGE_MAX},
+            {"type": "null"},
+        ],
+        "default": "",
+    }
+    for field in v.UNBOUNDED_INTS:
+        _bound(props[field], v.INT_FIELD_MAX)
+    props["command"]["maxLength"] = v.COMMAND_MAX
+    for field in ("gpu_type", "requested_node_id"):
+        props[field]["maxLength"] = v.SHORT_TEXT_MAX
+    props["priority"] |= {
+        "maximum": TENANT_MAX_PRIORITY if tenant_priority else 99,
+        "description": f"tenants 0..{TENANT_MAX_PRIORITY}; operators up to 99 (100 is reserved)",
+    }
+    props["env"] = _env()
+    props["labels"] = _string_map(
+        v.LABELS_MAX_ENTRIES, v.LABEL_KEY_MAX, v.LABEL_VALUE_MAX, _NO_NUL.replace("*", "+")
+    )
+    short = {"type": "string", "maxLength": v.SHORT_TEXT_MAX}
+    props["anti_affinity"] = {
+        "anyOf": [short, {"type": "array", "maxItems": v.ANTI_AFFINITY_MAX, "items": short}]
+    }
+    props["volumes"] |= {"maxItems": v.VOLUMES_MAX}
+    props["gpu_count"] = props["gpu_required"] | {"description": "V2 alias of gpu_required"}
+    volume = schema["$defs"]["Volume"]["properties"]
+    volume["host_path"] |= {
+        "maxLength": v.PATH_MAX,
+        "pattern": host_path_pattern(settings.volume_allow_list),
+        "description": "under one of " + ", ".join(settings.volume_allow_list),
+    }
+    volume["container_path"] |= {"maxLength": v.PATH_MAX, "pattern": container_path_pattern()}
+    # A fraction (gpu_memory_mb / gpu_compute_ratio) excludes whole cards.
+    schema["not"] = {
+        "required": ["gpu_required"],
+        "properties": {"gpu_required": {"minimum": 1}},
+        "anyOf": [
+            {"required": ["gpu_memory_mb"], "properties": {"gpu_memory_mb": {"minimum": 1}}},
+            {
+                "required": ["gpu_compute_ratio"],
+                "properties": {"gpu_compute_ratio": {"exclusiveMinimum": 0}},
+            },
+        ],
+    }
+    return schema
+
+
+def _bound(prop: dict[str, Any], maximum: int) -> None:
+    for option in prop.get("anyOf", [prop]):
+        if option.get("type") == "integer":
+            option["maximum"] = maximum
+
+
+def task_create(settings: GatewaySettings) -> dict[str, Any]:
+    return task_fields(settings)
+
+
+def task_update(settings: GatewaySettings) -> dict[str, Any]:
+    """A tenant's config update (any subset of the create fields), or an agent's or
+    operator's status report."""
+    schema = task_fields(settings)
+    schema.pop("required", None)
+    schema.pop("not", None)
+    schema["minProperties"] = 1
+    text = {"type": "string", "maxLength": v.REPORT_TEXT_MAX}
+    report: dict[str, Any] = {
+        "status": {"type": "string", "description": "report: the new status (agents, operators)"},
+        "expected_status": {"type": "string", "description": "report: compare-and-set on this"},
+        "exit_code": {"type": "integer"},
+        "result": text,
+        "error": text,
+        "node_id": {"type": "string"},
+        "container_id": {"type": "string"},
+        "reason": {"type": "string"},
+    }
+    assert set(report) >= REPORT_FIELDS - {"finished_at"}
+    schema["properties"] |= report
+    schema["description"] = (
+        "config fields while pending (idle_timeout_minutes at any time), or a status report; "
+        "report fields from a tenant are 403"
+    )
+    return schema
+
+
+def _window() -> dict[str, Any]:
+    schema = model_schema(ScheduleWindow)
+    hhmm = {"type": "string", "pattern": r"^(?:[01][0-9]|2[0-3]):[0-5][0-9]$"}
+    schema["properties"]["start"] = hhmm
+    schema["properties"]["end"] = hhmm
+    schema["properties"]["days"] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"enum": list(DAYS)},
+    }
+    # The zones this machine's tz database knows: the ones the window's check accepts.
+    schema["properties"]["timezone"] = {"enum": sorted(available_timezones()), "default": "UTC"}
+    scale_to = schema["properties"].pop("scale_to")
+    scale_to = next(s for s in scale_to["anyOf"] if s.get("type") == "integer")
+    schema["oneOf"] = [
+        {
+            "properties": {"action": {"const": "scale"}, "scale_to": scale_to},
+            "required": ["action", "scale_to"],
+        },
+        {
+            "properties": {"action": {"enum": ["pause", "stop"]}, "scale_to": {"type": "null"}},
+            "required": ["action"],
+        },
+    ]
+    schema["properties"]["scale_to"] = {"description": "action scale only: the replica count"}
+    return schema
+
+
+def group_create(settings: GatewaySettings) -> dict[str, Any]:
+    """A task's fields (the members' template) with the group's shape beside them."""
+    schema = task_fields(settings)
+    shape = model_schema(GroupShape)
+    schema["properties"] |= {
+        k: {kk: vv for kk, vv in p.items() if kk != "title"} for k, p in shape["properties"].items()
+    }
+    schema.setdefault("$defs", {}).update(shape.get("$defs", {}))
+    window = _window()
+    schema["$defs"].update(window.pop("$defs", {}))
+    schema["properties"]["schedule_window"] = {"anyOf": [window, {"type": "null"}]}
+    schema["required"] = sorted(set(schema.get("required", [])) | {"task_count"})
+    sized = {
+        Parallelism.TENSOR_PARALLEL.value: "tensor_parallel_size",
+        Parallelism.PIPELINE_PARALLEL.value: "pipeline_parallel_size",
+    }
+    schema["allOf"] = [
+        {
+            "if": {"required": ["parallelism"], "properties": {"parallelism": {"const": mode}}},
+            "then": {"required": [size], "properties": {size: {"minimum": 2}}},
+        }
+        for mode, size in sized.items()
+    ]
+    return schema
+
+
+def job_create(settings: GatewaySettings) -> dict[str, Any]:
+    schema = model_schema(JobSpec)
+    task = task_fields(settings)
+    schema["$defs"].update(task.pop("$defs", {}))
+    schema["$defs"]["TaskSpec"] = task
+    schema["properties"]["tasks"] |= {"minItems": 1, "maxItems": MAX_TASKS}
+    return schema
+
+
+def rollout(settings: GatewaySettings) -> dict[str, Any]:
+    schema = model_schema(RolloutRequest)
+    task = task_fields(settings)
+    props = schema["properties"]
+    props["image"] = {
+        "anyOf": [
+            {
+                "type": "string",
+                "pattern": image_pattern(),
+                "minLength": 1,
+                "maxLength": v.IMAGE_MAX,
+            },
+            {"type": "null"},
+        ]
+    }
+    props["env"] = task["properties"]["env"]
+    props["volumes"] = task["properties"]["volumes"]
+    schema.setdefault("$defs", {}).update(task["$defs"])
+    schema["anyOf"] = [{"required": [f]} for f in ("image", "env", "volumes", "partition")]
+    return schema
+
+
+def of(model: type[BaseModel]) -> Any:
+    return lambda _settings: model_schema(model)
+
+
+pool = of(PoolSpec)
+queue = of(QueueSpec)
