@@ -275,7 +275,13 @@ def refusal(model: type[BaseModel], exc: ValidationError, what: str) -> DomainEr
         if err["type"] == "missing":
             parts.append(f"{name} is required")
         else:
-            parts.append(f"{name} {must_be(props.get(top, {}), defs)}")
+            got = err.get("input")
+            shown = (
+                f" (got {got!r})"
+                if isinstance(got, str | int | float) and len(repr(got)) <= 80
+                else ""
+            )
+            parts.append(f"{name} {must_be(props.get(top, {}), defs)}{shown}")
     return DomainError(Code.INVALID_VALUE, "; ".join(parts), fields)
 
 
