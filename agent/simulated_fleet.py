@@ -9,7 +9,8 @@ control plane under test. Instead:
   all its cards as visible, so no card is ever declared lost;
 * commands: ONE durable consumer on `hf.node.*.cmd` serves every node; `replies` turns each
   command into the reports an agent would publish (START: STARTING then RUNNING; STOP: an exit;
-  PAUSE/RESUME: PAUSED/RESUMED). Nothing runs, so a task stays `running` until stopped.
+  PAUSE/RESUME: PAUSED/RESUMED). Nothing runs, so a task stays `running` until stopped, or
+until `finish()` ends every running task with exit code 0 (a benchmark freeing the fleet).
 
 `silence(node_id)` makes one node fall silent (no beats, commands dropped), like a machine
 that lost power: what the node monitor must notice. `serve` runs a fleet on its own (in a
@@ -135,6 +136,21 @@ def replies(cmd: NodeCommand, at: datetime) -> list[AgentReport]:
     return [report(Fact.RESUMED, S.WAKING)]
 
 
+def finished(node_id: str, task_id: str, attempt: int, at: datetime) -> AgentReport:
+    """The report of a running task whose process ended by itself with exit code 0."""
+    return AgentReport.model_validate(
+        {
+            "node_id": node_id,
+            "task_id": task_id,
+            "attempt": attempt,
+            "fact": Fact.EXITED,
+            "expected_status": S.RUNNING,
+            "at": at,
+            "exit_code": 0,
+        }
+    )
+
+
 @dataclass
 class SimulatedFleet:
     nc: Client
@@ -144,6 +160,7 @@ class SimulatedFleet:
     durable: str = "sim-fleet"
     silenced: set[str] = field(default_factory=set)
     running: dict[str, set[str]] = field(default_factory=dict)  # node -> task ids
+    attempts: dict[str, int] = field(default_factory=dict)  # task id -> attempt it runs
     commands: int = 0
     beats: int = 0
 
@@ -161,6 +178,22 @@ class SimulatedFleet:
 
     def silence(self, node_id: str) -> None:
         self.silenced.add(node_id)
+
+    async def finish(self) -> int:
+        """Every running task on a live node exits 0, as finished work does; reports pipelined,
+        each acknowledged by JetStream. Returns how many tasks ended."""
+        acks = []
+        at = _now()
+        for node_id, tasks in self.running.items():
+            if node_id in self.silenced:
+                continue
+            for task_id in sorted(tasks):
+                rep = finished(node_id, task_id, self.attempts.pop(task_id, 0), at)
+                subject = node_report_subject(node_id)
+                acks.append(await self.js.publish_async(subject, rep.model_dump_json().encode()))
+            tasks.clear()
+        await asyncio.gather(*acks)
+        return len(acks)
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
@@ -208,8 +241,10 @@ class SimulatedFleet:
         tasks = self.running.setdefault(cmd.node_id, set())
         if cmd.kind is CommandKind.START:
             tasks.add(cmd.task_id)
+            self.attempts[cmd.task_id] = cmd.attempt
         elif cmd.kind is CommandKind.STOP:
             tasks.discard(cmd.task_id)
+            self.attempts.pop(cmd.task_id, None)
         for rep in replies(cmd, _now()):
             await self.js.publish(node_report_subject(cmd.node_id), rep.model_dump_json().encode())
 
@@ -224,7 +259,7 @@ async def serve(
 ) -> None:
     """Run a fleet until told to stop. Requests on `control_subject` (JSON, answered with
     `{"ok": true}` once done): `{"op": "register"}`, `{"op": "silence", "node_id": ...}`,
-    `{"op": "stop"}`."""
+    `{"op": "finish"}`, `{"op": "stop"}`."""
     nc = await connect(nats_url, "simulated-fleet")
     stop = asyncio.Event()
     fleet = SimulatedFleet(
@@ -237,6 +272,8 @@ async def serve(
             await fleet.register()
         elif req["op"] == "silence":
             fleet.silence(str(req["node_id"]))
+        elif req["op"] == "finish":
+            await fleet.finish()
         elif req["op"] == "stop":
             stop.set()
         await msg.respond(json.dumps({"ok": True}).encode())

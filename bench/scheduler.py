@@ -14,6 +14,8 @@
 * Node loss: after the steady run, the node running the most tasks falls silent; the node
   monitor (with a short offline threshold, reported) must mark it offline and requeue its
   tasks, and the scheduler must get them running elsewhere.
+* Highest steady rate (scheduler_steps.py): after the node-loss run, the offered rate is
+  stepped up until submit → running p99 exceeds 2 s; the row is the highest rate within it.
 * Memory: the process's RSS after each placement run, and the planner's own allocations for
   one round (tracemalloc), labelled as what they are.
 
@@ -27,9 +29,12 @@ import argparse
 import math
 from collections.abc import Sequence
 
+from agent.simulated_fleet import fleet_inventories
+from libs.store.eventstore import EventStore
+
 from . import Context
 from .report import Row, against
-from .scheduler_path import HOPS, PathResult, run_path
+from .scheduler_path import HOPS, FleetProcess, PathResult, run_path
 from .scheduler_path import SETTLE_TIMEOUT_S as SETTLE_S
 from .scheduler_place import (
     NAN,
@@ -39,6 +44,8 @@ from .scheduler_place import (
     PlacementResult,
     placement_run,
 )
+from .scheduler_steps import DEFAULT_RATES, DEFAULT_STEP_S, Search, search
+from .scheduler_steps import rows as step_rows
 
 DESCRIPTION = "placements/s at 1k and 10k nodes, submit-to-running latency, node-loss recovery"
 
@@ -91,6 +98,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="scheduler service replicas in the end-to-end run (default 1)",
     )
     group.add_argument(
+        "--step-rates",
+        type=_rates,
+        default=DEFAULT_RATES,
+        help="offered rates of the rate search, tasks/s, in order; empty: no search "
+        f"(default {','.join(f'{r:g}' for r in DEFAULT_RATES)})",
+    )
+    group.add_argument(
+        "--step-seconds",
+        type=float,
+        default=DEFAULT_STEP_S,
+        help=f"seconds of each step of the rate search (default {DEFAULT_STEP_S:g})",
+    )
+    group.add_argument(
         "--offline-after",
         type=float,
         default=3.0,
@@ -102,10 +122,31 @@ def _sizes(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def _rates(text: str) -> tuple[float, ...]:
+    return tuple(float(part) for part in text.split(",") if part.strip())
+
+
 async def run(ctx: Context) -> list[Row]:
     args = ctx.args
     # The end-to-end part first: the placement runs relay their events afterwards, and the
-    # scheduler's durable consumers should not have to wade through them.
+    # scheduler's durable consumers should not have to wade through them. The rate search
+    # runs last in it, on the same control plane and fleet.
+    found = Search()
+
+    async def rate_search(store: EventStore, fleet: FleetProcess) -> None:
+        nonlocal found
+        if args.step_rates:
+            cards = sum(len(inv.gpus) for _, inv in fleet_inventories(args.sched_fleet))
+            found = await search(
+                store,
+                fleet,
+                STEADY_SPEC,
+                TENANT,
+                rates=args.step_rates,
+                step_s=args.step_seconds,
+                cards=cards,
+            )
+
     with ctx.database() as url:
         path = await run_path(
             url,
@@ -117,6 +158,7 @@ async def run(ctx: Context) -> list[Row]:
             spec=STEADY_SPEC,
             tenant=TENANT,
             replicas=args.sched_replicas,
+            then=rate_search,
         )
     rows: list[Row] = []
     for i, n in enumerate(args.nodes):
@@ -129,7 +171,7 @@ async def run(ctx: Context) -> list[Row]:
                     url, ctx.servers.nats_url, n, args.tasks, queues=args.queues
                 )
                 rows += placement_rows(ctx, queued)
-    return rows + path_rows(path)
+    return rows + path_rows(path) + step_rows(ctx, found, args.step_seconds)
 
 
 # --- committed placements -----------------------------------------------------------------

@@ -85,7 +85,10 @@ async def run_path(
     spec: TaskSpec,
     tenant: TenantId,
     replicas: int = 1,
+    then: After | None = None,
 ) -> PathResult:
+    """The steady run, then the node-loss run, then `then` (the rate search) if given, on the
+    same control plane and fleet."""
     store = await EventStore.open(database_url, max_size=10)
     stop = asyncio.Event()
     conns = [await connect(nats_url, f"bench-{name}") for name in ("scheduler", "relay")]
@@ -117,6 +120,8 @@ async def run_path(
             result.steady = await steady_load(store, spec, tenant, rate, duration)
             result.loss = await node_loss(store, fleet, offline_after)
             result.loss.false_offline = await _false_offline(store, since, result.loss.node_id)
+            if then is not None:
+                await then(store, fleet)
             return result
         finally:
             await fleet.stop()
@@ -131,6 +136,10 @@ async def run_path(
             with contextlib.suppress(Exception):
                 await nc.drain()
         await store.close()
+
+
+# What runs after the node-loss run, on the same store and fleet.
+After = Callable[[EventStore, "FleetProcess"], Awaitable[None]]
 
 
 # --- the fleet ----------------------------------------------------------------------------
@@ -197,9 +206,15 @@ async def warm_up(store: EventStore, spec: TaskSpec, tenant: TenantId, n: int = 
 
 
 async def steady_load(
-    store: EventStore, spec: TaskSpec, tenant: TenantId, rate: float, duration: float
+    store: EventStore,
+    spec: TaskSpec,
+    tenant: TenantId,
+    rate: float,
+    duration: float,
+    settle_s: float = SETTLE_TIMEOUT_S,
 ) -> SteadyResult:
-    """Create `rate * duration` tasks, task i at t0 + i / rate, each in its own transaction."""
+    """Create `rate * duration` tasks, task i at t0 + i / rate, each in its own transaction;
+    then wait up to `settle_s` for all of them to run."""
     result = SteadyResult(rate, duration)
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.01
@@ -219,7 +234,7 @@ async def steady_load(
     await asyncio.gather(*creates, return_exceptions=True)
     result.submit_seconds = loop.time() - t0
     with contextlib.suppress(TimeoutError):
-        await _until(_running(store, result.submitted), SETTLE_TIMEOUT_S)
+        await _until(_running(store, result.submitted), settle_s)
     result.latencies, result.hops = await submit_to_running(store, result.submitted)
     return result
 
@@ -339,6 +354,14 @@ def _count(store: EventStore, sql: str, n: int) -> Probe[bool]:
     async def probe() -> bool | None:
         rows = await query(store, sql)
         return True if int(rows[0]["n"]) >= n else None
+
+    return probe
+
+
+def none_running(store: EventStore) -> Probe[bool]:
+    async def probe() -> bool | None:
+        rows = await query(store, "SELECT count(*) AS n FROM tasks WHERE status = 'running'")
+        return True if int(rows[0]["n"]) == 0 else None
 
     return probe
 

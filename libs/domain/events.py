@@ -279,7 +279,11 @@ def parse_payload(event_type: str, data: dict[str, Any]) -> Payload:
 
 
 def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -> Task:
-    """The task after `event` (appended at `at` as `version` of its stream)."""
+    """The task after `event` (appended at `at` as `version` of its stream).
+
+    Replay applies the same rules to plain documents (libs/store/replay_fold.py); a change
+    here needs its twin there, and tests/unit/test_replay_fold.py fails until it has one.
+    """
     if isinstance(event, TaskCreated):
         return Task(
             id=event.task_id,

@@ -2,10 +2,11 @@
 
 The fold runs inside one transaction into temporary tables that shadow the projection tables
 (PostgreSQL searches `pg_temp` first), so the same projection code writes the rebuilt rows.
-Aggregates are evolved in memory from payloads parsed straight from JSON text and written
-once with COPY; tenants and keys are applied event by event (they are few). The comparison is
-SQL `EXCEPT` both ways; unless it is a dry run the live tables are then replaced, with the
-projection tables locked so readers see either the old rows or the rebuilt ones.
+Aggregates are evolved in memory (replay_fold.py: tasks as plain documents, the others
+through their models) and written once with COPY; tenants and keys are applied event by
+event with their SQL (they are few). The comparison is SQL `EXCEPT` both ways; unless it is
+a dry run the live tables are then replaced, with the projection tables locked so readers
+see either the old rows or the rebuilt ones.
 
 The timeline is not a projection (it is written by the event-timeline service and capped),
 so it is not rebuilt; it is compared: an entry that no committed event explains is reported
@@ -26,9 +27,10 @@ from libs.domain.events import Payload
 from . import projections, timeline
 from .eventstore import EventStore
 from .migrations import PROJECTION_TABLES
+from .replay_fold import ReplayFold
 from .types import StoredEvent
 
-BATCH = 20_000
+STREAM_CHUNK = 2_000
 # Timeline entries listed by id at most (the count of all is in the report).
 TIMELINE_LISTED = 1_000
 
@@ -51,29 +53,35 @@ def _parse(event_type: str, text: str) -> Payload:
 
 
 async def _fold(conn: AsyncConnection[Any]) -> int:
-    folded: dict[str, dict[str, Any]] = {t: {} for t in projections.AGGREGATES}
+    fold = ReplayFold()
     count = 0
-    async with conn.cursor(name="replay_events") as cur:
+    apply = fold.apply
+    async with conn.cursor() as cur:
+        # Streamed in chunks rather than fetched in batches: the server sends the next rows
+        # while these are folded (with batches it sat idle while we folded, and we while it
+        # read), and only the columns the fold needs are parsed.
+        async for r in cur.stream(
+            "SELECT stream_id, stream_type, version, type, payload::text, occurred_at"
+            " FROM events ORDER BY position",
+            size=STREAM_CHUNK,
+        ):
+            count += 1
+            apply(r[0], r[1], r[2], r[3], r[4], r[5])
+        # Tenants, keys and join tokens (not aggregates, skipped by the fold) are few; their
+        # tables depend on no aggregate, so they are projected afterwards, in their own order.
         await cur.execute(
             "SELECT position, event_id, stream_id, stream_type, version, type, schema_version,"
-            " payload::text, occurred_at FROM events ORDER BY position"
+            " payload::text, occurred_at FROM events WHERE stream_type <> ALL(%s)"
+            " ORDER BY position",
+            (list(projections.AGGREGATES),),
         )
-        while rows := await cur.fetchmany(BATCH):
-            for r in rows:
-                stream_type, payload = r[3], _parse(r[5], r[7])
-                agg = projections.AGGREGATES.get(stream_type)
-                if agg is not None:
-                    states = folded[stream_type]
-                    states[r[2]] = agg.evolve(states.get(r[2]), payload, r[8], r[4])
-                else:
-                    stored = StoredEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], {}, r[8])
-                    await projections.apply_other(conn, stored, payload)
-            count += len(rows)
-    for stream_type, states in folded.items():
-        agg = projections.AGGREGATES[stream_type]
-        async with conn.cursor().copy(f"COPY {agg.table} FROM STDIN") as copy:
-            for state in states.values():
-                await copy.write_row(agg.row(state))
+        for r in await cur.fetchall():
+            stored = StoredEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], {}, r[8])
+            await projections.apply_other(conn, stored, _parse(r[5], r[7]))
+    for table, rows_of in fold.tables():
+        async with conn.cursor().copy(f"COPY {table} FROM STDIN") as copy:
+            for row in rows_of:
+                await copy.write_row(row)
     return count
 
 

@@ -1,13 +1,19 @@
-"""The scheduler benchmark's pure helpers: task mix, percentiles, target rows."""
+"""The scheduler benchmark's pure helpers: task mix, percentiles, target rows, rate search."""
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import pytest
 
+from bench import Context, Servers
+from bench.floors import Floors
+from bench.report import Row
 from bench.scheduler import _sizes, _target, percentile
 from bench.scheduler_place import MIX, task_specs
+from bench.scheduler_steps import Search, Step, nearest_rank
+from bench.scheduler_steps import rows as step_rows
 
 
 def test_task_specs_take_the_mix_in_turn() -> None:
@@ -60,3 +66,36 @@ def test_target_ratio_at_least_one_means_met(
 
 def test_sizes() -> None:
     assert _sizes("1000, 10000") == [1_000, 10_000]
+
+
+def _floors(js_pipelined: float) -> Floors:
+    row = Row("floor.x", 1.0, "rows/s")
+    return Floors(row, row, row, row, Row("floor.js.publish_pipelined", js_pipelined, "msg/s"))
+
+
+def test_the_rate_search_reports_the_highest_step_within_two_seconds() -> None:
+    found = Search(
+        [
+            Step(50.0, submitted=400, reached=400, p50_s=0.2, p99_s=0.4),
+            Step(100.0, submitted=800, reached=800, p50_s=0.3, p99_s=1.9),
+            Step(150.0, submitted=1200, reached=1100, p50_s=1.0, p99_s=math.inf),
+        ],
+        skipped=[600.0],
+    )
+    assert [s.within for s in found.steps] == [True, True, False]
+    assert found.highest == 100.0
+    ctx = Context(Servers("", "", False), _floors(2_800.0), argparse.Namespace())
+    rows = {r.metric: r for r in step_rows(ctx, found, 8.0)}
+    best = rows["scheduler.steady.highest_rate_p99_2s"]
+    assert (best.value, best.floor) == (100.0, "floor.js.publish_pipelined")
+    assert "= 400 tasks/s" in best.note and "not run (more tasks than cards): 600" in best.note
+    assert rows["scheduler.steady.highest_rate_p99_2s.target"].ratio == pytest.approx(1 / 3)
+    over = rows["scheduler.step.150_per_s.submit_to_running_p99"]
+    assert math.isnan(over.value) and "1100 of 1200 running" in over.note
+
+
+def test_a_task_that_never_ran_counts_as_over_the_limit() -> None:
+    waits = [0.1] * 98 + [math.inf] * 2
+    assert nearest_rank(waits, 99) == math.inf
+    assert nearest_rank([0.1] * 99 + [math.inf], 99) == 0.1
+    assert Search().highest == 0.0

@@ -6,9 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from agent.simulated_fleet import DEFAULT_KINDS, NodeKind, fleet_inventories, replies
-from libs.domain.protocol import CommandKind, Fact, NodeCommand
+from agent.simulated_fleet import DEFAULT_KINDS, NodeKind, finished, fleet_inventories, replies
+from libs.domain.protocol import CommandKind, Fact, NodeCommand, decide_report
 from libs.domain.states import TaskStatus
+from libs.domain.task import Task, TaskId, TaskSpec, TenantId
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -63,3 +64,25 @@ def test_replies(command: NodeCommand, expected: list[tuple[Fact, TaskStatus]]) 
     reports = replies(command, AT)
     assert [(r.fact, r.expected_status) for r in reports] == expected
     assert all((r.node_id, r.task_id, r.attempt, r.at) == ("sim-1", "t1", 2, AT) for r in reports)
+
+
+def test_a_finished_task_reports_exit_zero_and_completes() -> None:
+    report = finished("sim-1", "t1", 2, AT)
+    assert (report.fact, report.expected_status, report.exit_code) == (
+        Fact.EXITED,
+        TaskStatus.RUNNING,
+        0,
+    )
+    spec = TaskSpec(name="x", image="sim:latest", gpu_required=1)
+    running = Task(
+        id=TaskId("t1"),
+        tenant_id=TenantId("t"),
+        spec=spec,
+        status=TaskStatus.RUNNING,
+        node_id="sim-1",
+        retry_count=2,
+        created_at=AT,
+        updated_at=AT,
+    )
+    (event,) = decide_report(running, report)
+    assert event.to_status is TaskStatus.COMPLETED
