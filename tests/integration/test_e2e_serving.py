@@ -316,7 +316,9 @@ def test_frozen_replica_is_declared_dead_and_rebuilt_an_idle_one_is_not(
 
 
 @pytest.mark.cluster_env(HETEROFLOW_SERVE_IDLE_MINUTE_S="2", HETEROFLOW_SERVE_WAIT_S="50")
-def test_request_for_a_sleeper_whose_host_is_gone_reschedules_it(cluster: Cluster) -> None:
+def test_request_for_a_sleeper_whose_host_is_gone_is_served_elsewhere(cluster: Cluster) -> None:
+    """The node's loss sends the sleeping replica back to pending (no task is stuck on a
+    lost host), and a request for it waits until it runs on the new host."""
     import docker
 
     cluster.start_agent("sv1", "docker")
@@ -345,7 +347,7 @@ def test_request_for_a_sleeper_whose_host_is_gone_reschedules_it(cluster: Cluste
     assert r.text.strip() == f"hello from {t['id']}"
     moved = cluster.task(t["id"])
     assert moved["node_id"] == "sv2" and moved["status"] == "running"
-    assert "wake_rescheduled" in timeline_kinds(cluster, t["id"])
+    assert "node_lost_migration" in timeline_kinds(cluster, t["id"])
     assert cluster.statuses(t["id"])[-5:] == [
         "sleeping",
         "pending",
