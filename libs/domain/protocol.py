@@ -215,16 +215,18 @@ def decide_reconcile(task: Task, report: AgentReport) -> list[TaskStatusChanged]
     """After a Conflict: apply the fact from the task's current status (no CAS on the agent)."""
     if report.attempt != task.retry_count or task.node_id != report.node_id:
         return []
-    if task.status is S.SCHEDULED and report.fact is Fact.EXITED:
+    if task.status in (S.SCHEDULED, S.STARTING) and report.fact is Fact.EXITED:
         return _ran_unseen(task, report)
     target = report_target(task, report)
     return [] if target is None else _transition(task, target, report)
 
 
 def _ran_unseen(task: Task, report: AgentReport) -> list[TaskStatusChanged]:
-    """An exit for a task still `scheduled` on the reporting node: the container ran while
-    its reports were refused (an agent back after an outage, its task placed on it again at
-    the same attempt). The real outcome is recorded through `running`, the edge it took."""
+    """An exit for a task still `scheduled` or `starting` on the reporting node: the
+    container ran while its reports were refused (an agent back after an outage, its task
+    placed on it again at the same attempt) or its `running` report comes later (redelivered
+    after a scheduler died holding it). The real outcome is recorded through `running`, the
+    edge it took."""
     ran = report.model_copy(update={"fact": Fact.RUNNING})
     started = _transition(task, S.RUNNING, ran)
     running = evolve_task(task, started[0], report.at, task.version + 1)

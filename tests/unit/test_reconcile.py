@@ -49,18 +49,29 @@ def exited(code: int, *, node: str = "n1", attempt: int = 0) -> AgentReport:
     )
 
 
-@pytest.mark.parametrize(("code", "outcome"), [(0, S.COMPLETED), (3, S.FAILED)])
+@pytest.mark.parametrize(
+    ("code", "outcome", "status"),
+    [
+        (0, S.COMPLETED, S.SCHEDULED),
+        (3, S.FAILED, S.SCHEDULED),
+        # The `running` report redelivered after the exit (a scheduler killed with both
+        # unacknowledged): the exit still records the edge the container took.
+        (0, S.COMPLETED, S.STARTING),
+        (3, S.FAILED, S.STARTING),
+    ],
+)
 def test_exit_for_a_task_placed_again_on_its_node_takes_the_real_outcome(
-    code: int, outcome: TaskStatus
+    code: int, outcome: TaskStatus, status: TaskStatus
 ) -> None:
-    # Back after an outage, the attempt placed on the same node again: the agent's exit
-    # (it expected `running`) is stale, and the reconcile records what the container did.
-    t = task(S.SCHEDULED)
+    # Back after an outage, the attempt placed on the same node again (or its `running`
+    # report late): the agent's exit (it expected `running`) is stale, and the reconcile
+    # records what the container did, through `running`.
+    t = task(status)
     with pytest.raises(Conflict):
         decide_report(t, exited(code))
     events = decide_reconcile(t, exited(code))
     assert [(e.from_status, e.to_status) for e in events] == [
-        (S.SCHEDULED, S.RUNNING),
+        (status, S.RUNNING),
         (S.RUNNING, outcome),
     ]
     assert events[-1].exit_code == code
