@@ -87,45 +87,37 @@ def _status_name(v: Any) -> Any:
     return V2_STATUS.get(v, v) if isinstance(v, str) else v
 
 
-class TaskListQuery(QueryModel):
+class _ListQuery(QueryModel):
+    """What the task and group lists share: pages, name, labels, order, and the status
+    (typed by each list) read case-insensitively with seed 002's names."""
+
     page: int = Field(default=1, ge=1, le=1_000_000)
     per_page: int = Field(default=20, ge=1, le=500)
-    status: TaskStatus | None = Field(
-        default=None, description="case-insensitive; seed 002's SUCCESS means completed"
-    )
-    node_id: str = ""
     name: str = ""
     sort: Literal["created_at", "updated_at", "priority"] = "created_at"
     order: Literal["asc", "desc"] = "desc"
     labels: str = Field(
         default="",
         pattern=r"^([^=,]+=[^,]*(,[^=,]+=[^,]*)*)?$",
-        description="k=v[,k=v...]: tasks carrying every one of these labels",
+        description="k=v[,k=v...]: only those carrying every one of these labels",
     )
 
     _lowered = field_validator("order", mode="before")(_lower)
-    _status = field_validator("status", mode="before")(_status_name)
+    _status = field_validator("status", mode="before", check_fields=False)(_status_name)
 
 
-class GroupListQuery(QueryModel):
+STATUS_NOTE = "case-insensitive; seed 002's SUCCESS means completed"
+
+
+class TaskListQuery(_ListQuery):
+    status: TaskStatus | None = Field(default=None, description=STATUS_NOTE)
+    node_id: str = ""
+
+
+class GroupListQuery(_ListQuery):
     """The group list: the task list's filters but `node_id`, over group statuses."""
 
-    page: int = Field(default=1, ge=1, le=1_000_000)
-    per_page: int = Field(default=20, ge=1, le=500)
-    status: GroupStatus | None = Field(
-        default=None, description="case-insensitive; seed 002's SUCCESS means completed"
-    )
-    name: str = ""
-    sort: Literal["created_at", "updated_at", "priority"] = "created_at"
-    order: Literal["asc", "desc"] = "desc"
-    labels: str = Field(
-        default="",
-        pattern=r"^([^=,]+=[^,]*(,[^=,]+=[^,]*)*)?$",
-        description="k=v[,k=v...]: groups carrying every one of these labels",
-    )
-
-    _lowered = field_validator("order", mode="before")(_lower)
-    _status = field_validator("status", mode="before")(_status_name)
+    status: GroupStatus | None = Field(default=None, description=STATUS_NOTE)
 
 
 class PageQuery(QueryModel):

@@ -136,7 +136,19 @@ async def test_relay_keeps_publishing_when_a_server_is_killed(
             stop.set()
             await running
     assert nc.connected_url is not None and nc.connected_url.port != victim.port
-    assert await stored_ids(js, stream_type) == ids
+    stored: list[str] = []
+
+    async def read_back() -> bool:
+        # This reader's own requests may still time out while the cluster settles.
+        nonlocal stored
+        try:
+            stored = await stored_ids(js, stream_type)
+        except (NatsTimeoutError, APIError):
+            return False
+        return True
+
+    await eventually(read_back, "the stream read back")
+    assert stored == ids
     info = await js.stream_info(s.EVENTS_STREAM)
     assert info.cluster is not None
     lost = [r for r in info.cluster.replicas or [] if not r.current or r.offline]
