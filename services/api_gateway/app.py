@@ -37,6 +37,7 @@ from . import (
     shedding,
 )
 from .console import routes as console
+from .console import web as console_web
 from .responses import FastJSONResponse
 from .serving import ServingRouter
 
@@ -101,7 +102,8 @@ def create_app(
     app.include_router(routes_jobs.router)
     app.include_router(routes_serve.router)
     app.include_router(console.router)
-    app.mount("/ui/static", StaticFiles(directory=console.STATIC), name="console-static")
+    console_web.install(app)
+    app.mount("/ui/static", StaticFiles(directory=console_web.STATIC), name="console-static")
 
     # Inside the metrics middleware, so refused bodies are counted too.
     app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)

@@ -8,7 +8,7 @@ import re
 
 import httpx
 
-from services.api_gateway.console.routes import COOKIE, csrf_token
+from services.api_gateway.console.web import COOKIE, csrf_token
 
 from .helpers import Api
 

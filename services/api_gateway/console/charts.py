@@ -1,9 +1,12 @@
-"""Small inline SVG charts for the console's pages (pure; no script, no style attribute, so
-the page's Content-Security-Policy holds)."""
+"""What the console's pages draw (pure): small inline SVG charts (no script, no style
+attribute, so the page's Content-Security-Policy holds) and a job's tasks laid out by depth."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+from markupsafe import Markup
 
 WIDTH, HEIGHT = 320, 60
 
@@ -31,3 +34,35 @@ def _escape(text: str) -> str:
     return (
         text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
     )
+
+
+def gpu_charts(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per card of a `GET /tasks/{id}/gpu-metrics` answer: utilisation and memory."""
+    out = []
+    for s in body.get("series", []):
+        pts = s["points"]
+        total = max((p["memory_total_mb"] for p in pts), default=0.0)
+        util = sparkline([p["utilization_pct"] for p in pts], 100, "utilisation %")
+        memory = sparkline([p["memory_used_mb"] for p in pts], total, "memory MB")
+        out.append({"gpu_id": s["gpu_id"], "utilization": Markup(util), "memory": Markup(memory)})
+    return out
+
+
+def dag_levels(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A job's tasks by depth: a task sits one level below its deepest upstream."""
+    upstream = {n["key"]: [str(d["on"]) for d in n["depends_on"]] for n in nodes}
+    depth: dict[str, int] = {}
+
+    def level(key: str, seen: frozenset[str] = frozenset()) -> int:
+        if key not in depth:
+            ups = [u for u in upstream.get(key, []) if u in upstream and u not in seen]
+            depth[key] = 1 + max((level(u, seen | {key}) for u in ups), default=-1)
+        return depth[key]
+
+    levels: list[list[dict[str, Any]]] = []
+    for n in nodes:
+        d = level(n["key"])
+        while len(levels) <= d:
+            levels.append([])
+        levels[d].append(n | {"after": upstream[n["key"]]})
+    return levels
