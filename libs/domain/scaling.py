@@ -15,7 +15,7 @@ from .errors import Code, DomainError
 from .group import Group, GroupScaled, current_members, is_live
 from .reasons import ReasonCode
 from .states import TaskStatus
-from .task import Task
+from .task import Task, TaskSpec, TenantId
 
 MAX_REPLICAS = 1024
 S = TaskStatus
@@ -27,6 +27,12 @@ class ScalePlan:
     event: GroupScaled | None = None
     new_ranks: list[int] = field(default_factory=list)
     stop: list[Task] = field(default_factory=list)
+
+    def new_members(self, group: Group) -> list[tuple[TenantId, TaskSpec, str, int]]:
+        """The tasks of the new ranks, as the store creates them with the group event."""
+        spec = group.spec
+        tenant = TenantId(group.tenant_id)
+        return [(tenant, spec.member_spec(r), group.id, r) for r in self.new_ranks]
 
 
 def check_scalable(group: Group) -> None:

@@ -17,7 +17,6 @@ from libs.domain.events import Payload
 from libs.domain.group import Group
 from libs.domain.reasons import ReasonCode
 from libs.domain.scaling import ScalePlan, check_scalable, decide_scale, parse_replicas
-from libs.domain.task import TenantId
 from libs.store import tasks as task_rows
 from libs.store.eventstore import NewTask
 from libs.store.projections import GROUPS
@@ -53,12 +52,7 @@ async def scale_group(
         )
         if plan.event is None:
             return [], []
-        spec = current.spec
-        new: list[NewTask] = [
-            (TenantId(current.tenant_id), spec.member_spec(r), current.id, r)
-            for r in plan.new_ranks
-        ]
-        return [plan.event], new
+        return [plan.event], list(plan.new_members(current))
 
     updated, _ = await store.execute_with_tasks(
         GROUPS, group.id, decide, metadata={"principal": principal.subject}

@@ -44,7 +44,7 @@ from libs.domain.reasons import ReasonCode
 from libs.domain.rollout_model import ACTIVE as ROLLING
 from libs.domain.scaling import ScalePlan, decide_scale
 from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TenantId
+from libs.domain.task import Task
 from libs.domain.window_control import window_in_force
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
@@ -222,12 +222,7 @@ class AutoScaler(Controller):
                 )
             if plan.event is not None:
                 events.append(plan.event)
-            spec = current.spec
-            new: list[NewTask] = [
-                (TenantId(current.tenant_id), spec.member_spec(r), current.id, r)
-                for r in plan.new_ranks
-            ]
-            return events, new
+            return events, list(plan.new_members(current))
 
         await self.store.execute_with_tasks(
             GROUPS, group.id, decide, metadata=META, fence=self.fence
