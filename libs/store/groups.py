@@ -16,7 +16,7 @@ from libs.domain.group import Group, GroupStatus
 from libs.domain.windows import ACTION_LABEL
 
 from .eventstore import EventStore
-from .pool import rows
+from .pool import contains, page_of, rows
 from .types import GroupQuery
 
 
@@ -55,24 +55,15 @@ async def page(store: EventStore, q: GroupQuery) -> tuple[list[Group], int]:
         where.append("status = %s")
         params.append(q.status)
     if q.name:
-        escaped = q.name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         where.append("name ILIKE %s")
-        params.append(f"%{escaped}%")
+        params.append(contains(q.name))
     if q.labels:
         where.append("doc->'spec'->'template'->'labels' @> %s")
         params.append(Jsonb(q.labels))
-    clause = " AND ".join(where)
     direction = "ASC" if q.order == "asc" else "DESC"
-    found = await rows(
-        store,
-        f"SELECT doc, count(*) OVER () AS total FROM groups WHERE {clause}"
-        f" ORDER BY {SORT_COLUMNS[q.sort]} {direction}, id {direction} LIMIT %s OFFSET %s",
-        [*params, q.per_page, (q.page - 1) * q.per_page],
-    )
-    if found:
-        return _groups(found), int(found[0]["total"])
-    count = await rows(store, f"SELECT count(*) AS n FROM groups WHERE {clause}", params)
-    return [], int(count[0]["n"])
+    order = f"{SORT_COLUMNS[q.sort]} {direction}, id {direction}"
+    found, total = await page_of(store, "groups", where, params, order, q.page, q.per_page)
+    return _groups(found), total
 
 
 async def stats(store: EventStore, tenant_id: str | None) -> dict[str, int]:

@@ -73,6 +73,37 @@ async def one(store: EventStore, sql: str, params: Sequence[Any] = ()) -> dict[s
     return found[0] if found else None
 
 
+def contains(text: str) -> str:
+    """An ILIKE pattern for a case-insensitive substring; LIKE wildcards in `text` are
+    literal (the lists' `name` search, as in V2)."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+async def page_of(
+    store: EventStore,
+    table: str,
+    where: Sequence[str],
+    params: Sequence[Any],
+    order_by: str,
+    page: int,
+    per_page: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """One page of `table`'s rows (`doc`) matching every `where` clause, in `order_by`, and
+    the total that matches (counted apart when the page is past the end). `table`,
+    `where` and `order_by` are the store's own text, never caller input."""
+    clause = " AND ".join(where)
+    found = await rows(
+        store,
+        f"SELECT doc, count(*) OVER () AS total FROM {table} WHERE {clause}"
+        f" ORDER BY {order_by} LIMIT %s OFFSET %s",
+        [*params, per_page, (page - 1) * per_page],
+    )
+    if found:
+        return found, int(found[0]["total"])
+    count = await rows(store, f"SELECT count(*) AS n FROM {table} WHERE {clause}", params)
+    return [], int(count[0]["n"])
+
+
 async def live_page(
     store: EventStore,
     table: str,
@@ -81,10 +112,8 @@ async def live_page(
     page: int,
     per_page: int,
 ) -> tuple[list[dict[str, Any]], int]:
-    """One page of `table`'s live rows (`doc`), newest first, and the total that matches.
-
-    For the aggregate tables with `tenant_id`, `status`, `created_at` and `deleted_at`
-    (groups, jobs); `table` is one of the store's own names, never caller input."""
+    """One page of `table`'s live rows, newest first, and the total that matches; for the
+    aggregate tables with `tenant_id`, `status`, `created_at` and `deleted_at` (jobs)."""
     where, args = ["deleted_at IS NULL"], list[Any]()
     if tenant_id is not None:
         where.append("tenant_id = %s")
@@ -92,13 +121,7 @@ async def live_page(
     if status:
         where.append("status = %s")
         args.append(status)
-    found = await rows(
-        store,
-        f"SELECT doc, count(*) OVER () AS total FROM {table} WHERE {' AND '.join(where)}"
-        " ORDER BY created_at DESC, id LIMIT %s OFFSET %s",
-        [*args, per_page, (page - 1) * per_page],
-    )
-    return found, int(found[0]["total"]) if found else 0
+    return await page_of(store, table, where, args, "created_at DESC, id", page, per_page)
 
 
 async def ping(store: EventStore) -> None:

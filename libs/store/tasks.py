@@ -16,7 +16,7 @@ from libs.domain.states import GPU_HOLDING, TaskStatus
 from libs.domain.task import Task
 
 from .eventstore import EventStore
-from .pool import rows
+from .pool import contains, page_of, rows
 from .types import TaskQuery
 
 SORT_COLUMNS = {"created_at": "created_at", "updated_at": "updated_at", "priority": "priority"}
@@ -47,28 +47,18 @@ async def list_tasks(store: EventStore, q: TaskQuery) -> tuple[list[Task], int]:
         where.append("node_id = %s")
         params.append(q.node_id)
     if q.name:
-        # A search, as in V2: case-insensitive substring; LIKE wildcards in input are literal.
-        escaped = q.name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         where.append("name ILIKE %s")
-        params.append(f"%{escaped}%")
+        params.append(contains(q.name))
     if q.labels:
         where.append("labels @> %s")
         params.append(Jsonb(q.labels))
     if q.group_id:
         where.append("group_id = %s")
         params.append(q.group_id)
-    clause = " AND ".join(where)
-    column = SORT_COLUMNS[q.sort]
     direction = "ASC" if q.order == "asc" else "DESC"
-    sql = (
-        f"SELECT doc, count(*) OVER () AS total FROM tasks WHERE {clause}"
-        f" ORDER BY {column} {direction}, id {direction} LIMIT %s OFFSET %s"
-    )
-    found = await rows(store, sql, [*params, q.per_page, (q.page - 1) * q.per_page])
-    if found:
-        return _tasks(found), int(found[0]["total"])
-    count = await rows(store, f"SELECT count(*) AS n FROM tasks WHERE {clause}", params)
-    return [], int(count[0]["n"])
+    order = f"{SORT_COLUMNS[q.sort]} {direction}, id {direction}"
+    found, total = await page_of(store, "tasks", where, params, order, q.page, q.per_page)
+    return _tasks(found), total
 
 
 async def task_stats(store: EventStore, tenant_id: str | None) -> dict[str, int]:

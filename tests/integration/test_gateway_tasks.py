@@ -268,6 +268,12 @@ async def test_list_filters_and_validation(api: Api) -> None:
     assert r.json()["total"] == 1
     r = await api.client.get("/api/v1/tasks?status=PENDING&name=job-2", headers=api.tenant)
     assert r.json()["total"] == 1
+    # LIKE wildcards in the search are literal: "_" is not "any one character".
+    r = await api.client.get("/api/v1/tasks?name=job_", headers=api.tenant)
+    assert r.json()["total"] == 0
+    # A page past the end is empty but still counts what matches.
+    r = await api.client.get("/api/v1/tasks?page=9&per_page=2", headers=api.tenant)
+    assert r.json()["tasks"] == [] and r.json()["total"] == 3
     for query, field in [
         ("sort=name", "sort"),
         ("status=zombie", "status"),
