@@ -41,7 +41,7 @@ from . import request_docs, timeline
 from .deps import Principal, Store, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
-from .routes_tasks import FOR_TENANT, _labels_param, actor_of, tenant_for_create
+from .routes_tasks import FOR_TENANT, actor_of, tenant_for_create
 from .schemas import GroupListQuery, GroupUpdate, TimelineQuery, documented_body, query_of
 from .views import task_view
 
@@ -136,23 +136,9 @@ async def create_group(
     return FastJSONResponse(group_view(group, tasks), status_code=201)
 
 
-def group_query(q: GroupListQuery, tenant_id: str | None) -> GroupQuery:
-    """As the task list's (unknown names 40001, bad values 40003, V2 status names)."""
-    return GroupQuery(
-        tenant_id=tenant_id,
-        page=q.page,
-        per_page=q.per_page,
-        status=q.status.value if q.status else None,
-        name=q.name or None,
-        labels=_labels_param(q.labels),
-        sort=q.sort,
-        order=q.order,
-    )
-
-
 @router.get("")
 async def list_groups(query: ListQuery, principal: Principal, store: Store) -> dict[str, Any]:
-    q = group_query(query, tenant_scope(principal))
+    q = GroupQuery(tenant_id=tenant_scope(principal), **query.filters())
     found, total = await group_rows.page(store, q)
     return {
         "groups": [group_view(g) for g in found],

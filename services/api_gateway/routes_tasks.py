@@ -96,35 +96,11 @@ async def create_task(
     return FastJSONResponse(task_view(task), status_code=201)
 
 
-def _labels_param(raw: str) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    for part in raw.split(","):
-        if not part:
-            continue
-        key, sep, value = part.partition("=")
-        if not sep or not key:
-            raise DomainError(Code.INVALID_VALUE, "labels must be k=v[,k=v...]", ["labels"])
-        labels[key] = value
-    return labels
-
-
-def list_query(q: TaskListQuery, tenant_id: str | None) -> TaskQuery:
-    return TaskQuery(
-        tenant_id=tenant_id,
-        page=q.page,
-        per_page=q.per_page,
-        status=q.status.value if q.status else None,
-        node_id=q.node_id or None,
-        name=q.name or None,
-        labels=_labels_param(q.labels),
-        sort=q.sort,
-        order=q.order,
-    )
-
-
 @router.get("")
 async def list_tasks(query: ListQuery, principal: Principal, store: Store) -> dict[str, Any]:
-    q = list_query(query, tenant_scope(principal))
+    q = TaskQuery(
+        tenant_id=tenant_scope(principal), node_id=query.node_id or None, **query.filters()
+    )
     tasks, total = await task_rows.list_tasks(store, q)
     return {
         "tasks": [task_view(t) for t in tasks],

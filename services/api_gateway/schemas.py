@@ -105,6 +105,20 @@ class _ListQuery(QueryModel):
     _lowered = field_validator("order", mode="before")(_lower)
     _status = field_validator("status", mode="before", check_fields=False)(_status_name)
 
+    def filters(self) -> dict[str, Any]:
+        """The store query's fields both lists share (labels already checked by `pattern`)."""
+        status = getattr(self, "status", None)
+        pairs = (p.partition("=") for p in self.labels.split(",") if p)
+        return {
+            "page": self.page,
+            "per_page": self.per_page,
+            "status": status.value if status else None,
+            "name": self.name or None,
+            "labels": {k: v for k, _, v in pairs},
+            "sort": self.sort,
+            "order": self.order,
+        }
+
 
 STATUS_NOTE = "case-insensitive; seed 002's SUCCESS means completed"
 
