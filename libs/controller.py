@@ -1,7 +1,7 @@
 """The controller runtime: one home for leader-only control loops.
 
-A controller (node monitor, group controller, placement; autoscaler, rollout and schedule
-windows next) says what one evaluation does; the runtime does the rest, the same way for all:
+A controller (node monitor, group controller, placement, AutoScaler, rollout, schedule
+windows) says what one evaluation does; the runtime does the rest, the same way for all:
 
 * contends for the controller's lease (libs/bus/lease.py) and renews it while held;
 * for each term of leadership, builds the `Fence` (lease name + fencing token) that every
@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import structlog
 
@@ -32,6 +33,8 @@ from libs.store.fencing import Fence
 log = structlog.get_logger(__name__)
 
 Clock = Callable[[], float]
+T = TypeVar("T")
+R = TypeVar("R")
 Claim = Callable[[Fence], Awaitable[None]]
 
 
@@ -58,9 +61,12 @@ class Controller(ABC):
     interval_s: float = 1.0
     error_backoff_s: float | None = None
     wake: asyncio.Event | None = None
+    fence: Fence | None = None  # the current term's, for the store calls of a pass
 
-    async def elected(self, term: Term) -> None:  # noqa: B027 - optional hook
-        """A term begins: rebuild what the controller keeps in memory."""
+    async def elected(self, term: Term) -> None:
+        """A term begins: keep its fence; a controller with more in memory rebuilds it here
+        too (and keeps the fence itself)."""
+        self.fence = term.fence
 
     @abstractmethod
     async def evaluate(self, term: Term) -> bool | None:
@@ -68,6 +74,24 @@ class Controller(ABC):
 
     async def deposed(self) -> None:  # noqa: B027 - optional hook
         """The term ended (lease lost, fenced off, stopping): drop what `elected` set up."""
+
+
+async def for_each(
+    items: Iterable[T], act: Callable[[T], Awaitable[R]], failed: str
+) -> list[tuple[T, R]]:
+    """`act` on every item of a pass, in turn, with each result. A `Fenced` ends the pass
+    at once (deposed: nothing more may be written); any other error is logged as `failed`
+    with the item's id and the pass goes on to the next item."""
+    done: list[tuple[T, R]] = []
+    for item in items:
+        try:
+            done.append((item, await act(item)))
+        except Fenced:
+            raise
+        except Exception:
+            item_id: Any = getattr(item, "id", item)
+            log.exception(failed, item_id=item_id)
+    return done
 
 
 async def run_controller(

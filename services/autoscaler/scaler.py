@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter
 
-from libs.controller import Controller, Term
+from libs.controller import Controller, Term, for_each
 from libs.domain import commands
 from libs.domain.autoscale import (
     DRAIN_LIMIT_S,
@@ -36,12 +36,12 @@ from libs.domain.autoscale import (
     overdue_drains,
     safe_scale_down,
 )
-from libs.domain.errors import Fenced
 from libs.domain.events import Payload
 from libs.domain.group import Group, GroupStatus, Parallelism, current_members, is_live
 from libs.domain.group_scaling import decided
 from libs.domain.reasons import ReasonCode
 from libs.domain.rollout_model import ACTIVE as ROLLING
+from libs.domain.router_figures import RouterFigures
 from libs.domain.scaling import ScalePlan, decide_scale
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task
@@ -51,10 +51,7 @@ from libs.store import tasks as task_rows
 from libs.store import telemetry
 from libs.store import tenants as tenant_rows
 from libs.store.eventstore import EventStore, NewTask
-from libs.store.fencing import Fence
 from libs.store.projections import GROUPS
-
-from .metrics import MetricBook
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -71,7 +68,7 @@ class AutoScaler(Controller):
     def __init__(
         self,
         store: EventStore,
-        book: MetricBook,
+        book: RouterFigures,
         clock: Callable[[], datetime],
         *,
         interval_s: float = 30.0,
@@ -86,26 +83,16 @@ class AutoScaler(Controller):
         self.utilization_window_s = utilization_window_s
         self.min_replica_age_s = min_replica_age_s
         self.drain_limit_s = drain_limit_s
-        self.fence: Fence | None = None
-
-    async def elected(self, term: Term) -> None:
-        self.fence = term.fence
 
     async def evaluate(self, term: Term) -> None:
         await self.scan()
 
     async def scan(self) -> dict[str, Decision]:
         """One pass over every group with `auto_scale`: group id → the decision taken."""
-        out: dict[str, Decision] = {}
         now = self.clock()
-        for group in await group_rows.with_auto_scale(self.store):
-            try:
-                out[group.id] = await self.evaluate_group(group, now)
-            except Fenced:
-                raise  # deposed: touch nothing more
-            except Exception:
-                log.exception("autoscale_failed", group_id=group.id)
-        return out
+        groups = await group_rows.with_auto_scale(self.store)
+        done = await for_each(groups, lambda g: self.evaluate_group(g, now), "autoscale_failed")
+        return {group.id: decision for group, decision in done}
 
     async def evaluate_group(self, group: Group, now: datetime) -> Decision:
         cfg = group.spec.auto_scale

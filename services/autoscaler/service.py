@@ -19,9 +19,10 @@ from libs.bus.lease import Lease, open_lease_bucket
 from libs.config import CommonSettings
 from libs.controller import Controller, run_controller
 from libs.domain.autoscale import DRAIN_LIMIT_S, MIN_REPLICA_AGE_S
+from libs.domain.router_figures import RouterFigures
 from libs.service import ServiceContext
 
-from .metrics import MetricBook, routes
+from .metrics import routes
 from .scaler import AutoScaler
 from .windows import WindowController
 
@@ -57,7 +58,7 @@ def wall_clock() -> datetime:
 
 
 def controllers(
-    ctx: ServiceContext, settings: AutoscalerSettings, book: MetricBook
+    ctx: ServiceContext, settings: AutoscalerSettings, book: RouterFigures
 ) -> dict[str, Controller]:
     """Lease name → controller."""
     scaler = AutoScaler(
@@ -76,7 +77,7 @@ def controllers(
 async def run(ctx: ServiceContext, stop: asyncio.Event, settings: AutoscalerSettings) -> None:
     kv = await open_lease_bucket(ctx.js, LEASE_TTL_S)
     me = f"{ctx.name}-{settings.instance_id}"
-    book = MetricBook(settings.autoscale_metric_max_age_s)
+    book = RouterFigures(settings.autoscale_metric_max_age_s)
     jobs = [
         run_controller(
             controller,

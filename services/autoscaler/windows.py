@@ -15,9 +15,8 @@ from typing import Any
 
 import structlog
 
-from libs.controller import Controller, Term
+from libs.controller import Controller, Term, for_each
 from libs.domain import commands
-from libs.domain.errors import Fenced
 from libs.domain.events import Payload
 from libs.domain.group import Group, current_members, is_live
 from libs.domain.reasons import ReasonCode
@@ -28,7 +27,6 @@ from libs.domain.window_control import WindowStep, decide_window
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
-from libs.store.fencing import Fence
 from libs.store.projections import GROUPS
 
 log = structlog.get_logger(__name__)
@@ -45,25 +43,15 @@ class WindowController(Controller):
         self.store = store
         self.clock = clock
         self.interval_s = interval_s
-        self.fence: Fence | None = None
-
-    async def elected(self, term: Term) -> None:
-        self.fence = term.fence
 
     async def evaluate(self, term: Term) -> None:
         await self.scan()
 
     async def scan(self) -> int:
-        acted = 0
         now = self.clock()
-        for group in await group_rows.with_windows(self.store):
-            try:
-                acted += await self.apply(group, now)
-            except Fenced:
-                raise  # deposed: touch nothing more
-            except Exception:
-                log.exception("window_apply_failed", group_id=group.id)
-        return acted
+        groups = await group_rows.with_windows(self.store)
+        done = await for_each(groups, lambda g: self.apply(g, now), "window_apply_failed")
+        return sum(acted for _, acted in done)
 
     async def apply(self, group: Group, now: datetime) -> int:
         step = decide_window(group, now)

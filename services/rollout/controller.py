@@ -18,9 +18,8 @@ from typing import Any
 
 import structlog
 
-from libs.controller import Controller, Term
+from libs.controller import Controller, Term, for_each
 from libs.domain import commands
-from libs.domain.errors import Fenced
 from libs.domain.events import Payload
 from libs.domain.group import Group
 from libs.domain.reasons import ReasonCode
@@ -34,15 +33,15 @@ from libs.domain.rollout_plan import (
     replica_spec,
     surge_cards,
 )
+from libs.domain.router_figures import RouterFigures
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TenantId
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
-from libs.store.fencing import Fence
 from libs.store.projections import GROUPS
 
-from .inflight import HealthProbe, InFlight
+from .inflight import HealthProbe
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -59,7 +58,7 @@ class RolloutController(Controller):
         clock: Callable[[], datetime],
         holder: str,
         policy: RolloutPolicy,
-        inflight: InFlight,
+        inflight: RouterFigures,
         probe: HealthProbe,
         *,
         interval_s: float = 1.0,
@@ -71,24 +70,14 @@ class RolloutController(Controller):
         self.inflight = inflight
         self.probe = probe
         self.interval_s = interval_s
-        self.fence: Fence | None = None
-
-    async def elected(self, term: Term) -> None:
-        self.fence = term.fence
 
     async def evaluate(self, term: Term) -> None:
         await self.scan()
 
     async def scan(self) -> int:
-        acted = 0
-        for group in await group_rows.with_active_rollout(self.store, PHASES):
-            try:
-                acted += await self.reconcile(group)
-            except Fenced:
-                raise  # deposed: touch nothing more
-            except Exception:
-                log.exception("rollout_reconcile_failed", group_id=group.id)
-        return acted
+        groups = await group_rows.with_active_rollout(self.store, PHASES)
+        done = await for_each(groups, self.reconcile, "rollout_reconcile_failed")
+        return sum(acted for _, acted in done)
 
     async def reconcile(self, group: Group) -> int:
         now = self.clock()
@@ -115,7 +104,7 @@ class RolloutController(Controller):
         return frozenset(
             t.id
             for t in tasks
-            if t.draining and t.status is S.RUNNING and self.inflight.idle(group.id, t.id)
+            if t.draining and t.status is S.RUNNING and self.inflight.drained(group.id, t.id)
         )
 
     async def apply(self, group: Group, step: RolloutStep) -> None:

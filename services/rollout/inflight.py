@@ -2,23 +2,22 @@
 
 The routers publish their figures for every serving target on `hf.serving.<target>.metrics`
 (core NATS, every `HETEROFLOW_SERVE_METRICS_INTERVAL_S`), with the in-flight requests of each
-replica and the replicas it knows are draining. A draining replica is idle when every router
-that reported the target lately lists it as draining (so sends it nothing new) and counts
-nothing in flight on it. Health is probed here
-the way the router probes it: `GET <serve_address><health_path>` answering 2xx.
+replica and the replicas they know are draining; a `RouterFigures` book
+(libs/domain/router_figures.py) keeps them, and a draining replica is done when it is
+`drained` there. Health is probed here the way the router probes it:
+`GET <serve_address><health_path>` answering 2xx.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import httpx
 
 from libs.bus.broker import Routes
 from libs.bus.subjects import SERVING_PREFIX
+from libs.domain.router_figures import RouterFigures
 from libs.domain.serving import ServingMetrics
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task
@@ -27,37 +26,7 @@ from libs.domain.task import Task
 ROUTER_SILENT_S = 30.0
 
 
-@dataclass
-class Report:
-    received: float  # monotonic
-    outstanding: dict[str, int]
-    draining: frozenset[str]
-
-
-@dataclass
-class InFlight:
-    """The last report of each (target, router), fed by the metrics subscription."""
-
-    reports: dict[tuple[str, str], Report] = field(default_factory=dict)
-
-    async def on_metrics(self, m: ServingMetrics) -> None:
-        self.reports[(m.target_id, m.gateway)] = Report(
-            time.monotonic(), dict(m.outstanding), frozenset(m.draining)
-        )
-
-    def idle(self, target: str, task_id: str) -> bool:
-        """Every router that reported `target` lately knows `task_id` is draining and has
-        no request in flight on it (no router reporting it: nothing routes to it)."""
-        now = time.monotonic()
-        for (tgt, _), rep in self.reports.items():
-            if tgt != target or now - rep.received > ROUTER_SILENT_S:
-                continue
-            if task_id not in rep.draining or rep.outstanding.get(task_id, 0) > 0:
-                return False
-        return True
-
-
-def routes(on_metrics: InFlight | None = None) -> Routes:
+def routes(figures: RouterFigures | None = None) -> Routes:
     """The rollout service's subscription (documented in docs/asyncapi.json)."""
 
     async def ignore(_: ServingMetrics) -> None:
@@ -66,7 +35,7 @@ def routes(on_metrics: InFlight | None = None) -> Routes:
     r = Routes("rollout")
     r.core(
         ServingMetrics,
-        on_metrics.on_metrics if on_metrics is not None else ignore,
+        figures.hear if figures is not None else ignore,
         subject=f"{SERVING_PREFIX}.*.metrics",
         description="The routers' figures with each replica's in-flight requests: a draining "
         "replica is ended once none is in flight (at most 15 s).",

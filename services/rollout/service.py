@@ -20,10 +20,11 @@ from libs.bus.lease import Lease, open_lease_bucket
 from libs.config import CommonSettings
 from libs.controller import run_controller
 from libs.domain.rollout_plan import RolloutPolicy
+from libs.domain.router_figures import RouterFigures
 from libs.service import ServiceContext
 
 from .controller import RolloutController
-from .inflight import HealthProbe, InFlight, routes
+from .inflight import ROUTER_SILENT_S, HealthProbe, routes
 
 LEASE_TTL_S = 6.0  # the controller's leadership lease (not the group's rollout lease)
 
@@ -70,7 +71,7 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: RolloutSetting
     # Unique per process: a restarted service is a new holder, and the old one's rollouts
     # are recovered (failed with the reason), not silently adopted.
     me = f"{ctx.name}-{socket.gethostname()}-{os.getpid()}-{settings.instance_id}"
-    inflight = InFlight()
+    inflight = RouterFigures(ROUTER_SILENT_S)
     probe = HealthProbe()
     controller = RolloutController(
         ctx.store,

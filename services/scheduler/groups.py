@@ -15,9 +15,8 @@ from typing import Any
 
 import structlog
 
-from libs.controller import Controller, Term
+from libs.controller import Controller, Term, for_each
 from libs.domain import commands
-from libs.domain.errors import Fenced
 from libs.domain.events import Payload
 from libs.domain.failure import FailureClass, classify
 from libs.domain.group import GROUP_TERMINAL, Group
@@ -86,7 +85,7 @@ class GroupController(Controller):
         self._last_rebuild: float | None = None
 
     async def elected(self, term: Term) -> None:
-        self.fence = term.fence
+        await super().elected(term)
         self._last_rebuild = None
 
     async def evaluate(self, term: Term) -> None:
@@ -97,15 +96,13 @@ class GroupController(Controller):
         await self.scan(allow_rebuild=rebuild)
 
     async def scan(self, *, allow_rebuild: bool = False) -> int:
-        acted = 0
-        for group in await group_rows.live_or_recent(self.store, GROUP_TERMINAL, RECENT):
-            try:
-                acted += await self.reconcile(group, allow_rebuild=allow_rebuild)
-            except Fenced:
-                raise  # deposed: no further group of this scan may be touched
-            except Exception:
-                log.exception("group_reconcile_failed", group_id=group.id)
-        return acted
+        groups = await group_rows.live_or_recent(self.store, GROUP_TERMINAL, RECENT)
+
+        async def one(group: Group) -> int:
+            return await self.reconcile(group, allow_rebuild=allow_rebuild)
+
+        done = await for_each(groups, one, "group_reconcile_failed")
+        return sum(acted for _, acted in done)
 
     async def reconcile(self, group: Group, *, allow_rebuild: bool = True) -> int:
         tasks = await load_group_tasks(self.store, group.id)

@@ -3,7 +3,7 @@ up on qps, cooldowns, scale down keeping young replicas and rank 0, scale from z
 cap and suspended tenant, gpu_utilization from the telemetry store, yielding to a schedule
 window, the fence of a deposed leader, and one acting instance per lease.
 
-The router's figures are handed to the AutoScaler's MetricBook as the bus would deliver them
+The router's figures are handed to the AutoScaler's RouterFigures as the bus would deliver them
 (the e2e test, test_e2e_autoscale.py, has the real router publish them).
 """
 
@@ -27,12 +27,12 @@ from libs.domain.commands import decide_transition
 from libs.domain.errors import Fenced
 from libs.domain.reasons import ReasonCode
 from libs.domain.rollout import decide_drain
+from libs.domain.router_figures import RouterFigures
 from libs.domain.serving import ServingMetrics
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.telemetry import GpuSample, TelemetryBatch
 from libs.store import telemetry
 from libs.store.fencing import Fence
-from services.autoscaler.metrics import MetricBook
 from services.autoscaler.scaler import AutoScaler
 from services.autoscaler.windows import WindowController
 
@@ -75,7 +75,7 @@ async def run_members(api: Api, gid: str) -> None:
             )
 
 
-def hear(book: MetricBook, gid: str, rps: float, gateway: str = "gw-1") -> None:
+def hear(book: RouterFigures, gid: str, rps: float, gateway: str = "gw-1") -> None:
     m = ServingMetrics(
         target_id=gid,
         tenant_id="acme",
@@ -108,7 +108,7 @@ def live_ranks(g: dict[str, Any]) -> list[int]:
 
 async def test_qps_scales_up_then_cooldowns_then_down_to_min(api: Api) -> None:
     gid = await make_group(api)
-    book = MetricBook(max_age_s=60)
+    book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=60)  # 30 per replica, target 10: ceil(2 × 30 / 10) = 6
     d = (await AutoScaler(api.store, book, now).scan())[gid]
     assert (d.why, d.current, d.computed, d.replicas) == ("scale_up", 2, 6, 6)
@@ -143,7 +143,7 @@ async def test_young_replicas_and_rank_zero_of_a_non_split_group_are_kept(api: A
     cfg = QPS | {"min_replicas": 0}
     gid = await make_group(api, cfg, task_count=3, parallelism="data_parallel")
     await run_members(api, gid)
-    book = MetricBook(max_age_s=60)
+    book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=0)
     d = (await AutoScaler(api.store, book, now).scan())[gid]
     assert (d.why, d.computed, d.replicas) == ("young_replicas", 0, 3)
@@ -165,7 +165,7 @@ async def test_scale_from_zero_after_every_replica_is_stopped(api: Api) -> None:
     old = {t["id"] for t in (await view(api, gid))["tasks"]}
     assert {t["status"] for t in (await view(api, gid))["tasks"]} == {"cancelled"}
 
-    d = (await AutoScaler(api.store, MetricBook(60), now).scan())[gid]  # no metric needed
+    d = (await AutoScaler(api.store, RouterFigures(60), now).scan())[gid]  # no metric needed
     assert (d.why, d.current, d.replicas) == ("scale_from_zero", 0, 2)
     g = await view(api, gid)
     assert [(t["rank"], t["status"]) for t in g["tasks"]] == [(0, "pending"), (1, "pending")]
@@ -176,7 +176,7 @@ async def test_quota_caps_new_replicas_and_a_suspended_tenant_gets_none(api: Api
     r = await api.client.put("/api/v1/tenants/acme", json={"gpu_quota": 3}, headers=api.operator)
     assert r.status_code == 200, r.text
     gid = await make_group(api, QPS | {"cooldown_up_s": 0}, gpu_required=1)
-    book = MetricBook(max_age_s=60)
+    book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=80)  # wants 8; 2 cards taken, 1 left
     d = (await AutoScaler(api.store, book, now).scan())[gid]
     assert (d.why, d.computed, d.replicas) == ("quota_capped", 8, 3)
@@ -213,7 +213,7 @@ async def test_gpu_utilization_is_the_mean_over_the_groups_cards(api: Api) -> No
         for s in (1, 5)
     ]
     await telemetry.write(api.store, TelemetryBatch(node_id="n1", samples=tuple(samples)))
-    d = (await AutoScaler(api.store, MetricBook(60), now).scan())[gid]
+    d = (await AutoScaler(api.store, RouterFigures(60), now).scan())[gid]
     # mean 90 over two cards, target 50: ceil(2 × 90 / 50) = 4
     assert (d.why, d.replicas) == ("scale_up", 4)
     assert (await decisions(api, gid))[-1]["value"] == pytest.approx(90.0)
@@ -224,7 +224,7 @@ async def test_a_replica_draining_too_long_is_ended(api: Api) -> None:
     await run_members(api, gid)
     rank1 = next(t["id"] for t in (await view(api, gid))["tasks"] if t["rank"] == 1)
     await api.store.execute(rank1, decide_drain)
-    book = MetricBook(max_age_s=60)
+    book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=20)
     await AutoScaler(api.store, book, later(1)).scan()  # draining 60 s: kept
     assert (await api.store.get_task(rank1)).status is TaskStatus.RUNNING
@@ -238,7 +238,7 @@ async def test_no_change_while_a_window_action_is_in_force(api: Api) -> None:
     gid = await make_group(api, QPS, schedule_window=window)
     noon = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
     assert await WindowController(api.store, lambda: noon).scan() == 1
-    book = MetricBook(max_age_s=60)
+    book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=500)
     d = (await AutoScaler(api.store, book, later(30)).scan())[gid]
     assert (d.why, d.current, d.replicas) == ("schedule_window", 0, 0)
@@ -252,7 +252,7 @@ async def test_no_change_while_a_rollout_holds_the_group(api: Api) -> None:
     url = f"/api/v1/task-groups/{gid}/rollout"
     r = await api.client.post(url, json={"image": "busybox:v2"}, headers=api.tenant)
     assert r.status_code == 202, r.text
-    book = MetricBook(max_age_s=60)
+    book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=500)
     d = (await AutoScaler(api.store, book, now).scan())[gid]
     assert (d.why, d.replicas) == ("rollout", 2)
@@ -261,7 +261,7 @@ async def test_no_change_while_a_rollout_holds_the_group(api: Api) -> None:
 
 async def test_a_deposed_leaders_scale_is_refused_by_the_fence(api: Api) -> None:
     gid = await make_group(api)
-    book = MetricBook(max_age_s=60)
+    book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=500)
     old = AutoScaler(api.store, book, now)
     old.fence = Fence("autoscaler", 1)
@@ -310,7 +310,7 @@ async def test_a_second_instance_never_acts_while_the_first_holds_the_lease(
     js = nc.jetstream()
     bucket = "hf_leases_" + uuid.uuid4().hex[:8]
     kv = await open_lease_bucket(js, 1.0, bucket=bucket)
-    book = MetricBook(max_age_s=60)
+    book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=30)  # wants 3
     a = Counting(api.store, book, now, interval_s=0.05)
     b = Counting(api.store, book, now, interval_s=0.05)

@@ -25,7 +25,6 @@ from libs.domain.autoscale import (
 )
 from libs.domain.errors import DomainError
 from libs.domain.serving import ServingMetrics
-from services.autoscaler.metrics import MetricBook
 
 CFG = AutoScale(metric="qps", target=50, min_replicas=2, max_replicas=10)
 
@@ -294,15 +293,3 @@ def test_qps_target_is_per_replica() -> None:
         value = metric_value(Metric.QPS, [figures("a", 420.0, 0, 0.0, 0)], current)
         assert value is not None
         assert computed_replicas(cfg, current, value) == 9
-
-
-async def test_metric_book_forgets_a_silent_gateway() -> None:
-    now = [100.0]
-    book = MetricBook(max_age_s=10, clock=lambda: now[0])
-    await book.hear(figures("a", 1.0, 0, 0.0, 0))
-    now[0] = 105.0
-    await book.hear(figures("b", 2.0, 0, 0.0, 0))
-    assert sorted(m.gateway for m in book.samples("grp-1")) == ["a", "b"]
-    now[0] = 112.0
-    assert [m.gateway for m in book.samples("grp-1")] == ["b"]
-    assert book.samples("grp-other") == []

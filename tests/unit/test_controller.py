@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from libs.controller import Controller, Term, run_controller
+from libs.controller import Controller, Term, for_each, run_controller
 from libs.domain.errors import Fenced
 from libs.store.fencing import Fence
 from services.scheduler.groups import GroupController, policy_from
@@ -239,3 +239,32 @@ async def test_a_term_shows_its_fence_before_acting_and_ends_if_it_is_stale() ->
     assert [f.token for f in claimed] == [1, 2]
     assert [t.fence.token for t in ctl.elections] == [2]  # the stale term never began
     assert {token for token, _ in ctl.passes} == {2}
+
+
+async def test_a_pass_goes_on_past_a_failing_item_but_stops_when_fenced() -> None:
+    seen: list[int] = []
+
+    async def act(n: int) -> int:
+        seen.append(n)
+        if n == 2:
+            raise RuntimeError("this one item is broken")
+        if n == 4:
+            raise Fenced("controller", 1, 2)
+        return n * 10
+
+    assert await for_each([1, 2, 3], act, "failed") == [(1, 10), (3, 30)]
+    seen.clear()
+    with pytest.raises(Fenced):
+        await for_each([3, 4, 5], act, "failed")
+    assert seen == [3, 4]  # nothing after the fence
+
+
+async def test_a_new_term_hands_its_fence_to_the_controller() -> None:
+    class Plain(Controller):
+        async def evaluate(self, term: Term) -> None:
+            return None
+
+    c = Plain()
+    fence = Fence("plain", 7)
+    await c.elected(Term(fence, 0.0, time.monotonic))
+    assert c.fence == fence
