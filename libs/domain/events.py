@@ -278,6 +278,19 @@ def parse_payload(event_type: str, data: dict[str, Any]) -> Payload:
 # --- folds -------------------------------------------------------------------------------
 
 
+# What a status change clears when it takes a task off its node, and the fields it carries
+# onto the task when set (shared with replay's document fold, libs/store/replay_fold.py).
+CLEARED_PLACEMENT: dict[str, Any] = {
+    "node_id": None,
+    "gpu_ids": (),
+    "qos": "",
+    "container_id": "",
+    "serve_address": "",
+    "gpu_label": "",
+}
+CARRIED_FIELDS = (*CLEARED_PLACEMENT, "engine", "exit_code", "result", "error")
+
+
 def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -> Task:
     """The task after `event` (appended at `at` as `version` of its stream).
 
@@ -335,21 +348,8 @@ def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str
         "pending_reason_code": None,
     }
     if ev.clear_placement:
-        out.update(
-            node_id=None, gpu_ids=(), qos="", container_id="", serve_address="", gpu_label=""
-        )
-    for name in (
-        "node_id",
-        "gpu_ids",
-        "qos",
-        "container_id",
-        "serve_address",
-        "gpu_label",
-        "engine",
-        "exit_code",
-        "result",
-        "error",
-    ):
+        out.update(CLEARED_PLACEMENT)
+    for name in CARRIED_FIELDS:
         value = getattr(ev, name)
         if value is not None:
             out[name] = value

@@ -30,6 +30,8 @@ from pydantic import BaseModel
 
 from libs.domain.catalog import PAYLOAD_TYPES
 from libs.domain.events import (
+    CARRIED_FIELDS,
+    CLEARED_PLACEMENT,
     Payload,
     TaskCreated,
     TaskDeleted,
@@ -61,26 +63,9 @@ _TEMPLATE: Doc = Task(
     updated_at=datetime.min,
 ).model_dump(mode="json")
 _SPEC_KEYS = frozenset(TaskSpec.model_fields)
-_CLEARED: Doc = {
-    "node_id": None,
-    "gpu_ids": [],
-    "qos": "",
-    "container_id": "",
-    "serve_address": "",
-    "gpu_label": "",
-}
-_CARRIED = (
-    "node_id",
-    "gpu_ids",
-    "qos",
-    "container_id",
-    "serve_address",
-    "gpu_label",
-    "engine",
-    "exit_code",
-    "result",
-    "error",
-)
+# As JSON: the tuple of no cards is a list in a document.
+_CLEARED: Doc = {k: list(v) if isinstance(v, tuple) else v for k, v in CLEARED_PLACEMENT.items()}
+_CARRIED = CARRIED_FIELDS
 _RUNNING = TaskStatus.RUNNING.value
 _PENDING = TaskStatus.PENDING.value
 _FINISHED = frozenset(
