@@ -24,6 +24,8 @@ from . import Context
 from .gateway_load import GatewayLoad, _free_port, _start, _stop, _wait_ready, percentile
 from .report import Row, target
 
+DESCRIPTION = "console page loads (list, later page, filter, detail) for a tenant with 10k tasks"
+
 TENANT = "bench-console"
 BATCH = 500
 TARGET_MS = 300.0

@@ -32,6 +32,8 @@ from .gateway_load import GatewayLoad, _free_port, _start, _stop, _wait_ready, p
 from .httpload import Connection, HttpError, build_request
 from .report import Row, target
 
+DESCRIPTION = "creates and lists together: latency, shed answers (503/429), nothing lost"
+
 TENANT = "bench-shed"
 CONNECTIONS = 64
 REQUEST_TIMEOUT_S = 10.0
