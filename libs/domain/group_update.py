@@ -23,6 +23,7 @@ from .group import (
 )
 from .group_scaling import GroupScalingUpdated
 from .task import CREATE_FIELDS
+from .validation import INT_FIELD_MAX, is_integer
 from .windows import ScheduleWindow, parse_window
 
 UPDATABLE = frozenset({"idle_timeout_minutes"}) | POLICY_KEYS
@@ -54,10 +55,10 @@ def parse_group_update(group: Group, body: Any) -> tuple[list[Payload], dict[str
     changes: dict[str, Any] = {}
     if "idle_timeout_minutes" in body:
         value = body["idle_timeout_minutes"]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_integer(value) or not 0 <= value <= INT_FIELD_MAX:
             raise DomainError(
                 Code.INVALID_VALUE,
-                "idle_timeout_minutes must be an integer >= 0",
+                f"idle_timeout_minutes must be an integer >= 0 (at most {INT_FIELD_MAX})",
                 ["idle_timeout_minutes"],
             )
         changes = {"idle_timeout_minutes": value}

@@ -128,6 +128,7 @@ PUT_REFUSED = [
         "schedule_window.x",
     ),
     ("bad idle", {"idle_timeout_minutes": -1, "auto_scale": CFG}, 40003, "idle_timeout_minutes"),
+    ("idle past int32", {"idle_timeout_minutes": 2**31}, 40003, "idle_timeout_minutes"),
 ]
 
 
