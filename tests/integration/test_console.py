@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 
-import httpx
-
 from services.api_gateway.console.web import COOKIE, csrf_token
 
 from .helpers import Api
@@ -31,8 +29,7 @@ async def signed_in(api: Api, headers: dict[str, str]) -> str:
 
 async def test_sign_in_refuses_a_bad_key_and_keeps_the_key_out_of_urls(api: Api) -> None:
     r = await api.client.post("/ui/login", content="key=nonsense", headers=FORM)
-    assert r.status_code == 401 and "Error" not in r.headers.get("set-cookie", "")
-    assert COOKIE not in r.headers.get("set-cookie", "")
+    assert r.status_code == 401 and COOKIE not in r.headers.get("set-cookie", "")
     key = await signed_in(api, api.tenant)
     r = await api.client.get("/ui/tasks")
     assert r.status_code == 200 and key not in r.text  # never echoed into the page
@@ -123,7 +120,6 @@ async def test_the_other_sections_list(api: Api) -> None:
 async def test_static_assets_are_served(api: Api) -> None:
     r = await api.client.get("/ui/static/console.js")
     assert r.status_code == 200 and "EventSource" in r.text
-    assert isinstance(r, httpx.Response)
 
 
 async def test_a_group_shows_its_members_by_rank(api: Api) -> None:

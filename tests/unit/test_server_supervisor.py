@@ -20,12 +20,14 @@ class FakeServer:
     failing: int = 0
     code: int | None = None
     restarts_at: list[float] = field(default_factory=list)
+    looked: int = 0  # how often the supervisor asked whether it runs
 
     @property
     def pid(self) -> int | None:
         return 4242
 
     def exit_code(self) -> int | None:
+        self.looked += 1
         return self.code
 
     def restart(self) -> None:
@@ -52,7 +54,7 @@ async def test_a_dead_server_is_started_again_after_the_backoff() -> None:
     stop = asyncio.Event()
     watch = asyncio.create_task(sup.run(stop))
     before = restarts("unit-a")
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: server.looked >= 5)  # watched a few rounds
     assert server.restarts_at == []  # running: nothing to do
     died = time.monotonic()
     server.code = -9
