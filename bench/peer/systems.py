@@ -146,6 +146,7 @@ class HeteroFlow:
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: httpx.AsyncClient | None = None
         self.submitted = 0
+        self.throttled = 0  # creates answered 429/503 and sent again
 
     def _env(self, port: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")}
@@ -224,8 +225,15 @@ class HeteroFlow:
                 os.kill(pid, signal.SIGKILL)
 
     async def submit(self, command: str) -> None:
+        """Create one task as a client should: a 429 or 503 is waited out (its
+        `Retry-After`) and sent again, and the wait counts in the workload's time."""
         assert self.client is not None
-        r = await self.client.post("/tasks", json={"name": "peer", "command": command})
+        while True:
+            r = await self.client.post("/tasks", json={"name": "peer", "command": command})
+            if r.status_code not in (429, 503):
+                break
+            self.throttled += 1
+            await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
         if r.status_code != 201:
             raise RuntimeError(f"create answered {r.status_code}: {r.text}")
         self.submitted += 1

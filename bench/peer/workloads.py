@@ -186,6 +186,8 @@ async def measure(system: System, sizes: Sizes, folder: Path) -> tuple[Results, 
         left = [w for w in ("burst", "steady", "wide") if w not in done]
         notes.append(f"{left[0]} failed ({type(e).__name__}: {e}); not run: {left[1:] or '-'}")
         notes.append(f"jobs still active at the end: {await _active(system)}")
+    if throttled := getattr(system, "throttled", 0):
+        notes.append(f"{throttled} creates answered 429/503 and were sent again after Retry-After")
     return results, notes
 
 

@@ -11,11 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
 import bench.peer as peer
 from bench.peer import cpu
+from bench.peer.systems import HeteroFlow
 from bench.peer.table import metrics, ratio, render, verdict
 from bench.peer.workloads import Sizes, measure
 
@@ -171,3 +173,27 @@ def test_a_failed_workload_stops_the_run_and_says_why(
         "not run: ['wide']" if stuck == 0 else "not run: ['steady', 'wide']"
     )
     assert notes[-1] == f"jobs still active at the end: {stuck}"
+
+
+async def test_heteroflow_submit_waits_out_a_throttle_and_sends_again(tmp_path: Path) -> None:
+    """A 429 with Retry-After is what a client must wait out, not a failed workload; any
+    other refusal still fails it. (httpx's transport stands in for the gateway: pure client
+    logic.)"""
+    answers = [429, 503, 201, 400]
+    seen: list[float] = []
+
+    def gateway(request: httpx.Request) -> httpx.Response:
+        seen.append(time.monotonic())
+        status = answers.pop(0)
+        headers = {"Retry-After": "0.05"} if status in (429, 503) else {}
+        return httpx.Response(status, headers=headers, json={"id": "t", "error": "e"})
+
+    system = HeteroFlow(tmp_path)
+    system.client = httpx.AsyncClient(
+        transport=httpx.MockTransport(gateway), base_url="http://gw/api/v1"
+    )
+    await system.submit("true")
+    assert (system.submitted, system.throttled) == (1, 2)
+    assert seen[1] - seen[0] >= 0.05 and seen[2] - seen[1] >= 0.05
+    with pytest.raises(RuntimeError, match="400"):
+        await system.submit("true")
