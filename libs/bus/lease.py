@@ -25,6 +25,7 @@ from nats.js.errors import (
     APIError,
     BadRequestError,
     BucketNotFoundError,
+    KeyNotFoundError,
     KeyWrongLastSequenceError,
 )
 from nats.js.kv import KeyValue
@@ -121,6 +122,10 @@ class Lease:
         try:
             revision = await self.kv.create(self.name, self.holder_id.encode())
         except KeyWrongLastSequenceError:
+            return False
+        except KeyNotFoundError:
+            # The holder's entry aged out between the refused create and the look nats-py
+            # takes at it: nobody holds the lease now, and the next attempt takes it.
             return False
         self._revision = self._token = revision
         self._valid_until = started + self.ttl
