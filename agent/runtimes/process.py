@@ -9,10 +9,10 @@ Like Nomad's raw_exec, it isolates nothing; it only limits and supervises. Each 
 * `exit.json`   how the job ended, written by the supervisor;
 * `work/`       the job's working directory and `$HOME`.
 
-The job is started by a tiny supervisor (a Python script run with the agent's interpreter,
-see process_supervisor.py) in a session of its own, so it outlives an agent restart. The
-supervisor records the exit status in `exit.json`, which is how a restarted agent, no longer
-the job's parent, still learns the exit code. Linux only (it reads `/proc`).
+The job is started by a small supervisor in a session of its own, forked from one warm helper
+per agent (process_supervisor.py), so it outlives an agent restart. The supervisor records the
+exit status in `exit.json`, which is how a restarted agent, no longer the job's grandparent,
+still learns the exit code. Linux only (it reads `/proc`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import pwd
 import re
 import shutil
 import signal
-import subprocess
-import threading
 import time
 from collections.abc import AsyncGenerator, Mapping
 from datetime import UTC, datetime
@@ -64,9 +62,6 @@ _OOM_TEXT = re.compile(
 )
 _GPU_OOM_TEXT = re.compile(r"cuda|gpu|hip|cublas|cudnn|nccl|xpu", re.IGNORECASE)
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# How long a supervisor may take between writing exit.json and exiting before we stop
-# waiting for it (it is then collected by the next `reap_finished`).
-REAP_WITHIN_S = 5.0
 
 
 def looks_like_cpu_oom(exit_code: int | None, output: list[str]) -> bool:
@@ -141,22 +136,17 @@ class ProcessRuntime(Runtime):
         limit_address_space: bool = True,
         shell: str = "/bin/sh",
         poll_s: float = 0.2,
-        setpriv: str | bool = True,
     ) -> None:
         """`run_as`: a local user the job runs as (the agent must be root); None keeps the
         agent's user. `limit_address_space`: apply `memory_mb` as RLIMIT_AS (never for GPU
-        work: CUDA and ROCm reserve far more address space than they use). `setpriv`: how
-        no_new_privs is set (process_supervisor.find_setpriv): util-linux `setpriv` found on
-        PATH by default, the slower `prctl` in the job's own start without it."""
+        work: CUDA and ROCm reserve far more address space than they use)."""
         self.tasks_dir = Path(state_dir) / "tasks"
         self.run_as = run_as
         self.limit_address_space = limit_address_space
         self.shell = shell
         self.poll_s = poll_s
-        self.setpriv = process_supervisor.find_setpriv(setpriv)
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
-        self._supervisor_lock = threading.Lock()
-        self._supervisor_written = False
+        self._forker = process_supervisor.Forker(self.tasks_dir.parent / "forker.pyc")
+        self._starting: set[str] = set()  # attempt dirs whose supervisor has not answered yet
 
     # -- files ----------------------------------------------------------------------------
 
@@ -166,40 +156,19 @@ class ProcessRuntime(Runtime):
     def _handle_dir(self, handle: Handle) -> Path:
         return self._dir(handle.task_id, handle.attempt)
 
-    def _reap(self, key: str) -> None:
-        child = self._children.get(key)
-        if child is not None and child.poll() is not None:
-            del self._children[key]
-
-    async def _reap_after_exit(self, key: str) -> None:
-        """Collect the supervisor once the job has ended.
-
-        The supervisor writes exit.json and exits right after, so `_state` sees EXITED while
-        the supervisor may still be running; nothing polls it after that, and a child that is
-        never waited for stays a zombie until the agent exits. Poll it to its end here."""
-        deadline = time.monotonic() + REAP_WITHIN_S
-        while key in self._children and time.monotonic() < deadline:
-            self._reap(key)
-            if key in self._children:
-                await asyncio.sleep(min(self.poll_s, 0.05))
-        if key in self._children:
-            log.warning("supervisor still running after its job ended", attempt_dir=key)
-
-    def reap_finished(self) -> int:
-        """Wait for every supervisor that has ended; return how many are still running."""
-        for key in list(self._children):
-            self._reap(key)
-        return len(self._children)
+    @property
+    def forker_pid(self) -> int | None:
+        """The forker's pid while it runs (benchmarks read its CPU and its children's)."""
+        return self._forker.pid
 
     def _state(self, d: Path) -> RunState:
-        self._reap(d.name)
         if not (d / "state.json").exists():
             return RunState.MISSING
         if (d / "exit.json").exists():
             return RunState.EXITED
         pids = _read_json(d / "pids.json")
         if pids is None:
-            return RunState.CREATED if d.name in self._children else RunState.EXITED
+            return RunState.CREATED if d.name in self._starting else RunState.EXITED
         job = _alive(pids.get("pid"), pids.get("pid_ticks"))
         if job is not None:
             return RunState.PAUSED if job == "T" else RunState.RUNNING
@@ -252,23 +221,6 @@ class ProcessRuntime(Runtime):
         env["HETEROFLOW_ATTEMPT"] = str(spec.attempt)
         return env
 
-    def _supervisor(self) -> Path:
-        """The supervisor, compiled once per agent (process_supervisor.compiled); a file, so
-        `ps` shows a readable command line."""
-        path = self.tasks_dir.parent / "supervisor.pyc"
-        # Starts run in threads, concurrently: one writes the file, the others wait for it
-        # (they would otherwise race on the temporary file).
-        with self._supervisor_lock:
-            if not self._supervisor_written or not path.exists():
-                code = process_supervisor.compiled()
-                if not path.exists() or path.read_bytes() != code:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                    tmp.write_bytes(code)
-                    os.replace(tmp, path)
-                self._supervisor_written = True
-        return path
-
     def _user(self) -> tuple[int, int]:
         if self.run_as is None:
             return -1, -1
@@ -278,7 +230,8 @@ class ProcessRuntime(Runtime):
             raise RuntimeStartError(ErrorKind.INVALID_CONFIG, f"no user {self.run_as}") from e
         return pw.pw_uid, pw.pw_gid
 
-    def _spawn(self, spec: RunSpec, d: Path) -> subprocess.Popen[bytes]:
+    def _spawn(self, spec: RunSpec, d: Path) -> str:
+        """Start the attempt's supervisor; its answer line."""
         uid, gid = self._user()
         work = d / "work"
         work.mkdir(parents=True, exist_ok=True)
@@ -298,26 +251,23 @@ class ProcessRuntime(Runtime):
                 "started_at": time.time(),
             },
         )
-        argv = process_supervisor.command_line(
-            self._supervisor(),
-            self.setpriv,
-            d,
-            address_space=mem,
-            uid=uid,
-            gid=gid,
-            shell=process_supervisor.resolve_shell(self.shell),
-            command=spec.command,
-        )
-        with open(d / "output.log", "ab") as out:
-            return subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=out,
-                env=self._env(spec, work),
-                start_new_session=True,  # survives the agent; untouched by signals to the agent
-                close_fds=True,
-            )
+        request = {
+            "dir": str(d),
+            "address_space": mem,
+            "uid": uid,
+            "gid": gid,
+            "shell": process_supervisor.resolve_shell(self.shell),
+            "command": spec.command,
+            "env": self._env(spec, work),
+        }
+        answer = self._forker.start_supervisor(request)
+        if not answer and not (d / "output.log").exists():
+            # No supervisor ever ran for it (its first act creates the log): the request died
+            # with a forker that was killed holding it. Nothing started, so ask again.
+            log.warning("start request lost with the forker; sending it again", attempt_dir=d.name)
+            self._forker.settle()
+            answer = self._forker.start_supervisor(request)
+        return answer
 
     def _start_sync(self, spec: RunSpec) -> Handle:
         self._check(spec)
@@ -329,16 +279,15 @@ class ProcessRuntime(Runtime):
             log.info("process already exists", task_id=spec.task_id, attempt=spec.attempt)
             return handle.model_copy(update={"id": str(pids.get("pid", ""))})
         d.mkdir(parents=True, exist_ok=True)
+        self._starting.add(d.name)
         try:
-            child = self._spawn(spec, d)
+            reply = self._spawn(spec, d).split(maxsplit=2)
         except OSError as e:
             shutil.rmtree(d, ignore_errors=True)
             raise RuntimeStartError(ErrorKind.CONTAINER_RUNTIME_ERROR, str(e)) from e
-        assert child.stdout is not None
-        reply = child.stdout.readline().decode(errors="replace").split(maxsplit=2)
-        child.stdout.close()
+        finally:
+            self._starting.discard(d.name)
         if not reply or reply[0] != "ok":
-            child.wait()
             if len(reply) > 2 and reply[1] in {k.value for k in ErrorKind}:
                 kind, msg = ErrorKind(reply[1]), reply[2].strip()
             else:  # the supervisor itself failed: its traceback is in the log
@@ -346,12 +295,10 @@ class ProcessRuntime(Runtime):
                 msg = "supervisor failed: " + " | ".join(read_tail(d / "output.log", 5))
             shutil.rmtree(d, ignore_errors=True)
             raise RuntimeStartError(kind, msg)
-        self._children[d.name] = child
         log.info("process started", task_id=spec.task_id, attempt=spec.attempt, pid=reply[1])
         return handle.model_copy(update={"id": reply[1]})
 
     async def start(self, spec: RunSpec) -> Handle:
-        self.reap_finished()  # a backstop for supervisors whose wait() was cancelled
         return await asyncio.to_thread(self._start_sync, spec)
 
     # -- wait and report ------------------------------------------------------------------
@@ -386,7 +333,6 @@ class ProcessRuntime(Runtime):
     async def wait(self, handle: Handle) -> ExitReport:
         d = self._existing(handle)
         await self._until(d, None)
-        await self._reap_after_exit(d.name)
         if self._state(d) is RunState.MISSING:
             raise HandleNotFound(handle)
         return await asyncio.to_thread(self._report, d)
@@ -430,7 +376,6 @@ class ProcessRuntime(Runtime):
             return
         if self._state(d) in (RunState.RUNNING, RunState.PAUSED):
             await self.stop(handle, grace_s=0)
-        self._children.pop(d.name, None)
         await asyncio.to_thread(shutil.rmtree, d, True)
 
     # -- observe --------------------------------------------------------------------------
@@ -468,6 +413,10 @@ class ProcessRuntime(Runtime):
 
     async def inspect(self, handle: Handle) -> RunState:
         return self._state(self._handle_dir(handle))
+
+    async def close(self) -> None:
+        """Stop the forker; the supervisors, in sessions of their own, carry on."""
+        await asyncio.to_thread(self._forker.close)
 
     async def list_managed(self) -> list[Handle]:
         handles = []

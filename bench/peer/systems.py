@@ -256,6 +256,6 @@ class HeteroFlow:
             roots,
             also=lambda cmd: any(home in part for part in cmd),
             prune=lambda cmd: any(
-                part.endswith(("supervisor.py", "supervisor.pyc")) for part in cmd
+                part.endswith(("supervisor.py", "supervisor.pyc", "forker.pyc")) for part in cmd
             ),
         )

@@ -373,27 +373,22 @@ def test_a_supervisor_whose_agent_died_before_its_answer_still_records_the_exit(
     """`up` SIGKILLed while starting a task: the supervisor's "ok" meets a pipe nobody reads.
     It must go on supervising and write exit.json, else the restarted agent reports an
     unknown exit, the task fails and its retry runs the command a second time."""
-    from agent.runtimes.process_supervisor import command_line, compiled, find_setpriv
+    from agent.runtimes.process_supervisor import Forker
 
-    script = tmp_path / "supervisor.pyc"
-    script.write_bytes(compiled())
+    forker = Forker(tmp_path / "forker.pyc")
     d = tmp_path / "task"
     (d / "work").mkdir(parents=True)
     read_end, write_end = os.pipe()
     os.close(read_end)  # the agent is gone before the supervisor answers
-    argv = command_line(
-        script,
-        find_setpriv(True),
-        d,
-        address_space=0,
-        uid=-1,
-        gid=-1,
-        shell="/bin/sh",
-        command="echo ran",
-    )
-    with open(d / "output.log", "ab") as out:
-        sup = subprocess.Popen(argv, stdout=write_end, stderr=out)
-    os.close(write_end)
-    assert sup.wait(30) == 0
+    request = {"dir": str(d), "address_space": 0, "uid": -1, "gid": -1, "shell": "/bin/sh"}
+    try:
+        forker.send(request | {"command": "echo ran", "env": {}}, write_end)
+        os.close(write_end)
+        deadline = time.monotonic() + 30
+        while not (d / "exit.json").exists():
+            assert time.monotonic() < deadline, "no exit.json: the supervisor gave up"
+            time.sleep(0.02)
+    finally:
+        forker.close()
     assert json.loads((d / "exit.json").read_text())["exit_code"] == 0
     assert (d / "output.log").read_text() == "ran\n"  # nothing else in the task's output

@@ -1,7 +1,6 @@
 """The process runtime's per-task supervisor, seen from /proc: what the job's process gets
 (group, session, no_new_privs, limits, user, fds, signal dispositions), the files it writes,
-signal forwarding and its error replies — with `setpriv` in front and with the `prctl`
-fallback used where `setpriv` is missing."""
+signal forwarding and its error replies, and the forker they are forked from."""
 
 from __future__ import annotations
 
@@ -19,10 +18,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from agent.runtimes import process_supervisor
-from agent.runtimes.base import ErrorKind, Handle, RunSpec, RuntimeStartError
+from agent.runtimes.base import ErrorKind, Handle, RunSpec, RunState, RuntimeStartError
 from agent.runtimes.process import ProcessRuntime
 
 pytestmark = [
@@ -31,14 +30,6 @@ pytestmark = [
         not sys.platform.startswith("linux"), reason="the process runtime is Linux-only"
     ),
 ]
-
-PATHS = pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "prctl-fallback"])
-if process_supervisor.find_setpriv(True) is None:
-    PATHS = pytest.mark.parametrize(
-        "setpriv",
-        [pytest.param(True, marks=pytest.mark.skip(reason="no setpriv here")), False],
-        ids=["setpriv", "prctl-fallback"],
-    )
 
 
 def spec(command: str, **kw: object) -> RunSpec:
@@ -95,11 +86,8 @@ def _address_space_limit(pid: int) -> str:
     return row.split()[3]  # "Max address space  <soft> <hard> bytes"
 
 
-@PATHS
-async def test_the_jobs_process(
-    runtimes: list[ProcessRuntime], tmp_path: Path, setpriv: bool
-) -> None:
-    rt = _runtime(runtimes, tmp_path / "state", setpriv=setpriv)
+async def test_the_jobs_process(runtimes: list[ProcessRuntime], tmp_path: Path) -> None:
+    rt = _runtime(runtimes, tmp_path / "state")
     h = await rt.start(spec("exec sleep 30", memory_mb=300))
     pid = int(h.id)
     pids = _pids(rt, h)
@@ -119,11 +107,10 @@ async def test_the_jobs_process(
     assert int(_status(pid)["Uid"].split()[0]) == os.geteuid()
 
 
-@PATHS
 async def test_exit_record_and_signal_forwarding(
-    runtimes: list[ProcessRuntime], tmp_path: Path, setpriv: bool
+    runtimes: list[ProcessRuntime], tmp_path: Path
 ) -> None:
-    rt = _runtime(runtimes, tmp_path / "state", setpriv=setpriv)
+    rt = _runtime(runtimes, tmp_path / "state")
     trapping = await rt.start(spec("trap 'exit 5' TERM; while :; do sleep 0.05; done"))
     plain = await rt.start(spec("sleep 30"))
     for h in (trapping, plain):
@@ -161,16 +148,13 @@ async def test_a_shell_that_cannot_run_is_refused_with_its_kind(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
-@PATHS
-async def test_run_as_switches_user_group_and_drops_groups(
-    runtimes: list[ProcessRuntime], setpriv: bool
-) -> None:
+async def test_run_as_switches_user_group_and_drops_groups(runtimes: list[ProcessRuntime]) -> None:
     nobody = pwd.getpwnam("nobody")
     groups = os.getgroups()
     # The user must be able to traverse the state dir: pytest's tmp root is 0700, so not there.
     with tempfile.TemporaryDirectory(prefix="hf-run-as-") as state:
         os.chmod(state, 0o755)
-        rt = _runtime(runtimes, Path(state), run_as="nobody", setpriv=setpriv)
+        rt = _runtime(runtimes, Path(state), run_as="nobody")
         os.setgroups([4242])  # a supplementary group of the agent's, which must not pass on
         try:
             h = await rt.start(spec("id -u; id -g; id -G; grep NoNewPrivs /proc/self/status"))
@@ -193,3 +177,63 @@ async def test_concurrent_starts_each_get_their_own_job(
     handles = await asyncio.gather(*(rt.start(spec("echo $HETEROFLOW_TASK_ID")) for _ in range(8)))
     reports = await asyncio.gather(*(rt.wait(h) for h in handles))
     assert [r.output_tail for r in reports] == [[h.task_id] for h in handles]
+
+
+async def test_the_supervisor_holds_only_the_log_and_dev_null(
+    runtimes: list[ProcessRuntime], tmp_path: Path
+) -> None:
+    # Forked from the forker, it must not keep the forker's socket (a supervisor holding it
+    # would keep a dead agent's forker talking) nor the answer pipe after answering.
+    rt = _runtime(runtimes, tmp_path / "state")
+    h = await rt.start(spec("exec sleep 30"))
+    sup = _pids(rt, h)["supervisor_pid"]
+    log = str(rt.tasks_dir / f"{h.task_id}-0" / "output.log")
+    await _until(lambda: _fds(sup) == {"0": "/dev/null", "2": log}, lambda: _fds(sup))
+    assert rt.forker_pid is not None
+    assert Path(f"/proc/{rt.forker_pid}/environ").read_bytes() == b""  # no agent secrets
+    assert Path(f"/proc/{sup}/environ").read_bytes() == b""
+    assert _status(rt.forker_pid)["NoNewPrivs"] == "1"
+
+
+async def test_ended_supervisors_are_reaped_at_once(
+    runtimes: list[ProcessRuntime], tmp_path: Path
+) -> None:
+    rt = _runtime(runtimes, tmp_path / "state")
+    handles = await asyncio.gather(*(rt.start(spec("true")) for _ in range(20)))
+    for h in handles:
+        assert (await asyncio.wait_for(rt.wait(h), 10)).exit_code == 0
+    assert rt.forker_pid is not None
+    forker = psutil.Process(rt.forker_pid)
+
+    def zombies() -> list[int]:
+        return [c.pid for c in forker.children() if c.status() == psutil.STATUS_ZOMBIE]
+
+    await _until(lambda: not forker.children(), lambda: (forker.children(), zombies()), 1.0)
+
+
+async def test_a_dead_forker_is_started_again(
+    runtimes: list[ProcessRuntime], tmp_path: Path
+) -> None:
+    rt = _runtime(runtimes, tmp_path / "state")
+    first = await rt.start(spec("exec sleep 30"))
+    assert rt.forker_pid is not None
+    os.kill(rt.forker_pid, signal.SIGKILL)
+    h = await rt.start(spec("echo again"))
+    assert (await asyncio.wait_for(rt.wait(h), 10)).output_tail == ["again"]
+    # The supervisor of the first task, in its own session, did not die with its forker.
+    assert await rt.inspect(first) is RunState.RUNNING
+
+
+async def test_the_job_outlives_the_agent_and_a_new_agent_takes_it_over(
+    runtimes: list[ProcessRuntime], tmp_path: Path
+) -> None:
+    old = ProcessRuntime(tmp_path / "state", poll_s=0.05)  # closed below, like a stopped agent
+    h = await old.start(spec("trap 'exit 7' TERM; while :; do sleep 0.05; done"))
+    forker = old.forker_pid
+    await old.close()
+    assert forker is not None and not psutil.pid_exists(forker)
+    new = _runtime(runtimes, tmp_path / "state")
+    assert [x.task_id for x in await new.list_managed()] == [h.task_id]
+    assert await new.inspect(h) is RunState.RUNNING
+    await new.stop(h, grace_s=5)
+    assert (await asyncio.wait_for(new.wait(h), 10)).exit_code == 7

@@ -1,40 +1,28 @@
-"""The process runtime's supervisor script and its command line, without running it."""
+"""The process runtime's forker script, without running it."""
 
 from __future__ import annotations
 
 import ast
-import sys
-from pathlib import Path
-
-import pytest
+import importlib.util
 
 from agent.runtimes import process_supervisor
 
 
-def test_the_supervisor_imports_nothing_costly() -> None:
-    # Each import is CPU spent on every task (docs/benchmarks.md): json drags in re, signal
-    # enum, subprocess a fork with preexec_fn. ctypes only on the fallback path, in the job.
+def test_the_forker_imports_only_at_its_start() -> None:
+    # Imports are paid once, when the forker starts; an import inside a function would be
+    # paid again in every supervisor (docs/benchmarks.md, "Where HeteroFlow's CPU per job goes").
     tree = ast.parse(process_supervisor.SCRIPT)
-    top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
-    nested = {
-        a.name
+    assert all(
+        not isinstance(n, ast.Import | ast.ImportFrom)
         for f in tree.body
         if isinstance(f, ast.FunctionDef)
         for n in ast.walk(f)
-        if isinstance(n, ast.Import)
-        for a in n.names
-    }
-    assert top == {"posix", "sys", "time", "_signal"}
-    assert nested == {"ctypes", "resource"}
-    assert not any(isinstance(n, ast.ImportFrom) for n in ast.walk(tree))
-
-
-def test_setpriv_lookup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert process_supervisor.find_setpriv(True) is None  # missing: the prctl fallback
-    assert process_supervisor.find_setpriv(False) is None
-    assert process_supervisor.find_setpriv("/opt/setpriv") == "/opt/setpriv"
-    argv = process_supervisor.command_line(
-        Path("/s.py"), None, Path("/t"), address_space=0, uid=-1, gid=-1, shell="sh", command="x"
     )
-    assert argv[:3] == [sys.executable, "-I", "-S"] and argv[-3:] == ["prctl", "sh", "x"]
+    top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    assert top == {"ctypes", "gc", "json", "os", "resource", "signal", "socket", "sys", "time"}
+
+
+def test_the_compiled_forker_is_for_this_interpreter() -> None:
+    code = process_supervisor.compiled()
+    assert code[:4] == importlib.util.MAGIC_NUMBER
+    assert code[4:8] == (1).to_bytes(4, "little")  # hash-based, unchecked: no stat per start
