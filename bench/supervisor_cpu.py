@@ -15,6 +15,7 @@ import asyncio
 import tempfile
 import time
 import uuid
+
 import psutil
 
 from agent.runtimes.base import RunSpec

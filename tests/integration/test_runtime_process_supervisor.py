@@ -64,6 +64,10 @@ def _pids(rt: ProcessRuntime, h: Handle) -> dict[str, int]:
     return data
 
 
+def _environ(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/environ").read_bytes()
+
+
 def _fds(pid: int) -> dict[str, str]:
     fds = {}
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -190,8 +194,8 @@ async def test_the_supervisor_holds_only_the_log_and_dev_null(
     log = str(rt.tasks_dir / f"{h.task_id}-0" / "output.log")
     await _until(lambda: _fds(sup) == {"0": "/dev/null", "2": log}, lambda: _fds(sup))
     assert rt.forker_pid is not None
-    assert Path(f"/proc/{rt.forker_pid}/environ").read_bytes() == b""  # no agent secrets
-    assert Path(f"/proc/{sup}/environ").read_bytes() == b""
+    assert _environ(rt.forker_pid) == b""  # no agent secrets
+    assert _environ(sup) == b""
     assert _status(rt.forker_pid)["NoNewPrivs"] == "1"
 
 
