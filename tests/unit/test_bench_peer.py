@@ -197,3 +197,18 @@ async def test_heteroflow_submit_waits_out_a_throttle_and_sends_again(tmp_path: 
     assert seen[1] - seen[0] >= 0.05 and seen[2] - seen[1] >= 0.05
     with pytest.raises(RuntimeError, match="400"):
         await system.submit("true")
+
+
+def test_hygiene_counts_zombies_and_task_directories(tmp_path: Path) -> None:
+    from bench.peer import hygiene
+
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 5
+    while hygiene.zombies_under(os.getpid()) == 0:  # ended, not yet waited for
+        assert time.monotonic() < deadline, "the child never showed as a zombie"
+        time.sleep(0.01)
+    child.wait()
+    assert hygiene.zombies_under(os.getpid()) == 0
+    for name in ("a-0", "b-0", "b-1"):
+        (tmp_path / "agents" / "n1" / "tasks" / name).mkdir(parents=True)
+    assert hygiene.task_dirs(tmp_path) == 3
