@@ -69,6 +69,10 @@ def page(request: Request, name: str, status: int = 200, **context: Any) -> Resp
     return secured(HTMLResponse(html, status))
 
 
+def not_found(request: Request, what: str = "no such page") -> Response:
+    return page(request, "error.html", 404, title="Not found", message=what)
+
+
 def go(url: str) -> Response:
     return secured(RedirectResponse(url, 303))
 
