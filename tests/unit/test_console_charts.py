@@ -136,3 +136,13 @@ def test_the_job_form_reads_dependency_lines_and_names_what_is_wrong() -> None:
         "x": "e",
     }
     assert field_problems({"error": "e"}, "") == {"": "e"}
+
+
+def test_an_arrow_over_a_row_bends_around_the_boxes_between() -> None:
+    svg = str(draw(JOB))
+    path = re.search(r'<path d="M([\d.]+),[\d.]+ C([\d.]+),[^"]*"[^>]*><title>c waits on a', svg)
+    assert path is not None, svg
+    rights = [
+        float(x) + float(w) for x, w in re.findall(r'<rect x="(\d+)" y="\d+" width="(\d+)"', svg)
+    ]
+    assert float(path.group(2)) > max(rights)  # its bend lies right of every box

@@ -14,6 +14,7 @@ from markupsafe import Markup, escape
 from .charts import dag_levels
 
 BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 190, 58, 28, 56, 12
+MARGIN_R = 48  # room on the right for arrows that pass a row by
 SYMBOLS = {
     "completed": "✓",
     "failed": "✗",
@@ -39,15 +40,19 @@ def draw(nodes: list[dict[str, Any]]) -> Markup:
     if not levels:
         return Markup("")
     widest = max(len(level) for level in levels)
-    width = PAD * 2 + widest * BOX_W + (widest - 1) * GAP_X
+    inner = widest * BOX_W + (widest - 1) * GAP_X
+    width = PAD * 2 + inner + MARGIN_R
     height = PAD * 2 + len(levels) * BOX_H + (len(levels) - 1) * GAP_Y
     at: dict[str, tuple[float, float]] = {}
     for depth, level in enumerate(levels):
         # Each row centred, so an arrow between rows of different sizes stays short.
-        offset = (width - (len(level) * BOX_W + (len(level) - 1) * GAP_X)) / 2
+        offset = PAD + (inner - (len(level) * BOX_W + (len(level) - 1) * GAP_X)) / 2
         for i, n in enumerate(level):
             at[n["key"]] = (offset + i * (BOX_W + GAP_X), PAD + depth * (BOX_H + GAP_Y))
-    edges = [_edge(n, dep, at) for level in levels for n in level for dep in n["depends_on"]]
+    gutter = PAD + inner + MARGIN_R
+    edges = [
+        _edge(n, dep, at, gutter) for level in levels for n in level for dep in n["depends_on"]
+    ]
     boxes = [_box(n, *at[n["key"]]) for level in levels for n in level]
     label = f"The job's {len(nodes)} tasks in {len(levels)} rows by depth, arrows to what waits"
     return Markup(
@@ -60,18 +65,26 @@ def draw(nodes: list[dict[str, Any]]) -> Markup:
     )
 
 
-def _edge(node: dict[str, Any], dep: dict[str, Any], at: dict[str, tuple[float, float]]) -> str:
+def _edge(
+    node: dict[str, Any], dep: dict[str, Any], at: dict[str, tuple[float, float]], gutter: float
+) -> str:
     up = str(dep["on"])
     if up not in at:
         return ""
     (x1, y1), (x2, y2) = at[up], at[node["key"]]
-    x1, y1, x2, y2 = x1 + BOX_W / 2, y1 + BOX_H, x2 + BOX_W / 2, y2
-    mid = (y1 + y2) / 2
+    if y2 - y1 > BOX_H + GAP_Y:
+        # Over a row: bent out to the right-hand gutter, not through the boxes between.
+        x1, y1, x2, y2 = x1 + BOX_W, y1 + BOX_H / 2, x2 + BOX_W, y2 + BOX_H / 2
+        d = f"M{x1:.0f},{y1:.0f} C{gutter:.0f},{y1:.0f} {gutter:.0f},{y2:.0f} {x2:.0f},{y2:.0f}"
+    else:
+        x1, y1, x2, y2 = x1 + BOX_W / 2, y1 + BOX_H, x2 + BOX_W / 2, y2
+        mid = (y1 + y2) / 2
+        d = f"M{x1:.0f},{y1:.0f} C{x1:.0f},{mid:.0f} {x2:.0f},{mid:.0f} {x2:.0f},{y2:.0f}"
     kind = str(dep.get("kind", "after"))
     dashed = "" if kind == "after" else ' stroke-dasharray="6 4"'
     title = f"{node['key']} waits on {up} ({kind})"
     return (
-        f'<path d="M{x1:.0f},{y1:.0f} C{x1:.0f},{mid:.0f} {x2:.0f},{mid:.0f} {x2:.0f},{y2:.0f}" '
+        f'<path d="{d}" '
         f'fill="none" stroke="#444" stroke-width="1.5" marker-end="url(#arrow)"{dashed}>'
         f"<title>{escape(title)}</title></path>"
     )
