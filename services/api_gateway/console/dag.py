@@ -56,7 +56,7 @@ def draw(nodes: list[dict[str, Any]]) -> Markup:
     boxes = [_box(n, *at[n["key"]]) for level in levels for n in level]
     label = f"The job's {len(nodes)} tasks in {len(levels)} rows by depth, arrows to what waits"
     return Markup(
-        f'<svg class="dag-svg" role="img" aria-label="{escape(label)}" '
+        f'<svg class="dag-svg" role="group" aria-label="{escape(label)}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
         'xmlns="http://www.w3.org/2000/svg">'
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" '

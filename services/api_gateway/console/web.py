@@ -1,5 +1,6 @@
 """The console's plumbing: the session cookie, CSRF, the security headers, rendering, and the
-in-process API client every page reads through (routes.py holds the pages).
+in-process API client every page reads through (routes.py, groups.py and jobs.py hold
+the pages).
 
 A page that cannot go on (no session, a refused API call, a bad form) raises `Stop` with the
 answer to give; `install` turns it into that answer, so handlers hold only the happy path.
