@@ -6,7 +6,7 @@ the create forms for groups and jobs with the API's errors beside their fields."
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, time, timedelta
 from urllib.parse import urlencode
 
 from libs.domain.commands import decide_transition
@@ -42,8 +42,11 @@ async def test_serving_figures_are_charts_with_text_and_the_window_state_is_told
     api: Api,
 ) -> None:
     await signed_in(api, api.tenant)
-    # Open all day on every day but none: closed now, opening at the next named day.
-    window = {"start": "00:00", "end": "00:00", "days": ["mon"], "action": "pause"}
+    # Open all day, only on the day after tomorrow: closed now (even past midnight), opening
+    # at that day's start.
+    opening = (datetime.now(UTC) + timedelta(days=2)).date()
+    day = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")[opening.weekday()]
+    window = {"start": "00:00", "end": "00:00", "days": [day], "action": "pause"}
     gid = await make_group(api, serving={"port": 8000}, schedule_window=window)
     page = await api.client.get(f"/ui/groups/{gid}")
     assert page.status_code == 200, page.text
@@ -54,11 +57,10 @@ async def test_serving_figures_are_charts_with_text_and_the_window_state_is_told
     assert "0 of 3" in serving and "{&#34;" not in page.text  # figures, not raw JSON
     state = re.search(r'id="window-state">(.*?)</dd>', page.text)
     assert state is not None
-    monday = datetime.now(UTC).weekday() == 0
-    assert ("open" if monday else "closed") in state.group(1)
+    assert "closed" in state.group(1) and "pause applies" in state.group(1)
     nxt = re.search(r"(opens|closes) at <time>([^<]+)</time>", page.text)
-    assert nxt is not None and nxt.group(1) == ("closes" if monday else "opens")
-    assert datetime.fromisoformat(nxt.group(2)).weekday() == (1 if monday else 0)
+    assert nxt is not None and nxt.group(1) == "opens"
+    assert datetime.fromisoformat(nxt.group(2)) == datetime.combine(opening, time(0), UTC)
 
 
 async def test_a_rollout_is_started_paused_resumed_and_rolled_back_from_the_page(api: Api) -> None:
