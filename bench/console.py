@@ -5,7 +5,8 @@ tenant gets `--console-tasks` tasks (10,000 by default) written through the stor
 one of them timed out so its detail page has a timeline. Then each page is fetched
 `--console-loads` times over HTTP with the session cookie, one after the other, and the p50
 and p99 of the whole answer's time are reported: the first page of the list, a later page,
-a filtered list, and a task's detail page (the task, its timeline and its attempts).
+a filtered list, a task's detail page (the task, its timeline and its attempts), a group's
+page (the group, its serving, rollout and timeline), a job's page (its DAG drawn) and pools.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ async def run(ctx: Context) -> list[Row]:
                             headers={"content-type": "application/x-www-form-urlencoded"},
                         )
                         assert r.status_code == 303, r.text
+                        pages |= await _group_and_job(client, key)
                         for name, path in pages.items():
                             rows += await _loads(client, name, path, args.console_loads)
                 finally:
@@ -88,6 +90,31 @@ async def run(ctx: Context) -> list[Row]:
             return rows
         finally:
             await store.close()
+
+
+async def _group_and_job(client: httpx.AsyncClient, key: str) -> dict[str, str]:
+    """A group of 3 and a job of 3 tasks (a chain) through the API: their pages, and pools."""
+    auth_header = {"Authorization": f"Bearer {key}"}
+    member = {"image": "busybox:latest", "command": "true"}
+    r = await client.post(
+        "/api/v1/task-groups",
+        json=member | {"name": "bench", "task_count": 3},
+        headers=auth_header,
+    )
+    assert r.status_code == 201, r.text
+    group_id = r.json()["id"]
+    job = {
+        "name": "bench",
+        "tasks": [member | {"key": k, "name": k} for k in ("a", "b", "c")],
+        "dependencies": [{"task": "b", "on": "a"}, {"task": "c", "on": "b"}],
+    }
+    r = await client.post("/api/v1/jobs", json=job, headers=auth_header)
+    assert r.status_code == 201, r.text
+    return {
+        "group_detail": f"/ui/groups/{group_id}",
+        "job_detail": f"/ui/jobs/{r.json()['id']}",
+        "pools": "/ui/pools",
+    }
 
 
 async def _loads(client: httpx.AsyncClient, name: str, path: str, n: int) -> list[Row]:

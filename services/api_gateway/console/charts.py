@@ -30,6 +30,36 @@ def sparkline(values: Sequence[float], top: float, label: str) -> str:
     )
 
 
+def bar(value: float, top: float, label: str, unit: str = "") -> str:
+    """A horizontal bar of `value` out of `top`, with the figures as its text alternative."""
+    alt = f"{label}: {value:g}{unit} of {max(top, value):g}{unit}"
+    top = max(top, value, 1e-9)
+    filled = WIDTH * value / top
+    return (
+        f'<svg class="bar" role="img" aria-label="{_escape(alt)}" viewBox="0 0 {WIDTH} 16" '
+        f'width="{WIDTH}" height="16" xmlns="http://www.w3.org/2000/svg">'
+        f"<title>{_escape(alt)}</title>"
+        f'<rect x="0" y="0" width="{WIDTH}" height="16" fill="#e6e6e6" stroke="#999"/>'
+        f'<rect x="0" y="0" width="{filled:.1f}" height="16" fill="#0b4f8a"/></svg>'
+    )
+
+
+def serving_charts(samples: list[dict[str, float]]) -> dict[str, Markup]:
+    """Requests/s and latency p95 over the samples seen, replicas ready of total now."""
+    if not samples:
+        return {}
+    last = samples[-1]
+    rps = [s["rps"] for s in samples]
+    p95 = [s["p95"] for s in samples]
+    # One sample draws as a flat line: a polyline needs two points.
+    rps, p95 = (rps * 2, p95 * 2) if len(samples) == 1 else (rps, p95)
+    return {
+        "rps": Markup(sparkline(rps, 1, "requests per second")),
+        "p95": Markup(sparkline(p95, 1, "latency p95 ms")),
+        "ready": Markup(bar(last["ready"], last["total"], "replicas ready")),
+    }
+
+
 def _escape(text: str) -> str:
     return (
         text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")

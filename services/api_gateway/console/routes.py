@@ -22,8 +22,10 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from .charts import dag_levels, gpu_charts
-from .forms import task_body
+from . import groups, jobs
+from .charts import gpu_charts
+from .forms import field_problems, task_body
+from .views import pool_usage
 from .web import (
     COOKIE,
     Form,
@@ -31,6 +33,7 @@ from .web import (
     api_client,
     go,
     if_ok,
+    not_found,
     ok,
     page,
     read_form,
@@ -43,7 +46,7 @@ LIVE_POLL_S = 0.5
 TERMINAL = {"completed", "failed", "stopped", "cancelled", "skipped"}
 LIST_FILTERS = ("status", "name", "node_id", "sort", "order")
 # The list endpoints behind the plain tables, and the columns a table may show.
-SECTIONS = {"groups": "/task-groups", "jobs": "/jobs", "pools": "/pools"}
+SECTIONS = {"groups": "/task-groups", "jobs": "/jobs"}
 COLUMNS = ("id", "name", "status", "tenant_id", "task_type", "replicas", "priority", "capacity")
 ACTIONS = {
     "stop": ("POST", "/stop"),
@@ -53,10 +56,9 @@ ACTIONS = {
 }
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
-
-
-def not_found(request: Request, what: str = "no such page") -> Response:
-    return page(request, "error.html", 404, title="Not found", message=what)
+# Before the routes below: `/ui/groups/new` is not a task action, `/ui/pools` not a listing.
+router.include_router(groups.router)
+router.include_router(jobs.router)
 
 
 # -- signing in -------------------------------------------------------------------------------
@@ -133,9 +135,7 @@ async def create_task(request: Request, key: Key, form: Form) -> Response:
             r = await api.post("/tasks", json=body)
         if r.status_code == 201:
             return go(f"/ui/tasks/{r.json()['id']}")
-        problem = r.json()
-        problems = {f.split(".")[0]: problem.get("error", "") for f in problem.get("fields", [])}
-        problems = problems or {"": problem.get("error", r.text)}
+        problems = field_problems(r.json(), r.text)
     return page(
         request,
         "new_task.html",
@@ -241,44 +241,13 @@ async def act(request: Request, task_id: str, action: str, key: Key, _form: Form
 # -- groups, jobs, queues, nodes --------------------------------------------------------------
 
 
-@router.get("/groups/{group_id}")
-async def group_detail(request: Request, group_id: str, key: Key) -> Response:
-    """Members by rank, serving figures, rollout progress, window and timeline."""
-    base = f"/task-groups/{group_id}"
+@router.get("/pools")
+async def pools(request: Request, key: Key) -> Response:
+    """Each pool's cards, memory and online nodes used against what it has (meters)."""
     async with api_client(request, key) as api:
-        group = ok(request, await api.get(base))
-        serving = if_ok(await api.get(f"{base}/serving"))
-        rollout = if_ok(await api.get(f"{base}/rollout"))
-        timeline = if_ok(await api.get(f"{base}/events", params={"per_page": 50}))
-    members = sorted(group.get("tasks", []), key=lambda t: (t.get("rank") is None, t.get("rank")))
-    return page(
-        request,
-        "group.html",
-        title=group["name"],
-        group=group,
-        members=members,
-        serving=serving,
-        rollout=rollout,
-        timeline=(timeline or {}).get("events", []),
-    )
-
-
-@router.post("/groups/{group_id}/scale")
-async def group_scale(request: Request, group_id: str, key: Key, form: Form) -> Response:
-    raw = form.get("replicas", "").strip()
-    replicas: int | str = int(raw) if raw.isdigit() else raw  # the API names a bad value
-    async with api_client(request, key) as api:
-        r = await api.post(f"/task-groups/{group_id}/scale", json={"replicas": replicas})
-    ok(request, r)
-    return go(f"/ui/groups/{group_id}")
-
-
-@router.get("/jobs/{job_id}")
-async def job_detail(request: Request, job_id: str, key: Key) -> Response:
-    """The job's DAG drawn by depth: each task with its status and why it waits."""
-    async with api_client(request, key) as api:
-        job = ok(request, await api.get(f"/jobs/{job_id}"))
-    return page(request, "job.html", title=job["name"], job=job, levels=dag_levels(job["tasks"]))
+        listed = ok(request, await api.get("/pools"))["pools"]
+    rows = [p | {"usage": pool_usage(p["capacity"])} for p in listed]
+    return page(request, "pools.html", title="Pools", pools=rows)
 
 
 @router.get("/queues")
@@ -299,13 +268,22 @@ async def nodes(request: Request, key: Key) -> Response:
 
 @router.get("/{section}")
 async def listing(request: Request, section: str, key: Key) -> Response:
-    """Groups, jobs and pools: one table each, from their list endpoints."""
+    """Groups and jobs: one table each, from their list endpoints, with a create link."""
     if section not in SECTIONS:
         return not_found(request)
     async with api_client(request, key) as api:
         body = ok(request, await api.get(SECTIONS[section]))
     rows = next((v for v in body.values() if isinstance(v, list)), [])
     columns = [c for c in COLUMNS if any(c in x for x in rows)]
-    detail = section if section in ("groups", "jobs") else ""
     title = section.capitalize()
-    return page(request, "listing.html", title=title, rows=rows, columns=columns, detail=detail)
+    new, new_label = f"/ui/{section}/new", f"New {section[:-1]}"
+    return page(
+        request,
+        "listing.html",
+        title=title,
+        rows=rows,
+        columns=columns,
+        detail=section,
+        new=new,
+        new_label=new_label,
+    )

@@ -1,5 +1,6 @@
 """The console's plumbing: the session cookie, CSRF, the security headers, rendering, and the
-in-process API client every page reads through (routes.py holds the pages).
+in-process API client every page reads through (routes.py, groups.py and jobs.py hold
+the pages).
 
 A page that cannot go on (no session, a refused API call, a bad form) raises `Stop` with the
 answer to give; `install` turns it into that answer, so handlers hold only the happy path.
@@ -67,6 +68,10 @@ def page(request: Request, name: str, status: int = 200, **context: Any) -> Resp
         csrf=csrf_token(key) if key else "", signed_in=bool(key), **context
     )
     return secured(HTMLResponse(html, status))
+
+
+def not_found(request: Request, what: str = "no such page") -> Response:
+    return page(request, "error.html", 404, title="Not found", message=what)
 
 
 def go(url: str) -> Response:
