@@ -10,6 +10,8 @@ the scheduler completes the wake. Never lent: an engine without `/sleep` is paus
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 
 from . import web
-from .cluster import Cluster, free_port
+from .cluster import BIN, Cluster, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -89,6 +91,24 @@ def create_engine(cluster: Cluster, vram: Path, mode: str) -> dict[str, Any]:
     )
 
 
+def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = cluster.env | {
+        "HETEROFLOW_SERVER": cluster.url,
+        "HETEROFLOW_TOKEN": cluster.creds["tenant_api_key"],
+        "HETEROFLOW_HOME": str(cluster.root / "cli-home"),
+    }
+    return subprocess.run(
+        [str(BIN), *args], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def ops(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"HETEROFLOW_DATABASE_URL": cluster.database_url}
+    return subprocess.run(
+        [str(BIN), *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 def post(cluster: Cluster, task_id: str, op: str) -> Any:
     return web.post(f"{cluster.url}/api/v1/tasks/{task_id}/{op}", headers=cluster.tenant)
 
@@ -132,6 +152,8 @@ def test_a_released_card_is_lent_and_the_wake_waits_for_the_borrower(cluster: Cl
     assert r.json()["status"] == "queued" and r.json()["id"] == engine["id"]
     lender = cluster.task(engine["id"])
     assert lender["status"] == "sleeping" and lender["wake_queued"] is True
+    again = cli(cluster, "wake", engine["id"])  # the CLI says so too; nothing new is recorded
+    assert again.returncode == 0 and "queued: the card is lent" in again.stdout, again
 
     done.touch()  # the borrower ends: the scheduler gives the card back and wakes the engine
     cluster.wait_status(train["id"], "completed", timeout=30)
@@ -150,6 +172,11 @@ def test_a_released_card_is_lent_and_the_wake_waits_for_the_borrower(cluster: Cl
     assert lent["card_lent"]["details"]["borrower_task_id"] == train["id"]
     assert lent["card_returned"]["details"]["borrower_status"] == "completed"
     assert "card_borrowed" in timeline(cluster, train["id"])
+    # The log proves no card was held twice (the lent card counted for its borrower only),
+    # and replaying it rebuilds the same rows (the lending fields included).
+    for args in (("check", "history", "--json"), ("events", "replay", "--dry-run")):
+        result = ops(cluster, *args)
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_a_paused_sleeper_is_never_lent(cluster: Cluster) -> None:
