@@ -172,6 +172,25 @@ def test_a_released_card_is_lent_and_the_wake_waits_for_the_borrower(cluster: Cl
     assert lent["card_lent"]["details"]["borrower_task_id"] == train["id"]
     assert lent["card_returned"]["details"]["borrower_status"] == "completed"
     assert "card_borrowed" in timeline(cluster, train["id"])
+
+    # Asleep again it is lendable again; a lender whose wake is queued is deleted at once.
+    assert post(cluster, engine["id"], "sleep").status_code == 200
+    cluster.wait(lambda: cluster.task(engine["id"])["sleep_released"] is True, "measured again")
+    done2 = cluster.root / "done2"
+    second = cluster.create(
+        name="train2",
+        command=f"while [ ! -e {done2} ]; do sleep 0.2; done",
+        task_type="training",
+        gpu_required=1,
+    )
+    assert cluster.wait_status(second["id"], "running", timeout=30)["borrowed_from"] == engine["id"]
+    assert post(cluster, engine["id"], "wake").json()["status"] == "queued"
+    r = web.delete(f"{cluster.url}/api/v1/tasks/{engine['id']}", headers=cluster.tenant)
+    assert r.status_code == 200, r.text
+    cluster.wait(lambda: cluster.statuses(engine["id"])[-1] == "stopped", "the lender stopped")
+    assert cluster.task(second["id"])["status"] == "running", "the borrower runs on"
+    done2.touch()
+    cluster.wait_status(second["id"], "completed", timeout=30)
     # The log proves no card was held twice (the lent card counted for its borrower only),
     # and replaying it rebuilds the same rows (the lending fields included).
     for args in (("check", "history", "--json"), ("events", "replay", "--dry-run")):
