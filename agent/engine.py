@@ -9,8 +9,10 @@ answer but 2xx, or no answer). docs/serving.md.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,14 +42,33 @@ async def engine_call(address: str, path: str, timeout_s: float = ENGINE_TIMEOUT
     return 200 <= resp.status_code < 300
 
 
-async def vram_held_mb(gpu_ids: tuple[str, ...], detect: bool) -> float | None:
+async def vram_held_mb(
+    gpu_ids: tuple[str, ...], detect: bool, declared_file: Path | None = None
+) -> float | None:
     """VRAM in use on the task's cards (NVML, off the loop); None when nothing can be read
-    (no card, NVML off, or declared cards of other vendors)."""
-    if not gpu_ids or not detect:
+    (no card, NVML off, or declared cards of other vendors). Cards NVML cannot see are read
+    from `declared_file` when one is set (see `declared_vram_mb`)."""
+    if not gpu_ids:
         return None
-    holders = {g: ["-"] for g in gpu_ids}
-    samples = await asyncio.to_thread(sample, holders, datetime.now(UTC))
-    return round(sum(s.memory_used_mb for s in samples), 1) if samples else None
+    if detect:
+        holders = {g: ["-"] for g in gpu_ids}
+        samples = await asyncio.to_thread(sample, holders, datetime.now(UTC))
+        if samples:
+            return round(sum(s.memory_used_mb for s in samples), 1)
+    return declared_vram_mb(gpu_ids, declared_file) if declared_file else None
+
+
+def declared_vram_mb(gpu_ids: tuple[str, ...], path: Path) -> float | None:
+    """VRAM in use on declared cards, from a JSON map card id → MB that the node's own tool
+    keeps (HETEROFLOW_DECLARED_VRAM_FILE; the stand-in for NVML that declared cards have, as
+    HETEROFLOW_DECLARED_GPUS stands in for detection). None when the file or a card's figure
+    is missing or unreadable: no reading is better than a made-up one."""
+    try:
+        figures = json.loads(path.read_text())
+        return round(sum(float(figures[g]) for g in gpu_ids), 1)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.info("declared_vram_unreadable", path=str(path), error=str(exc))
+        return None
 
 
 Vram = Callable[[], Awaitable[float | None]]

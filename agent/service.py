@@ -367,7 +367,8 @@ class Agent:
         await self.report(tracked.handle, Fact.RESUMED, S.WAKING, **fields)
 
     def _vram(self, tracked: Tracked) -> Callable[[], Awaitable[float | None]]:
-        return lambda: vram_held_mb(tracked.gpu_ids, self.settings.detect_nvidia)
+        detect, declared = self.settings.detect_nvidia, self.settings.declared_vram_file
+        return lambda: vram_held_mb(tracked.gpu_ids, detect, declared)
 
     # --- reports and logs --------------------------------------------------------------
 

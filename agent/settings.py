@@ -26,6 +26,11 @@ class AgentSettings(CommonSettings):
         default="", description='cards pynvml cannot see, e.g. "amd:MI300X:196608x2"'
     )
     detect_nvidia: bool = Field(default=True, description="ask pynvml for NVIDIA cards")
+    declared_vram_file: Path | None = Field(
+        default=None,
+        description="JSON map card id → MB in use, read for cards NVML cannot see (the sleep "
+        "measurement that makes a card lendable, docs/serving.md#card-lending)",
+    )
     node_labels: dict[str, str] = Field(default_factory=dict, description="JSON map")
     node_cpu_cores: int | None = Field(
         default=None, ge=1, description="CPU cores to offer; unset = the host's count"

@@ -303,6 +303,7 @@ def describe_text(
         ("Started", when(task.get("started_at"))),
         ("Finished", when(task.get("finished_at"))),
     ]
+    pairs += _loan(task)
     parts = [fields(pairs), "", "Attempts:"]
     parts.append(_indent(retries_table(retries)) if retries else "  none")
     parts += ["", "Events:"]
@@ -311,6 +312,17 @@ def describe_text(
     else:
         parts.append(_indent(timeline_table(events)) if events else "  none")
     return "\n".join(parts)
+
+
+def _loan(task: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Card lending lines, only while a loan concerns the task (docs/serving.md)."""
+    out: list[tuple[str, Any]] = []
+    if task.get("lent_to"):
+        queued = " (wake queued until it ends)" if task.get("wake_queued") else ""
+        out.append(("Card lent to", f"{task['lent_to']}{queued}"))
+    if task.get("borrowed_from"):
+        out.append(("Card borrowed from", task["borrowed_from"]))
+    return out
 
 
 def when(value: Any) -> str:

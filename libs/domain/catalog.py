@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import events, group, job_state, node, pool
+from . import events, group, job_state, lending, node, pool
 from .events import PAYLOAD_TYPES, Payload, parse_payload
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "events",
     "group",
     "job_state",
+    "lending",
     "node",
     "parse_payload",
     "pool",

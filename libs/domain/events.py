@@ -8,6 +8,7 @@ a newer version than it knows must not guess (see docs/events.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
@@ -291,6 +292,14 @@ CLEARED_PLACEMENT: dict[str, Any] = {
 CARRIED_FIELDS = (*CLEARED_PLACEMENT, "engine", "exit_code", "result", "error")
 
 
+# Task events defined in other domain modules (lending.py) and what each changes on the task.
+TASK_FOLDS: dict[type[Payload], Callable[[Task, Any], dict[str, Any]]] = {}
+
+# Lending state that only lasts while a task sleeps (libs/domain/lending.py): any status
+# change out of `sleeping` ends it; a requeue also ends a borrower's loan.
+SLEEP_ONLY: dict[str, Any] = {"sleep_released": False, "lent_to": "", "wake_queued": False}
+
+
 def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -> Task:
     """The task after `event` (appended at `at` as `version` of its stream).
 
@@ -325,6 +334,8 @@ def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -
         changes["deleted_at"] = at
     elif isinstance(event, TaskRetryDecided):
         pass  # history only: the status change that follows carries the new state
+    elif (fold := TASK_FOLDS.get(type(event))) is not None:
+        changes.update(fold(task, event))
     else:
         raise ValueError(f"not a task event: {event.type}")
     return task.model_copy(update=changes)
@@ -353,6 +364,8 @@ def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str
         value = getattr(ev, name)
         if value is not None:
             out[name] = value
+    if ev.to_status is not TaskStatus.SLEEPING:
+        out.update(SLEEP_ONLY)
     if ev.retry_count is not None:
         out["retry_count"] = ev.retry_count
     if ev.memory_mb is not None:
@@ -362,6 +375,7 @@ def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str
     if ev.to_status is TaskStatus.PENDING:
         # A fresh attempt: clear the previous attempt's outcome, keep history in the events.
         out.update(started_at=None, finished_at=None, exit_code=None, result="")
+        out["borrowed_from"] = ""
         out.update(
             not_before=ev.not_before,
             same_node_id=ev.same_node_id or "",

@@ -11,7 +11,8 @@ never with the length of the log. What it proves:
 * every status change starts where the task was and follows the whitelist of states.py, for
   the actor that made it; a task leaves a terminal state only by a retry, while retries remain;
 * a task placed on one node is never reported on another without first leaving it;
-* no GPU card holds more than its whole compute or more than its VRAM at any point of the log;
+* no GPU card holds more than its whole compute or more than its VRAM at any point of the log
+  (a sleeper's lent card counts for its borrower only, from the loan to its return);
 * (with the store) every timeline entry comes from a committed event (`unsourced_timeline`).
 """
 
@@ -29,6 +30,7 @@ from pydantic import ValidationError
 
 from .catalog import PAYLOAD_TYPES, Payload
 from .events import TaskConfigUpdated, TaskCreated, TaskStatusChanged
+from .lending import TaskCardLent, TaskCardReturned
 from .node import NodeRegistered
 from .states import GPU_HOLDING, TERMINAL, Actor, TaskStatus, is_allowed
 
@@ -132,6 +134,7 @@ class _Task:
     gpu_ids: tuple[str, ...] = ()
     placed: EventRef | None = None  # the event that gave the current placement
     held: tuple[tuple[str, str], ...] = ()  # the cards counted for it now
+    lent: bool = False  # a sleeper whose cards a borrower holds (lending.py): not counted
 
     def set_spec(self, spec: dict[str, Any]) -> None:
         whole = int(spec.get("gpu_required", self.whole_gpus) or 0)
@@ -274,6 +277,10 @@ class HistoryChecker:
             task.set_spec(payload.changes)
         elif isinstance(payload, TaskStatusChanged):
             self._transition(task_id, task, ref, payload)
+        elif isinstance(payload, TaskCardLent | TaskCardReturned):
+            # While lent, the card is counted on the borrower only (the sleeper released it).
+            task.lent = isinstance(payload, TaskCardLent)
+            self._hold(task_id, task, ref)
 
     def _transition(self, task_id: str, task: _Task, ref: EventRef, ev: TaskStatusChanged) -> None:
         src, dst = task.status, ev.to_status
@@ -287,6 +294,8 @@ class HistoryChecker:
         self._check_edge(task_id, task, ref, ev)
         self._check_node(task_id, task, ref, ev)
         task.status, task.last = dst, ref
+        if dst in (S.WAKING, S.RUNNING):
+            task.lent = False  # awake: its card is its own again (a return comes first)
         if ev.retry_count is not None:
             task.retry_count = ev.retry_count
         if ev.clear_placement:
@@ -344,7 +353,9 @@ class HistoryChecker:
         """Recount what the task holds on its cards after a change; check the cards it adds."""
         node = task.node_id
         cards = (
-            tuple((node, g) for g in task.gpu_ids) if node and task.status in GPU_HOLDING else ()
+            tuple((node, g) for g in task.gpu_ids)
+            if node and task.status in GPU_HOLDING and not task.lent
+            else ()
         )
         if cards == task.held:
             return

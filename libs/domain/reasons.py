@@ -38,6 +38,9 @@ class ReasonCode(StrEnum):
     HOST_OFFLINE_ON_WAKE = "host_offline_on_wake"
     IDLE_SLEEP = "idle_sleep"
     REQUEST_WAKE = "request_wake"
+    CARD_BORROWED = "card_borrowed"
+    WAKE_QUEUED = "wake_queued"
+    LENT_CARD_RETURNED = "lent_card_returned"
     PREEMPTED = "preempted"
     NODE_LOST = "node_lost"
     TASK_UNCONFIRMED = "task_unconfirmed"
@@ -115,6 +118,9 @@ TEXT: dict[ReasonCode, str] = {
     R.HOST_OFFLINE_ON_WAKE: "woken while its host was offline: rescheduled elsewhere",
     R.IDLE_SLEEP: "no request for its idle timeout: put to sleep",
     R.REQUEST_WAKE: "a request arrived while it slept: woken",
+    R.CARD_BORROWED: "placed on the card of a sleeping task of its tenant (lent)",
+    R.WAKE_QUEUED: "wake queued: its card is lent to a training task of its tenant",
+    R.LENT_CARD_RETURNED: "its lent card came back (the borrower ended): the queued wake runs",
     R.PREEMPTED: "preempted by higher-priority work",
     R.NODE_LOST: "its node stopped sending heartbeats",
     R.TASK_UNCONFIRMED: "its node stopped listing it in its heartbeats",

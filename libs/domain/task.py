@@ -186,6 +186,13 @@ class Task(BaseModel):
     # and whether a rollout has marked it to drain (no new requests, then `cancelled`).
     generation: int = 0
     draining: bool = False
+    # Card lending (docs/serving.md#card-lending): the last sleep released the card's memory
+    # (measured, libs/domain/lending.py), the task its card is lent to, a wake that waits for
+    # that borrower to end; on a borrower, the sleeping task whose card it runs on.
+    sleep_released: bool = False
+    lent_to: str = ""
+    wake_queued: bool = False
+    borrowed_from: str = ""
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None = None

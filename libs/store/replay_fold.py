@@ -32,6 +32,7 @@ from libs.domain.catalog import PAYLOAD_TYPES
 from libs.domain.events import (
     CARRIED_FIELDS,
     CLEARED_PLACEMENT,
+    SLEEP_ONLY,
     Payload,
     TaskCreated,
     TaskDeleted,
@@ -68,6 +69,7 @@ _CLEARED: Doc = {k: list(v) if isinstance(v, tuple) else v for k, v in CLEARED_P
 _CARRIED = CARRIED_FIELDS
 _RUNNING = TaskStatus.RUNNING.value
 _PENDING = TaskStatus.PENDING.value
+_SLEEPING = TaskStatus.SLEEPING.value
 _FINISHED = frozenset(
     s.value
     for s in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.STOPPED)
@@ -109,6 +111,8 @@ def _status_changed(doc: Doc, p: Doc, at: datetime) -> None:
         value = p[name]
         if value is not None:
             doc[name] = value
+    if to != _SLEEPING:
+        doc.update(SLEEP_ONLY)
     if p["retry_count"] is not None:
         doc["retry_count"] = p["retry_count"]
     if p["memory_mb"] is not None:
@@ -117,6 +121,7 @@ def _status_changed(doc: Doc, p: Doc, at: datetime) -> None:
         doc["started_at"] = at
     if to == _PENDING:
         doc.update(started_at=None, finished_at=None, exit_code=None, result="")
+        doc["borrowed_from"] = ""
         doc["not_before"] = p["not_before"]
         doc["same_node_id"] = p["same_node_id"] or ""
         doc["avoid_node_ids"] = p["avoid_node_ids"] or []

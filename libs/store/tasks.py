@@ -109,6 +109,16 @@ async def holding_versions(store: EventStore) -> dict[str, int]:
     return {r["id"]: r["version"] for r in found}
 
 
+async def lenders(store: EventStore) -> list[Task]:
+    """Sleeping tasks whose card is lent (libs/domain/lending.py): the scheduler checks each
+    round whether the borrower still holds it."""
+    sql = (
+        "SELECT doc::text AS doc FROM tasks WHERE status = 'sleeping'"
+        " AND coalesce(doc->>'lent_to', '') <> ''"
+    )
+    return _parsed(await rows(store, sql, []))
+
+
 async def of_group(store: EventStore, group_id: str, *, include_deleted: bool = True) -> list[Task]:
     """Every task of a group, superseded members included."""
     sql = "SELECT doc FROM tasks WHERE group_id = %s"
@@ -217,15 +227,18 @@ async def queue_usage(store: EventStore, queue: str) -> dict[str, float]:
 async def tenant_gpus(store: EventStore, tenant_id: str) -> float:
     """GPUs a tenant holds or waits for (GPU-holding set of SPEC §1 plus pending): the
     AutoScaler caps new replicas by what is left of the quota after these. Whole cards as
-    requested, a fraction as its compute ratio."""
+    requested, a fraction as its compute ratio; a borrower's card is its lender's."""
     found = await rows(
         store,
         "SELECT coalesce(sum(CASE WHEN (doc->'spec'->>'gpu_required')::int > 0"
         "   THEN (doc->'spec'->>'gpu_required')::float"
         "   ELSE coalesce((doc->'spec'->>'gpu_compute_ratio')::float, 0) END), 0) AS gpus"
-        " FROM tasks WHERE tenant_id = %s AND deleted_at IS NULL"
-        " AND (status = ANY(%s) OR status = 'pending')",
-        [tenant_id, HOLDING],
+        " FROM tasks t WHERE tenant_id = %s AND deleted_at IS NULL"
+        " AND (status = ANY(%s) OR status = 'pending')"
+        # A borrower runs on its sleeping lender's card: that card is counted once.
+        " AND NOT EXISTS (SELECT 1 FROM tasks l WHERE l.id = t.doc->>'borrowed_from'"
+        "   AND l.status = ANY(%s))",
+        [tenant_id, HOLDING, HOLDING],
     )
     return float(found[0]["gpus"])
 

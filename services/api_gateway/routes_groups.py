@@ -28,6 +28,7 @@ from libs.domain.group import (
     sized_members,
 )
 from libs.domain.group_update import parse_group_update
+from libs.domain.lending import decide_wake
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TenantId, boost_line
@@ -213,15 +214,9 @@ async def wake_group(group_id: str, principal: Principal, store: Store) -> dict[
     return await _each_member(
         store,
         group,
+        # A member whose card is lent queues its wake (libs/domain/lending.py).
         lambda t: (
-            commands.decide_transition(
-                t,
-                S.WAKING,
-                actor=actor,
-                expected_status=S.SLEEPING,
-                reason_code=ReasonCode.USER_WAKE,
-                reason="group wake",
-            )
+            decide_wake(t, actor, ReasonCode.USER_WAKE, "group wake")
             if t.status is S.SLEEPING
             else []
         ),

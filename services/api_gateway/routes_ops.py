@@ -19,6 +19,7 @@ from libs.bus.subjects import node_logs_subject
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError
 from libs.domain.history import retry_history
+from libs.domain.lending import decide_wake
 from libs.domain.node import Node, NodeStatus
 from libs.domain.protocol import LogsReply, LogsRequest
 from libs.domain.reasons import ReasonCode
@@ -47,7 +48,11 @@ async def _node(store: EventStore, node_id: str | None) -> Node | None:
 
 
 WAKE_ACCEPTED: dict[int | str, dict[str, Any]] = {
-    202: {"description": "not resumed yet: `queued` or `rescheduling` (the host is offline)"}
+    202: {
+        "description": "not resumed yet: `queued` (its card is lent to a training task of the "
+        "tenant; the scheduler wakes it when that task ends) or `rescheduling` (the host is "
+        "offline)"
+    }
 }
 
 
@@ -77,18 +82,13 @@ async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONRes
             tenant_id=scope,
         )
         return _rescheduling(task_id)
-    await store.execute(
+    task = await store.execute(
         task_id,
-        lambda t: commands.decide_transition(
-            t,
-            S.WAKING,
-            actor=actor,
-            expected_status=S.SLEEPING,
-            reason_code=ReasonCode.USER_WAKE,
-            reason="wake requested",
-        ),
+        lambda t: decide_wake(t, actor, ReasonCode.USER_WAKE, "wake requested"),
         tenant_id=scope,
     )
+    if task.wake_queued:
+        return _queued(task)
     task = await _wait_for(store, task_id, {S.RUNNING, S.PENDING}, WAKE_WAIT_S)
     if task.status is S.RUNNING:
         return FastJSONResponse(operation_view(task, "task woke up"))
@@ -98,6 +98,16 @@ async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONRes
     return FastJSONResponse(
         operation_view(task, f"wake requested; the task is {task.status.value}")
     )
+
+
+def _queued(task: Task) -> JSONResponse:
+    body = {
+        "id": task.id,
+        "status": "queued",
+        "message": f"its card is lent to {task.lent_to}: the scheduler wakes it when that "
+        "task ends",
+    }
+    return FastJSONResponse(body, status_code=202)
 
 
 def _rescheduling(task_id: str) -> JSONResponse:

@@ -30,6 +30,7 @@ from libs.config import GatewaySettings
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError, NotFound
 from libs.domain.group import current_members
+from libs.domain.lending import decide_wake
 from libs.domain.reasons import ReasonCode
 from libs.domain.serving import Replica, RequestWindow, ServingMetrics, ServingSpec, pick
 from libs.domain.states import TERMINAL, Actor, TaskStatus
@@ -379,13 +380,8 @@ def _serving(tasks: list[Task]) -> list[Task]:
 
 def _wake_decision(online: bool) -> commands.Decide:
     if online:
-        return lambda task: commands.decide_transition(
-            task,
-            S.WAKING,
-            actor=Actor.CONTROLLER,
-            expected_status=S.SLEEPING,
-            reason_code=ReasonCode.REQUEST_WAKE,
-        )
+        # A replica whose card is lent queues its wake (libs/domain/lending.py).
+        return lambda task: decide_wake(task, Actor.CONTROLLER, ReasonCode.REQUEST_WAKE, "")
     return lambda task: commands.decide_transition(
         task,
         S.PENDING,

@@ -50,6 +50,12 @@ KINDS = (
     "replica_self_heal",
     "idle_sleep",
     "request_wake",
+    "sleep_measured",
+    "card_lent",
+    "card_borrowed",
+    "wake_queued",
+    "card_returned",
+    "wake_completed",
     "liveness_lost",
     "rollout_started",
     "rollout_batch",
@@ -104,6 +110,8 @@ def task_entries(env: dict[str, Any]) -> list[Entry]:
                 delay_s=p.get("delay_s"),
             )
         ]
+    if env["type"] in LENDING_RULES:
+        return [LENDING_RULES[env["type"]](env, p)]
     if env["type"] != "task_status_changed":
         return []
     code = reason_code_of(env["type"], p)
@@ -132,6 +140,92 @@ def task_entries(env: dict[str, Any]) -> list[Entry]:
     return [_entry(env, "task", tid, kind, message, **details)]
 
 
+def _sleep_measured(env: dict[str, Any], p: dict[str, Any]) -> Entry:
+    before, after = p.get("vram_before_mb"), p.get("vram_after_mb")
+    figures = f"VRAM {before} → {after} MB" if before is not None else "no VRAM reading"
+    verdict = "card lendable" if p["released"] else f"not lendable: {p['why']}"
+    return _entry(
+        env,
+        "task",
+        p["task_id"],
+        "sleep_measured",
+        f"asleep ({p['sleep_mode']}), {figures}: {verdict}",
+        reason_code=R.USER_SLEEP.value,
+        sleep_mode=p["sleep_mode"],
+        vram_before_mb=before,
+        vram_after_mb=after,
+        released_fraction=p.get("released_fraction"),
+        min_released_fraction=p["min_released_fraction"],
+        released=p["released"],
+    )
+
+
+def _card_lent(env: dict[str, Any], p: dict[str, Any]) -> Entry:
+    cards = ", ".join(p["gpu_ids"])
+    return _entry(
+        env,
+        "task",
+        p["task_id"],
+        "card_lent",
+        f"card {cards} lent to training task {p['borrower_task_id']} while asleep",
+        reason_code=R.CARD_BORROWED.value,
+        borrower_task_id=p["borrower_task_id"],
+        node_id=p["node_id"],
+        gpu_ids=list(p["gpu_ids"]),
+    )
+
+
+def _card_borrowed(env: dict[str, Any], p: dict[str, Any]) -> Entry:
+    cards = ", ".join(p["gpu_ids"])
+    return _entry(
+        env,
+        "task",
+        p["task_id"],
+        "card_borrowed",
+        f"runs on card {cards} of sleeping task {p['lender_task_id']} (lent)",
+        reason_code=R.CARD_BORROWED.value,
+        lender_task_id=p["lender_task_id"],
+        node_id=p["node_id"],
+        gpu_ids=list(p["gpu_ids"]),
+    )
+
+
+def _wake_queued(env: dict[str, Any], p: dict[str, Any]) -> Entry:
+    return _entry(
+        env,
+        "task",
+        p["task_id"],
+        "wake_queued",
+        f"wake queued until {p['borrower_task_id']} gives its card back",
+        reason_code=R.WAKE_QUEUED.value,
+        borrower_task_id=p["borrower_task_id"],
+    )
+
+
+def _card_returned(env: dict[str, Any], p: dict[str, Any]) -> Entry:
+    then = ": the queued wake runs" if p["wake"] else ""
+    return _entry(
+        env,
+        "task",
+        p["task_id"],
+        "card_returned",
+        f"card back from {p['borrower_task_id']} ({p['borrower_status']}){then}",
+        reason_code=R.LENT_CARD_RETURNED.value,
+        borrower_task_id=p["borrower_task_id"],
+        borrower_status=p["borrower_status"],
+        wake=p["wake"],
+    )
+
+
+LENDING_RULES = {
+    "task_sleep_measured": _sleep_measured,
+    "task_card_lent": _card_lent,
+    "task_card_borrowed": _card_borrowed,
+    "task_wake_queued": _wake_queued,
+    "task_card_returned": _card_returned,
+}
+
+
 def _status_kind(code: ReasonCode, to: str | None) -> str | None:
     """The timeline kind of a status change, keyed on its reason code (None: not one)."""
     if code is R.NODE_LOST:
@@ -146,6 +240,8 @@ def _status_kind(code: ReasonCode, to: str | None) -> str | None:
         return "idle_sleep"
     if code is R.REQUEST_WAKE and to == "waking":
         return "request_wake"
+    if code is R.LENT_CARD_RETURNED and to == "waking":
+        return "wake_completed"
     if to == "failed":
         return {
             R.CONTAINER_LOST: "container_lost",

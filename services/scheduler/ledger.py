@@ -90,11 +90,12 @@ class Ledger:
         self.tenant_used: dict[str, float] = {}
         self.queue_use: dict[str, QueueUse] = {}
         grouped: dict[str, list[Allocation]] = {}
-        for a in allocations:
-            if not a.holding:
-                continue
+        holders = [a for a in allocations if a.holding]
+        lenders = {a.task_id for a in holders if a.status is TaskStatus.SLEEPING}
+        for a in holders:
             grouped.setdefault(a.node_id, []).append(a)
-            cost = allocation_cost(a, gpus)
+            # A borrower runs on its sleeping lender's card: the quota counts that card once.
+            cost = 0.0 if a.borrowed_from in lenders else allocation_cost(a, gpus)
             self.tenant_used[a.tenant_id] = self.tenant_used.get(a.tenant_id, 0.0) + cost
             if a.queue:
                 self.queue_use.setdefault(a.queue, QueueUse()).add(a, cost)

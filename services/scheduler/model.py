@@ -16,6 +16,7 @@ from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
 
+from libs.domain.lending import lendable
 from libs.domain.pool import JOB_LABEL, gpu_type_matches
 from libs.domain.rollout_plan import SURGE_LABEL
 from libs.domain.states import GPU_HOLDING, TaskStatus
@@ -199,6 +200,10 @@ class Allocation:
     anti_affinity: tuple[str, ...] = ()
     queue: str = ""  # "" = no queue
     job: str = ""  # the job it belongs to, "" = none (it counts as a job of its own)
+    # Card lending (libs/domain/lending.py): a sleeper whose cards may be lent, and on a
+    # borrower the lender whose cards it runs on (counted once, on the lender).
+    lendable: bool = False
+    borrowed_from: str = ""
 
     @property
     def holding(self) -> bool:
@@ -233,6 +238,8 @@ class Allocation:
             anti_affinity=req.anti_affinity,
             queue=task.spec.queue,
             job=task.spec.labels.get(JOB_LABEL, ""),
+            lendable=lendable(task),
+            borrowed_from=task.borrowed_from,
         )
 
     @property
@@ -270,6 +277,7 @@ class PendingTask:
     gang_size: int = 0  # members expected; 0 = whatever is pending
     queue: str = ""  # "" = no queue: only the tenant quota applies
     job: str = ""
+    task_type: str = ""  # a training task may borrow a sleeping task's card (lending)
     # A new-generation replica of a rolling update may take the tenant past its GPU quota
     # by at most this many cards (the surge replicas' cards; SPEC §5, docs/rollout.md).
     surge_cards: float = 0.0
@@ -312,6 +320,7 @@ class PendingTask:
             gang_size=gang_size,
             queue=task.spec.queue,
             job=task.spec.labels.get(JOB_LABEL, ""),
+            task_type=task.spec.task_type.value,
             surge_cards=_surge(task),
         )
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -27,7 +27,8 @@ from libs.domain.task import Task
 from libs.store.eventstore import EventStore
 from libs.store.fencing import Fence
 
-from . import view
+from . import lending, view
+from .loans import Loan, plan_loans
 from .model import Plan
 from .planner import DEFAULT_MAX_CANDIDATES, plan
 
@@ -74,6 +75,7 @@ class Placer:
 
     async def round(self) -> RoundResult:
         started = time.perf_counter()
+        await lending.settle(self.store, self.fence)  # lent cards back, queued wakes run
         pending = await view.load_pending(self.store, self.batch)
         counts: dict[str, int] = {}
         for t in pending:
@@ -91,14 +93,21 @@ class Placer:
         )
         snap = self.cluster.snapshot(self.clock(), quotas, queues, pools)
         planning = time.perf_counter()
+        pendings = [view.pending_of(t, gangs) for t in pending]
         result_plan = plan(
             snap,
-            [view.pending_of(t, gangs) for t in pending],
+            pendings,
             max_batch=self.batch,
             max_candidates=self.max_candidates,
         )
+        loans = plan_loans(snap, pendings, result_plan)
         plan_seconds = time.perf_counter() - planning
-        result = await self.commit(result_plan, {t.id: t for t in pending})
+        result = await self.commit(_without(result_plan, loans), {t.id: t for t in pending})
+        if loans:
+            borrowers = await lending.lend(self.store, loans, self.fence)
+            self.cluster.learn(borrowers)
+            result.placed += len(borrowers)
+            result.placements += [t.id for t in borrowers]
         result.seconds = time.perf_counter() - started
         result.plan_seconds = plan_seconds
         LATENCY.observe(result.seconds)
@@ -150,6 +159,14 @@ class Placer:
                 conflicts=result.conflicts,
             )
         return result
+
+
+def _without(p: Plan, loans: Sequence[Loan]) -> Plan:
+    """The plan less the "why pending" of the tasks a loan places."""
+    if not loans:
+        return p
+    borrowers = {loan.borrower_task_id for loan in loans}
+    return replace(p, unplaced=tuple(u for u in p.unplaced if u.task_id not in borrowers))
 
 
 def _place(node_id: str, gpu_ids: tuple[str, ...], qos: str, label: str = "") -> commands.Decide:

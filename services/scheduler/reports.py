@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 
 from libs import ordering
 from libs.domain.errors import Conflict, DomainError, NotFound
+from libs.domain.lending import measure_sleep
 from libs.domain.node import Node, NodeRegistered
 from libs.domain.protocol import (
     AgentReport,
@@ -44,10 +45,21 @@ Outcome = BaseException | None
 log = structlog.get_logger(__name__)
 
 
+# A sleep that freed at least this share of its cards' memory makes them lendable (seed 000:
+# an engine's sleep releases 60-80 %); the scheduler's HETEROFLOW_LEND_MIN_RELEASED_FRACTION.
+DEFAULT_MIN_RELEASED_FRACTION = 0.6
+
+
 class ReportHandler:
-    def __init__(self, store: EventStore, js: JetStreamContext) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        js: JetStreamContext,
+        min_released_fraction: float = DEFAULT_MIN_RELEASED_FRACTION,
+    ) -> None:
         self.store = store
         self.js = js
+        self.min_released_fraction = min_released_fraction
 
     async def handle_batch(self, messages: list[NodeReport]) -> list[Outcome]:
         """A fetched batch in order: runs of task reports in one transaction each, the
@@ -71,7 +83,8 @@ class ReportHandler:
         from the current status, as `report` does), then orphans told to stop."""
         if not reps:
             return []
-        results = await self.store.execute_steps([_step(rep) for rep in reps])
+        steps = [_step(rep, self.min_released_fraction) for rep in reps]
+        results = await self.store.execute_steps(steps)
         orphans: list[NodeCommand] = []
         for rep, result in zip(reps, results, strict=True):
             if isinstance(result, NotFound):
@@ -113,7 +126,7 @@ class ReportHandler:
         try:
             task = await self.store.execute(
                 rep.task_id,
-                lambda t: decide_report(t, rep),
+                lambda t: _decided(t, rep, self.min_released_fraction),
                 metadata=meta,
                 include_deleted=True,
             )
@@ -132,10 +145,28 @@ class ReportHandler:
             await send(self.js, cmd)
 
 
-def _step(rep: AgentReport) -> Step:
+def _decided(task: Task, rep: AgentReport, min_released_fraction: float) -> list[Any]:
+    """The report's transition; for a sleep, the evidence of what it released (lending)."""
+    events: list[Any] = list(decide_report(task, rep))
+    same = rep.attempt == task.retry_count and rep.node_id == task.node_id
+    if rep.fact is Fact.PAUSED and same and task.status is TaskStatus.SLEEPING:
+        events.append(
+            measure_sleep(
+                task,
+                rep.node_id,
+                rep.sleep_mode,
+                rep.vram_before_mb,
+                rep.vram_after_mb,
+                min_released_fraction,
+            )
+        )
+    return events
+
+
+def _step(rep: AgentReport, min_released_fraction: float) -> Step:
     def decide(task: Task) -> list[Any]:
         try:
-            return list(decide_report(task, rep))
+            return _decided(task, rep, min_released_fraction)
         except Conflict as exc:
             log.info("stale_report_refused", task_id=rep.task_id, error=exc.message)
             return list(decide_reconcile(task, rep))

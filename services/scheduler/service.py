@@ -25,7 +25,7 @@ from .groups import GroupController, policy_from
 from .monitor import NodeMonitor
 from .placement import PlacementController, Placer, frees_a_start, wakes_placement
 from .planner import DEFAULT_MAX_CANDIDATES
-from .reports import ReportHandler
+from .reports import DEFAULT_MIN_RELEASED_FRACTION, ReportHandler
 from .routes import routes
 
 log = structlog.get_logger(__name__)
@@ -73,6 +73,12 @@ class SchedulerSettings(CommonSettings):
         default=10.0, ge=0, description="wait before the 2nd replacement, doubling after"
     )
     group_replica_backoff_max_s: float = Field(default=300.0, ge=0, description="backoff cap")
+    lend_min_released_fraction: float = Field(
+        default=DEFAULT_MIN_RELEASED_FRACTION,
+        gt=0,
+        le=1,
+        description="share of its cards' memory a sleep must release for them to be lent",
+    )
     instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
@@ -132,7 +138,7 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         )
 
     dispatcher = Dispatcher(ctx.store, ctx.js)
-    reports = ReportHandler(ctx.store, ctx.js)
+    reports = ReportHandler(ctx.store, ctx.js, settings.lend_min_released_fraction)
     jobs = [
         lead("scheduler", PlacementController(placer, wake)),
         lead("node-monitor", monitor),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -131,3 +132,36 @@ async def test_an_unreachable_database_is_store_unavailable() -> None:
 async def test_migrating_an_unreachable_database_is_store_unavailable() -> None:
     with pytest.raises(StoreUnavailable):
         await EventStore.open("postgresql://127.0.0.1:9/none?connect_timeout=1")
+
+
+async def test_a_lent_card_counts_once_in_the_tenants_gpus(store: EventStore) -> None:
+    """The AutoScaler's headroom read (`tenant_gpus`): a borrower's card is its sleeping
+    lender's while the lender holds it, and its own once the lender has gone."""
+    from libs.domain.commands import decide_transition
+    from libs.domain.lending import decide_borrow, decide_lend, measure_sleep
+    from libs.domain.states import Actor
+
+    tenant = TenantId("lend-" + datetime.now(UTC).strftime("%H%M%S%f"))
+    lender = await store.create_task(tenant, TaskSpec(name="engine", gpu_required=1))
+    borrower = await store.create_task(tenant, TaskSpec(name="train", gpu_required=1))
+
+    def move(to: TaskStatus, **kw: Any) -> Callable[[Task], list[Payload]]:
+        return lambda t: list(
+            decide_transition(t, to, actor=Actor.SCHEDULER, reason_code=ReasonCode.REPORTED, **kw)
+        )
+
+    await store.execute(lender.id, move(TaskStatus.SCHEDULED, node_id="big", gpu_ids=("big-g0",)))
+    await store.execute(lender.id, move(TaskStatus.RUNNING))
+    await store.execute(lender.id, move(TaskStatus.SLEEPING))
+    await store.execute(lender.id, lambda t: [measure_sleep(t, "big", "engine", 100, 10, 0.6)])
+    assert await task_rows.tenant_gpus(store, tenant) == 2.0  # the borrower waits: counted
+    await store.execute(lender.id, lambda t: decide_lend(t, borrower.id, "big", ("big-g0",)))
+    await store.execute(
+        borrower.id, lambda t: decide_borrow(t, lender.id, "big", ("big-g0",), "nvidia/x")
+    )
+    assert await task_rows.tenant_gpus(store, tenant) == 1.0
+    assert lender.id in [t.id for t in await task_rows.lenders(store)]
+    await store.execute(lender.id, move(TaskStatus.STOPPING))
+    await store.execute(lender.id, move(TaskStatus.STOPPED))
+    assert await task_rows.tenant_gpus(store, tenant) == 1.0  # now the borrower's own card
+    assert lender.id not in [t.id for t in await task_rows.lenders(store)]

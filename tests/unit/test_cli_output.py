@@ -251,6 +251,15 @@ def test_describe_shows_pending_reason_attempts_and_timeline() -> None:
     assert "(this server has no timeline endpoint)" in out.describe_text(task(), [], None)
 
 
+def test_describe_shows_a_loan_from_both_sides() -> None:
+    lender = out.describe_text(task(status="sleeping", lent_to="task-2", wake_queued=True), [], [])
+    assert "Card lent to:" in lender and "task-2 (wake queued until it ends)" in lender
+    borrower = out.describe_text(task(borrowed_from="task-1"), [], [])
+    assert "Card borrowed from:" in borrower and "task-1" in borrower
+    plain = out.describe_text(task(lent_to="", borrowed_from=""), [], [])
+    assert "Card" not in plain
+
+
 # --- parsing ------------------------------------------------------------------------------
 
 

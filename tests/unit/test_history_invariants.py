@@ -12,6 +12,7 @@ import pytest
 
 from libs.domain.events import Payload, TaskCreated, TaskRetryDecided, TaskStatusChanged
 from libs.domain.invariants import HistoryChecker, Invariant, LoggedEvent
+from libs.domain.lending import TaskCardLent, TaskCardReturned
 from libs.domain.node import GpuCard, NodeInventory, NodeRegistered
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus as S
@@ -110,6 +111,41 @@ def clean(log: Log) -> None:
     log.move("half-a", S.STOPPED)
     log.task("queued")
     log.move("queued", S.CANCELLED, "tenant")
+
+
+def _sleeper_and_borrower(log: Log, *, lend: bool) -> None:
+    log.node("n1", "g0")
+    log.task("engine", gpu_required=1)
+    log.run("engine", "n1", "g0")
+    log.move("engine", S.SLEEPING, "tenant")
+    log.task("train", gpu_required=1)
+    if lend:
+        loan = TaskCardLent(task_id=TaskId("engine"), borrower_task_id="train", node_id="n1",
+                            gpu_ids=("g0",))  # fmt: skip
+        log.add("engine", loan)
+    log.move("train", S.SCHEDULED, "scheduler", node_id="n1", gpu_ids=("g0",))
+
+
+def lent_card(log: Log) -> None:
+    """A sleeper's card lent, used, given back; the sleeper woken on it afterwards."""
+    _sleeper_and_borrower(log, lend=True)
+    log.move("train", S.STARTING)
+    log.move("train", S.RUNNING, node_id="n1")
+    log.move("train", S.COMPLETED, exit_code=0)
+    back = TaskCardReturned(task_id=TaskId("engine"), borrower_task_id="train",
+                            borrower_status="completed", wake=True)  # fmt: skip
+    log.add("engine", back)
+    log.move("engine", S.WAKING, "scheduler")
+    log.move("engine", S.RUNNING)
+
+
+def borrowed_without_a_loan(log: Log) -> None:
+    _sleeper_and_borrower(log, lend=False)
+
+
+def lender_woken_before_the_return(log: Log) -> None:
+    _sleeper_and_borrower(log, lend=True)
+    log.move("engine", S.WAKING, "tenant")
 
 
 def illegal_edge(log: Log) -> None:
@@ -229,6 +265,13 @@ CASES: list[tuple[str, Callable[[Log], None], Invariant | None]] = [
     ("fractions over 100% compute", fractions_past_the_compute, V.CARD_OVERCOMMITTED),
     ("fractions over the card's VRAM", fractions_past_the_vram, V.CARD_OVERCOMMITTED),
     ("one card listed twice", one_card_listed_twice, V.CARD_OVERCOMMITTED),
+    ("a lent card held by its borrower", lent_card, None),
+    ("a sleeper's card taken without a loan", borrowed_without_a_loan, V.CARD_OVERCOMMITTED),
+    (
+        "a lender woken before its card is back",
+        lender_woken_before_the_return,
+        V.CARD_OVERCOMMITTED,
+    ),
     ("version gap", version_gap, V.VERSION_GAP),
     ("stream without its creation", stream_without_creation, V.MISSING_CREATE),
     ("event in another task's stream", event_in_another_stream, V.STREAM_MISMATCH),
