@@ -87,6 +87,12 @@ async def create_tenant(store: EventStore, tenant_id: str, name: str, gpu_quota:
         )
     if await tenants.get_tenant(store, tenant_id) is not None:
         raise DomainError(Code.CAS_CONFLICT, f"tenant {tenant_id!r} already exists", ["id"])
+    # Names are unique too (a constraint of the tenants table): said here, with the field,
+    # rather than met as the constraint's error.
+    if (holder := await tenants.tenant_named(store, name)) is not None:
+        raise DomainError(
+            Code.CAS_CONFLICT, f"tenant {holder!r} already has the name {name!r}", ["name"]
+        )
     ev = TenantCreated(tenant_id=TenantId(tenant_id), name=name, gpu_quota=gpu_quota)
     await store.append_stream(f"tenant-{tenant_id}", [ev], expected_version=0)
 

@@ -81,6 +81,12 @@ async def get_tenant(store: EventStore, tenant_id: str) -> Tenant | None:
     return Tenant(**row) if row else None
 
 
+async def tenant_named(store: EventStore, name: str) -> str | None:
+    """The id of the tenant with this display name (names are unique), if any."""
+    row = await one(store, "SELECT id FROM tenants WHERE name = %s", [name])
+    return str(row["id"]) if row else None
+
+
 async def list_tenants(store: EventStore) -> list[Tenant]:
     found = await rows(
         store, "SELECT id, name, gpu_quota, created_at, suspended FROM tenants ORDER BY id"

@@ -24,6 +24,7 @@ from libs.domain.group import GroupShape, Parallelism
 from libs.domain.job import MAX_TASKS, JobSpec
 from libs.domain.pool import PoolSpec, QueueSpec
 from libs.domain.rollout_model import RolloutRequest
+from libs.domain.states import TaskStatus
 from libs.domain.task import (
     NAME_MAX,
     REPORT_FIELDS,
@@ -165,15 +166,17 @@ def task_create(settings: GatewaySettings) -> dict[str, Any]:
 
 def task_update(settings: GatewaySettings) -> dict[str, Any]:
     """A tenant's config update (any subset of the create fields), or an agent's or
-    operator's status report."""
-    schema = task_fields(settings)
-    schema.pop("required", None)
-    schema.pop("not", None)
-    schema["minProperties"] = 1
+    operator's status report (`status` and the report fields only): the two never mix."""
+    config = task_fields(settings)
+    config.pop("required", None)
+    config.pop("not", None)
+    config["minProperties"] = 1
+    defs = config.pop("$defs", {})
     text = {"type": "string", "maxLength": v.REPORT_TEXT_MAX}
+    statuses = [s.value for s in TaskStatus]
     report: dict[str, Any] = {
-        "status": {"type": "string", "description": "report: the new status (agents, operators)"},
-        "expected_status": {"type": "string", "description": "report: compare-and-set on this"},
+        "status": {"enum": statuses, "description": "the new status (agents, operators)"},
+        "expected_status": {"enum": ["", *statuses], "description": "compare-and-set on this"},
         "exit_code": {"type": "integer"},
         "result": text,
         "error": text,
@@ -182,12 +185,26 @@ def task_update(settings: GatewaySettings) -> dict[str, Any]:
         "reason": {"type": "string"},
     }
     assert set(report) >= REPORT_FIELDS - {"finished_at"}
-    schema["properties"] |= report
-    schema["description"] = (
-        "config fields while pending (idle_timeout_minutes at any time), or a status report; "
-        "report fields from a tenant are 403"
-    )
-    return schema
+    return {
+        "type": "object",
+        # Every field either form may carry; `anyOf` says which go together.
+        "properties": config["properties"] | report,
+        "minProperties": 1,
+        "anyOf": [
+            config,
+            {
+                "type": "object",
+                "properties": report,
+                "required": ["status"],
+                "additionalProperties": False,
+                "description": "a status report; report fields from a tenant are 403",
+            },
+        ],
+        "description": (
+            "config fields while pending (idle_timeout_minutes at any time), or a status report"
+        ),
+        "$defs": defs,
+    }
 
 
 def _window() -> dict[str, Any]:
@@ -279,5 +296,19 @@ def of(model: type[BaseModel]) -> Any:
     return lambda _settings: model_schema(model)
 
 
+def _fixed_by_path(model: type[BaseModel], *fixed: str) -> Any:
+    """An update's body: the whole document again, where the fields the path fixes may be
+    left out (sent, they must equal the existing ones, else 400 naming them)."""
+
+    def schema(_settings: GatewaySettings) -> dict[str, Any]:
+        doc = model_schema(model)
+        doc["required"] = [f for f in doc.get("required", []) if f not in fixed]
+        return doc
+
+    return schema
+
+
 pool = of(PoolSpec)
+pool_update = _fixed_by_path(PoolSpec, "name")
 queue = of(QueueSpec)
+queue_update = _fixed_by_path(QueueSpec, "name", "tenant")

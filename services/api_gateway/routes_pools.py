@@ -36,6 +36,7 @@ from .schemas import documented_body
 
 router = APIRouter(prefix="/api/v1/pools", tags=["pools"])
 Body = Annotated[dict[str, Any], Depends(documented_body(request_docs.pool))]
+UpdateBody = Annotated[dict[str, Any], Depends(documented_body(request_docs.pool_update))]
 
 
 def members(pool: PoolSpec, nodes: Sequence[Node]) -> list[Node]:
@@ -146,7 +147,9 @@ async def get_pool(name: str, principal: Principal, store: Store) -> dict[str, A
 
 
 @router.put("/{name}")
-async def update_pool(name: str, principal: Principal, store: Store, body: Body) -> dict[str, Any]:
+async def update_pool(
+    name: str, principal: Principal, store: Store, body: UpdateBody
+) -> dict[str, Any]:
     require_operator(principal)
     await _load(store, name)
     spec = parse_pool(body, name=name)

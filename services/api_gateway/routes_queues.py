@@ -33,6 +33,7 @@ from .schemas import documented_body
 
 router = APIRouter(prefix="/api/v1/queues", tags=["queues"])
 Body = Annotated[dict[str, Any], Depends(documented_body(request_docs.queue))]
+UpdateBody = Annotated[dict[str, Any], Depends(documented_body(request_docs.queue_update))]
 
 
 def queue_view(queue: Queue, usage: dict[str, float] | None = None) -> dict[str, Any]:
@@ -108,7 +109,9 @@ async def get_queue(name: str, principal: Principal, store: Store) -> dict[str, 
 
 
 @router.put("/{name}")
-async def update_queue(name: str, principal: Principal, store: Store, body: Body) -> dict[str, Any]:
+async def update_queue(
+    name: str, principal: Principal, store: Store, body: UpdateBody
+) -> dict[str, Any]:
     require_operator(principal)
     current = await _load(store, name, None)
     spec = parse_queue(body, current=current.spec)

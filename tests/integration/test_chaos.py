@@ -6,7 +6,10 @@ with the process runtime), and a part of it killed with SIGKILL. Nobody helps it
 * nats-server killed: `/readyz` is not ready within 10 s, NATS is back within 30 s, and
   tasks created during the outage run;
 * postgres killed: requests answer 503 within the gateway's database wait (2 s) plus a
-  quarter second, and the platform serves again by itself.
+  quarter second, and the platform serves again by itself;
+* an agent (a `heteroflow agent` process of its own) frozen with SIGSTOP for three times the
+  offline threshold: its node is declared offline and its tasks go back to pending, and once
+  it is back each task ends with what its process really did, none left in a live state.
 
 Each ends with a clean SIGTERM (no server left behind), `heteroflow check history` clean
 (with the acknowledged ids) and `heteroflow events replay --dry-run` at zero differences.
@@ -16,6 +19,7 @@ Each run of a task appends its id to a file: "run once" is counted there, not in
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -28,8 +32,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -52,6 +57,9 @@ TERMINAL = {"completed", "failed", "cancelled", "stopped"}
 # connection and then answers 503: measured 2.00-2.01 s. The bound allows the answer's own
 # handling on top of the default wait, not another wait.
 DB_DOWN_ANSWER_S = 2.0 + 0.25
+# Heartbeat silence before a node is declared offline in the agent-away test: small, so that
+# three times it (the time the agent is kept away) stays short.
+AGENT_OFFLINE_S = 3.0
 
 
 def _free_port() -> int:
@@ -68,6 +76,8 @@ class Up:
     port: int
     nats_port: int
     proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
     def home(self) -> Path:
@@ -92,7 +102,7 @@ class Up:
         }
         for key in ("HETEROFLOW_NATS_URL", "HETEROFLOW_DATABASE_URL"):
             env.pop(key, None)
-        return env
+        return env | self.extra_env
 
     def output(self, tail: int = 4000) -> str:
         """What `up` wrote (both runs): the last `tail` characters, 0 for all of it."""
@@ -148,6 +158,47 @@ class Up:
         assert rec is not None, f"no pid file for {name}"
         return rec.pid
 
+    def start_agent(self, node_id: str) -> subprocess.Popen[bytes]:
+        """`heteroflow agent` for a node registered through the API, in a process of its own
+        (the local agent of `up` shares its process: freezing it would freeze the platform)."""
+        op = json.loads((self.home / "credentials.json").read_text())["operator_token"]
+        r = httpx.post(
+            f"{self.url}/api/v1/nodes/{node_id}/credentials",
+            headers={"Authorization": f"Bearer {op}"},
+            timeout=TIMEOUT,
+        )
+        assert r.status_code == 201, r.text
+        env = self.env() | {
+            "HETEROFLOW_NODE_ID": node_id,
+            "HETEROFLOW_AGENT_TOKEN": r.json()["agent_token"],
+            "HETEROFLOW_NATS_URL": f"nats://127.0.0.1:{self.nats_port}",
+            "HETEROFLOW_DETECT_NVIDIA": "false",
+            "HETEROFLOW_HEARTBEAT_INTERVAL_S": "0.5",
+            "HETEROFLOW_STATE_DIR": str(self.root / "agents" / node_id),
+        }
+        with (self.root / f"agent-{node_id}.log").open("ab") as out:
+            agent = subprocess.Popen(
+                [str(BIN), "agent"], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        self.agents[node_id] = agent
+        self.until(lambda: self.node_status(node_id) == "online", f"{node_id} online", 60)
+        return agent
+
+    def node_status(self, node_id: str) -> str:
+        op = json.loads((self.home / "credentials.json").read_text())["operator_token"]
+        r = httpx.get(
+            f"{self.url}/api/v1/nodes", headers={"Authorization": f"Bearer {op}"}, timeout=TIMEOUT
+        )
+        assert r.status_code == 200, r.text
+        return next((str(n["status"]) for n in r.json()["nodes"] if n["id"] == node_id), "")
+
+    def stop_agents(self) -> None:
+        for agent in self.agents.values():
+            agent.send_signal(signal.SIGCONT)  # a frozen agent could not act on the SIGTERM
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(30) == 0
+        self.agents.clear()
+
     def stop(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
@@ -168,16 +219,29 @@ def up() -> Iterator[Up]:
     try:
         yield u
     finally:
-        if u.proc is not None and u.proc.poll() is None:
-            u.proc.kill()
-            u.proc.wait()
+        for proc in [*u.agents.values(), *([u.proc] if u.proc else [])]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        _reap(u.root)
         for pids in u.server_pids().values():  # a failed test leaves nothing running
             for pid in pids:
                 pidfile.terminate(pid, signal.SIGKILL, 5)
         shutil.rmtree(u.root, ignore_errors=True)
 
 
-def wait_completed(up: Up, api: httpx.Client, ids: list[str]) -> None:
+def _reap(root: Path) -> None:
+    """Work outlives its agent by design; a test's leftovers must not outlive the test."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(root) in part for part in (proc.info["cmdline"] or [])):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+def wait_ended(up: Up, api: httpx.Client, ids: list[str]) -> dict[str, str]:
+    """Poll until every task is in a terminal state; their statuses."""
     status: dict[str, str] = {}
 
     def ended() -> bool:
@@ -190,21 +254,28 @@ def wait_completed(up: Up, api: httpx.Client, ids: list[str]) -> None:
 
     took = up.until(ended, f"every task ended: {status}", TASKS_END_WITHIN_S)
     print(f"{len(ids)} task(s) ended within {took:.1f} s")
-    assert set(status.values()) == {"completed"}, status
+    return status
 
 
-def finish(up: Up, acknowledged: list[str]) -> None:
-    """Every acknowledged task ran once; after a clean stop the history checker is clean
-    and replay finds no difference."""
+def wait_completed(up: Up, api: httpx.Client, ids: list[str]) -> None:
+    status = wait_ended(up, api, ids)
+    assert set(status.values()) <= {"completed"}, status
+
+
+def finish(up: Up, acknowledged: list[str], outcomes: dict[str, str] | None = None) -> None:
+    """Every acknowledged task ran once and ended as `outcomes` says (default: completed);
+    after a clean stop the history checker is clean and replay finds no difference."""
     with up.client() as api:
-        wait_completed(up, api, acknowledged)
+        ended = wait_ended(up, api, acknowledged)
+        assert ended == dict.fromkeys(acknowledged, "completed") | (outcomes or {}), ended
         listed = api.get("/api/v1/tasks", params={"per_page": 500}).json()["tasks"]
-        every = [t["id"] for t in listed]
+        every = [t["id"] for t in listed if t["id"] not in acknowledged]
         wait_completed(up, api, every)  # also those whose 201 was lost with the killed `up`
         runs = collections.Counter(up.runs.read_text().split())
         twice = {t: api.get(f"/api/v1/tasks/{t}/retries").json() for t, n in runs.items() if n > 1}
         assert not twice, f"tasks ran more than once; their attempts: {twice}"
         assert {t: runs[t] for t in acknowledged} == dict.fromkeys(acknowledged, 1), runs
+    up.stop_agents()
     up.stop()
 
     ids = up.root / "acknowledged.txt"
@@ -337,3 +408,65 @@ def test_postgres_killed_answers_503_at_once_and_recovers_by_itself(up: Up) -> N
         metrics = api.get("/metrics").text
     assert 'heteroflow_embedded_server_restarts_total{server="postgres"} 1.0' in metrics
     finish(up, [warm, *after])
+
+
+def test_agent_away_three_offline_thresholds_its_tasks_end_with_their_real_outcome(
+    up: Up,
+) -> None:
+    up.extra_env = {
+        "HETEROFLOW_LOCAL_AGENT": "false",
+        "HETEROFLOW_NODE_OFFLINE_AFTER_S": str(AGENT_OFFLINE_S),
+    }
+    up.start()
+    agent = up.start_agent("away-node")
+    small = {"max_retries": 0, "cpu_cores": 0.1, "memory_mb": 64}
+    # What each process does: two end while their agent is away, one is still at work when
+    # it returns. Each run appends the task's id to the runs file.
+    commands = {"ok": "sleep 3; exit 0", "bad": "sleep 3; exit 3", "late": "sleep 25; exit 0"}
+    ids: dict[str, str] = {}
+    with up.client() as api:
+        for name, command in commands.items():
+            body = {
+                "name": f"chaos-d-{name}",
+                "command": f"echo $HETEROFLOW_TASK_ID >> {up.runs}; {command}",
+            }
+            r = api.post("/api/v1/tasks", json=body | small)
+            assert r.status_code == 201, r.text
+            ids[name] = r.json()["id"]
+
+        def status(name: str) -> str:
+            return str(api.get(f"/api/v1/tasks/{ids[name]}").json()["status"])
+
+        up.until(lambda: all(status(n) == "running" for n in ids), "all three running", 30)
+        agent.send_signal(signal.SIGSTOP)
+        away_since = time.monotonic()
+        try:
+            up.until(lambda: up.node_status("away-node") == "offline", "declared offline", 30)
+            # Declared offline, its tasks taken back to pending (nowhere else to go), and
+            # away for three times the threshold.
+            up.until(
+                lambda: (
+                    time.monotonic() - away_since > 3 * AGENT_OFFLINE_S
+                    and all(status(n) == "pending" for n in ids)
+                ),
+                "three offline thresholds away with the tasks back in pending",
+                30,
+            )
+        finally:
+            agent.send_signal(signal.SIGCONT)
+        print(f"agent away for {time.monotonic() - away_since:.1f} s")
+        up.until(lambda: up.node_status("away-node") == "online", "back online", 30)
+        wait_ended(up, api, list(ids.values()))
+        exits = {n: api.get(f"/api/v1/tasks/{ids[n]}").json()["exit_code"] for n in ids}
+        assert exits == {"ok": 0, "bad": 3, "late": 0}, exits
+        # The timeline is derived after the events are published: polled for.
+        up.until(lambda: "node_lost" in reasons(api, ids["ok"]), "node_lost in the timeline", 30)
+    finish(up, list(ids.values()), {ids["bad"]: "failed"})
+
+
+def reasons(api: httpx.Client, task_id: str) -> list[str]:
+    """The reason codes of a task's timeline entries."""
+    r = api.get(f"/api/v1/tasks/{task_id}/events")
+    assert r.status_code == 200, r.text
+    entries: list[dict[str, Any]] = r.json()["events"]
+    return [str(e.get("details", {}).get("reason_code")) for e in entries]

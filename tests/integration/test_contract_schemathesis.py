@@ -1,8 +1,9 @@
 """Schemathesis over the document a live control plane serves: every check, few examples.
 
 `heteroflow up` (no agent) over the fixtures' servers; the engine reads `/openapi.json`, sends
-generated requests with a tenant key and fails on any check's failure. The full run (many
-more examples, its command and result) is in docs/operations.md.
+generated requests with a tenant key, and again with the operator's token (operator routes
+reached, not refused), and fails on any check's failure. The full runs (many more examples,
+their commands and results) are in docs/operations.md.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ CONFIG = Path(__file__).resolve().parents[1] / "contract" / "schemathesis.toml"
 EXAMPLES = 8
 
 
-def run(url: str, key: str) -> tuple[list[str], Counter[int]]:
-    """(failures, answers by status) of one bounded run."""
+def run(url: str, key: str) -> tuple[list[str], Counter[int], dict[str, Counter[int]]]:
+    """(failures, answers by status, answers by status per operation) of one bounded run."""
     config = schemathesis.Config.from_path(CONFIG)
     config.update(seed=20261130, max_failures=None)
     project = config.projects.default
@@ -35,6 +36,7 @@ def run(url: str, key: str) -> tuple[list[str], Counter[int]]:
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json", config=config)
     failures: list[str] = []
     statuses: Counter[int] = Counter()
+    by_operation: dict[str, Counter[int]] = {}
     for event in from_schema(schema).execute():
         if isinstance(event, FatalError | NonFatalError):
             failures.append(f"error: {event}")
@@ -43,6 +45,8 @@ def run(url: str, key: str) -> tuple[list[str], Counter[int]]:
         for interaction in event.recorder.interactions.values():
             if interaction.response is not None:
                 statuses[interaction.response.status_code] += 1
+                label = f"{interaction.request.method} {_path(url, interaction.request.uri)}"
+                by_operation.setdefault(label, Counter())[interaction.response.status_code] += 1
         for checks in event.recorder.checks.values():
             for check in checks:
                 if check.status is Status.FAILURE:
@@ -50,7 +54,11 @@ def run(url: str, key: str) -> tuple[list[str], Counter[int]]:
                     failure = info.failure if info is not None else None
                     label = event.label or event.recorder.label
                     failures.append(f"{label}: {check.name}: {failure}")
-    return failures, statuses
+    return failures, statuses, by_operation
+
+
+def _path(base: str, uri: str) -> str:
+    return uri.removeprefix(base).split("?", 1)[0]
 
 
 # The tenant's write rate (100/s by default) would answer most generated writes 429, an
@@ -59,7 +67,7 @@ def run(url: str, key: str) -> tuple[list[str], Counter[int]]:
     HETEROFLOW_TENANT_WRITE_RATE_PER_S="100000", HETEROFLOW_TENANT_WRITE_BURST="100000"
 )
 def test_schemathesis_finds_no_failure_and_reaches_the_positive_path(cluster: Cluster) -> None:
-    failures, statuses = run(cluster.url, cluster.creds["tenant_api_key"])
+    failures, statuses, _ = run(cluster.url, cluster.creds["tenant_api_key"])
     assert not failures, "\n".join(sorted(set(failures))[:30])
     answered = sum(statuses.values())
     served = sum(n for s, n in statuses.items() if 200 <= s < 300)
@@ -68,3 +76,27 @@ def test_schemathesis_finds_no_failure_and_reaches_the_positive_path(cluster: Cl
     # data, other tenants' or missing resources, operator-only routes).
     assert statuses[201] >= 50 and served / answered > 0.05, statuses
     assert not any(s >= 500 for s in statuses), statuses
+
+
+# Operator-only routes with fixed paths: each must be served, not refused, for the operator.
+OPERATOR_ROUTES = (
+    "GET /api/v1/nodes",
+    "GET /api/v1/tenants",
+    "POST /api/v1/tenants",
+    "GET /api/v1/pools",
+    "POST /api/v1/pools",
+    "POST /api/v1/nodes/join-tokens",
+)
+
+
+def test_schemathesis_as_the_operator_finds_no_failure_and_reaches_operator_routes(
+    cluster: Cluster,
+) -> None:
+    failures, statuses, by_operation = run(cluster.url, cluster.creds["operator_token"])
+    assert not failures, "\n".join(sorted(set(failures))[:30])
+    assert not any(s >= 500 for s in statuses), statuses
+    for route in OPERATOR_ROUTES:
+        answers = by_operation.get(route, Counter())
+        served = sum(n for s, n in answers.items() if 200 <= s < 300)
+        assert served > 0 and not answers[403], (route, answers)
+    assert statuses[201] >= 20, statuses
