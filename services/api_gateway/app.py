@@ -113,6 +113,8 @@ def create_app(
         max_reads=settings.max_inflight_reads,
         max_writes=settings.max_inflight_writes,
         db_wait_s=settings.db_wait_timeout_s,
+        rates=app.state.tenant_rates,
+        credentials=app.state.auth_cache,
     )
     metrics.install(app)
 

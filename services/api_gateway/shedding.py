@@ -11,7 +11,10 @@ give up: a queue that only grows turns every answer late, the cheap ones too.
   (logs followed, an event stream) must not hold a slot for its whole life.
 * `TenantRates` is a token bucket per tenant for writes (429 with `Retry-After` beyond
   it), checked once the caller is authenticated, so one tenant's burst cannot take every
-  write slot from the others.
+  write slot from the others. A caller already known to this gateway (its key in the
+  credential cache) whose bucket is empty is refused by `Shedding` too, before routing:
+  under a flood of one tenant's creates, most of them are such refusals, and taking them
+  through the whole application is what slowed every other answer down.
 
 Both are per gateway process: with `HETEROFLOW_GATEWAY_WORKERS=N` the platform admits N times
 the bounds. Health and metrics endpoints are never shed, nor is inference traffic on `/serve/`
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter, Gauge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from libs import auth
 from libs.domain.errors import Code, Throttled
 from libs.store.pool import WAIT_TIMEOUT_S
 
@@ -56,11 +60,57 @@ RETRY_AFTER_S = 1
 class Shedding:
     """Answer 503 at once when a class of requests already has its bound in flight."""
 
-    def __init__(self, app: ASGIApp, max_reads: int, max_writes: int, db_wait_s: float) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_reads: int,
+        max_writes: int,
+        db_wait_s: float,
+        rates: TenantRates | None = None,
+        credentials: auth.CredentialCache | None = None,
+    ) -> None:
+        """`rates` and `credentials`: the application's tenant buckets and credential cache,
+        for the early 429 (without them, only the dependency checks the rate)."""
         self.app = app
         self.db_wait_s = db_wait_s
         self.bounds = {"read": max_reads, "write": max_writes}
         self.in_flight = {"read": 0, "write": 0}
+        self.rates = rates
+        self.credentials = credentials
+
+    def _known_tenant(self, scope: Scope) -> str | None:
+        """The tenant of a cached API key in the request's Authorization header, or None
+        (anything not already known goes the whole way and is authenticated there)."""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                token = token.strip()
+                if scheme.lower() != "bearer" or not token.startswith("hf_"):
+                    return None
+                assert self.credentials is not None
+                principal = self.credentials.get(auth.hash_key(token))
+                known = isinstance(principal, auth.Principal) and principal.is_tenant
+                return principal.tenant_id if known else None
+        return None
+
+    async def _over_rate(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer the 429 the rate dependency would give, at once; False to go on."""
+        if self.rates is None or self.credentials is None or self.rates.rate <= 0:
+            return False
+        tenant = self._known_tenant(scope)
+        if tenant is None:
+            return False
+        try:
+            self.rates.check(tenant)
+        except Throttled as exc:
+            answer = FastJSONResponse(
+                {"error": exc.message, "code": int(exc.code)},
+                exc.http_status,
+                headers={"Retry-After": str(exc.retry_after_s)},
+            )
+            await answer(scope, receive, send)
+            return True
+        return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -78,6 +128,8 @@ class Shedding:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
             await answer(scope, receive, send)
+            return
+        if kind == "write" and await self._over_rate(scope, receive, send):
             return
         self.in_flight[kind] += 1
         IN_FLIGHT.labels(kind).inc()
@@ -122,6 +174,12 @@ class TenantRates:
         """Spend one token of `tenant`'s bucket, or raise `Throttled` (429) naming the rate."""
         if self.rate <= 0:
             return
+        bucket = self.check(tenant)
+        bucket.tokens -= 1.0
+
+    def check(self, tenant: str) -> _Bucket:
+        """`tenant`'s bucket refilled to now, spending nothing; `Throttled` (429) when it
+        holds less than a token."""
         now = self.clock()
         bucket = self.buckets.get(tenant)
         if bucket is None:
@@ -129,8 +187,7 @@ class TenantRates:
         bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.at) * self.rate)
         bucket.at = now
         if bucket.tokens >= 1.0:
-            bucket.tokens -= 1.0
-            return
+            return bucket
         SHED.labels("write", "tenant_rate").inc()
         wait = max(1, math.ceil((1.0 - bucket.tokens) / self.rate))
         raise Throttled(

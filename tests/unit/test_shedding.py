@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from libs import auth
 from libs.domain.errors import Code, Throttled
 from services.api_gateway.shedding import Shedding, TenantRates
 
@@ -151,3 +152,33 @@ async def test_routed_inference_traffic_is_not_counted() -> None:
         assert shed.in_flight == {"read": 0, "write": 0}
         app.release.set()
         assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200, 200]
+
+
+async def test_a_known_tenant_over_its_rate_is_refused_before_the_application() -> None:
+    app = Held()
+    app.release.set()
+    clock = Clock()
+    rates = TenantRates(1.0, 1, clock)
+    cache = auth.CredentialCache(60.0)
+    key, operator_key, unknown_key = "hf_tenantkey", "hf_operatorkey", "hf_notcachedyet"
+    cache.put(auth.hash_key(key), auth.Principal(auth.Role.TENANT_KEY, "k1", "t1"))
+    cache.put(auth.hash_key(operator_key), auth.Principal(auth.Role.OPERATOR, "op"))
+    shed = Shedding(app, 8, 8, 2.0, rates=rates, credentials=cache)
+    transport = httpx.ASGITransport(app=shed)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+
+        def post(token: str) -> Any:
+            return client.post("/w", json={}, headers={"Authorization": f"Bearer {token}"})
+
+        assert (await post(key)).status_code == 200  # a token left: the application decides
+        rates.take("t1")  # what the application's rate dependency spends
+        over = await post(key)
+        assert over.status_code == 429 and over.headers["retry-after"] == "1"
+        assert over.json()["code"] == Code.TOO_MANY_REQUESTS and "t1" in over.json()["error"]
+        assert app.entered == 1  # the refusal did no work
+        assert (await client.get("/r", headers={"Authorization": f"Bearer {key}"})).is_success
+        assert (await post(operator_key)).status_code == 200  # not a tenant: no tenant rate
+        assert (await post(unknown_key)).status_code == 200  # not known yet: authenticated there
+        assert app.entered == 4
+        clock.now += 1.0
+        assert (await post(key)).status_code == 200  # refilled: nothing was spent early
