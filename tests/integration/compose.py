@@ -1,21 +1,95 @@
 """deploy/compose.yaml run with the docker SDK: the part of Compose the file uses (image,
 entrypoint, command, environment, user, volumes, ports), one network per project, each
-container reachable by its service name. Compose v2 is not installed on our machines."""
+container reachable by its service name. Compose v2 is not installed on our machines.
+
+`Compose.deploy()` brings the whole deployment up in order (servers, first credentials, the
+rest) and waits until it serves; the compose test and the `deploy` benchmark suite share it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import shutil
+import subprocess
+import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import docker
+import httpx
+import psycopg
 import yaml
 from docker.models.containers import Container
 
-COMPOSE_FILE = Path(__file__).resolve().parents[2] / "deploy" / "compose.yaml"
+from libs import auth
+from libs.store import tenants
+from libs.store.eventstore import EventStore
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "deploy" / "compose.yaml"
+BUILD = REPO / "deploy" / "images" / "build.sh"
+BASE_IMAGE = "heteroflow/base:bookworm"
+AGENTS = {"agent-1": "compose-agent-1", "agent-2": "compose-agent-2", "agent-3": "compose-agent-3"}
+GATEWAYS = ("api-gateway-1", "api-gateway-2")
+SCHEDULERS = ("scheduler-1", "scheduler-2")
+POLL_S = 0.2
+
+
+def wait(cond: Callable[[], bool], what: str, timeout: float, logs: Callable[[], str]) -> None:
+    """Poll `cond` until it holds; fail with `what` and `logs()` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except (httpx.HTTPError, psycopg.OperationalError):
+            pass
+        time.sleep(POLL_S)
+    raise AssertionError(f"not within {timeout}s: {what}\n{logs()}")
+
+
+def why_not_here() -> str:
+    """Empty when the deployment can run here (a Docker engine answers and
+    `deploy/images/build.sh` can build the images), else the reason it cannot."""
+    try:
+        client = docker.from_env(timeout=3)
+        client.ping()
+    except docker.errors.DockerException:
+        return "no Docker engine answers (CI installs one: .ci/setup-docker.sh)"
+    if shutil.which("mmdebstrap") is None:
+        try:
+            client.images.get(BASE_IMAGE)
+        except docker.errors.DockerException:
+            return f"the base image needs mmdebstrap (apt-get install mmdebstrap) or {BASE_IMAGE}"
+    return ""
+
+
+def build_images() -> None:
+    """The three images (`just images`); cached, so a second call only checks its layers."""
+    done = subprocess.run(["bash", str(BUILD), "all"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def bootstrap(url: str) -> tuple[str, str]:
+    """(tenant API key, operator token), written straight into the deployment's database."""
+
+    async def run() -> tuple[str, str]:
+        store = await EventStore.open(url, max_size=1)  # migrates, as every service does
+        try:
+            if await tenants.get_tenant(store, "default") is None:
+                await auth.create_tenant(store, "default", "default")
+            _, key = await auth.issue_api_key(store, "default", "compose")
+            operator = await auth.issue_system_credential(store, "operator", "compose")
+            return key, operator
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
 
 
 def _unescape(value: Any) -> Any:
@@ -33,6 +107,9 @@ class Compose:
     project: str = field(default_factory=lambda: "hfc" + uuid.uuid4().hex[:6])
     client: docker.DockerClient = field(default_factory=docker.from_env)
     containers: dict[str, Container] = field(default_factory=dict)
+
+    key: str = ""  # the tenant's API key, once deployed
+    operator: str = ""  # an operator token, once deployed
 
     def __post_init__(self) -> None:
         self.services: dict[str, dict[str, Any]] = yaml.safe_load(self.file.read_text())["services"]
@@ -69,6 +146,44 @@ class Compose:
         self.containers[name] = container
         return container
 
+    def deploy(self, agent_env: dict[str, str] | None = None) -> None:
+        """Every service, in order: PostgreSQL and NATS, the first credentials, then the rest;
+        back when both gateways are ready and the three agents are online."""
+        self.up("postgres", "nats-1", "nats-2", "nats-3")
+
+        def accepts() -> bool:
+            with psycopg.connect(self.database_url, connect_timeout=2):
+                return True
+
+        wait(accepts, "postgres accepts logins", 30, lambda: self.logs("postgres"))
+        self.key, self.operator = bootstrap(self.database_url)
+        rest = [n for n in self.services if n not in self.containers]
+        self.up(*(n for n in rest if n not in AGENTS))
+        self.up(*(n for n in rest if n in AGENTS), env=agent_env)
+
+        def ready() -> bool:
+            return all(httpx.get(f"{g}/readyz", timeout=1).status_code == 200 for g in self.urls)
+
+        wait(ready, "both gateways ready", 60, lambda: self.logs(GATEWAYS[0]))
+        ops = {"Authorization": f"Bearer {self.operator}"}
+
+        def nodes_online() -> bool:
+            r = httpx.get(f"{self.urls[0]}/api/v1/nodes", headers=ops, timeout=5)
+            online = {n["id"] for n in r.json()["nodes"] if n["status"] == "online"}
+            return set(AGENTS.values()) <= online
+
+        wait(nodes_online, "three agents online", 60, lambda: self.logs("agent-1"))
+
+    @property
+    def database_url(self) -> str:
+        port = self.port("postgres", 5432)
+        return f"postgresql://heteroflow:change-me@127.0.0.1:{port}/heteroflow"
+
+    @property
+    def urls(self) -> list[str]:
+        """The gateways' base URLs, as published on this host."""
+        return [f"http://127.0.0.1:{self.port(g, 3333)}" for g in GATEWAYS]
+
     def port(self, name: str, container_port: int) -> int:
         container = self.containers[name]
         container.reload()
@@ -96,3 +211,9 @@ class Compose:
             list(pool.map(remove, self.containers.values()))
         with contextlib.suppress(docker.errors.APIError):
             self.network.remove()
+        for node in AGENTS.values():  # the task containers the agents started
+            for c in self.client.containers.list(
+                all=True, filters={"label": f"heteroflow.node={node}"}
+            ):
+                with contextlib.suppress(docker.errors.APIError):
+                    c.remove(force=True)
