@@ -44,6 +44,10 @@ pytestmark = [
     requires_docker,
     requires_images,
     opted_out,
+    # ~3.2 min here with the images built (setup 30 s after a change, deploy 25 s, the 200
+    # containers ~100 s, teardown 15 s); a fresh base adds ~1 min: more than the default 300 s
+    # would leave on a slower machine.
+    pytest.mark.timeout(600),
 ]
 
 TIMEOUT = httpx.Timeout(10.0, connect=2.0)
