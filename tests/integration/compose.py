@@ -1,6 +1,6 @@
 """deploy/compose.yaml run with the docker SDK: the part of Compose the file uses (image,
-entrypoint, command, environment, user, volumes, ports), one network per project, each
-container reachable by its service name. Compose v2 is not installed on our machines.
+entrypoint, command, environment, user, volumes, ports, restart, `${VAR}`), one network per
+project, each container reachable by its service name. Compose v2 is not installed here.
 
 `Compose.deploy()` brings the whole deployment up in order (servers, first credentials, the
 rest) and waits until it serves; the compose test and the `deploy` benchmark suite share it.
@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
+import re
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -26,13 +30,11 @@ import psycopg
 import yaml
 from docker.models.containers import Container
 
-from libs import auth
-from libs.store import tenants
-from libs.store.eventstore import EventStore
-
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "compose.yaml"
 BUILD = REPO / "deploy" / "images" / "build.sh"
+BOOTSTRAP = REPO / "deploy" / "compose_bootstrap.py"
+_VARIABLE = re.compile(r"\$\$|\$\{(\w+)\}")
 BASE_IMAGE = "heteroflow/base:bookworm"
 AGENTS = {"agent-1": "compose-agent-1", "agent-2": "compose-agent-2", "agent-3": "compose-agent-3"}
 GATEWAYS = ("api-gateway-1", "api-gateway-2")
@@ -75,30 +77,23 @@ def build_images() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def bootstrap(url: str) -> tuple[str, str]:
-    """(tenant API key, operator token), written straight into the deployment's database."""
-
-    async def run() -> tuple[str, str]:
-        store = await EventStore.open(url, max_size=1)  # migrates, as every service does
-        try:
-            if await tenants.get_tenant(store, "default") is None:
-                await auth.create_tenant(store, "default", "default")
-            _, key = await auth.issue_api_key(store, "default", "compose")
-            operator = await auth.issue_system_credential(store, "operator", "compose")
-            return key, operator
-        finally:
-            await store.close()
-
-    return asyncio.run(run())
-
-
-def _unescape(value: Any) -> Any:
-    """Compose's `$$` is a literal `$`."""
+def _interpolate(value: Any, variables: dict[str, str]) -> Any:
+    """Compose's `${VAR}` from `variables` (what Compose reads from `.env`); `$$` is a `$`."""
     if isinstance(value, str):
-        return value.replace("$$", "$")
+        return _VARIABLE.sub(lambda m: "$" if m[0] == "$$" else variables[m[1]], value)
     if isinstance(value, list):
-        return [_unescape(v) for v in value]
+        return [_interpolate(v, variables) for v in value]
     return value
+
+
+def _load_bootstrap() -> Any:
+    """deploy/compose_bootstrap.py, the deployment's own first-credentials script."""
+    spec = importlib.util.spec_from_file_location("compose_bootstrap", BOOTSTRAP)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
 
 
 @dataclass
@@ -110,6 +105,10 @@ class Compose:
 
     key: str = ""  # the tenant's API key, once deployed
     operator: str = ""  # an operator token, once deployed
+    # Where the relative volumes (./nats-auth.conf) and the variables (.env) come from: the
+    # bootstrap script's output, here a directory of this deployment's own.
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hf-compose-")))
+    variables: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.services: dict[str, dict[str, Any]] = yaml.safe_load(self.file.read_text())["services"]
@@ -123,15 +122,20 @@ class Compose:
 
     def start(self, name: str, env: dict[str, str]) -> Container:
         spec = self.services[name]
-        environment = {k: str(v) for k, v in (spec.get("environment") or {}).items()} | env
-        binds = [v for v in spec.get("volumes", []) if v.startswith("/")]
+        given = (spec.get("environment") or {}).items()
+        environment = {k: _interpolate(str(v), self.variables) for k, v in given} | env
+        binds = [self._bind(v) for v in spec.get("volumes", [])]
         ports = {str(p).split(":")[-1] + "/tcp": None for p in spec.get("ports", [])}
         container = self.client.containers.create(
             spec["image"],
-            command=_unescape(spec.get("command")),
+            command=_interpolate(spec.get("command"), self.variables),
             entrypoint=spec.get("entrypoint"),
             environment=environment,
             user=str(spec["user"]) if "user" in spec else None,
+            # As Compose does: a service that exits on its own (a scheduler whose first
+            # JetStream request timed out while the cluster formed) is started again; one
+            # killed through the API is not (Docker counts that as stopped by hand).
+            restart_policy={"Name": spec["restart"]} if "restart" in spec else None,
             volumes=binds,
             ports=ports,
             name=f"{self.project}-{name}",
@@ -146,17 +150,27 @@ class Compose:
         self.containers[name] = container
         return container
 
+    def _bind(self, volume: str) -> str:
+        source, rest = volume.split(":", 1)
+        return f"{self.workdir / source}:{rest}" if source.startswith("./") else volume
+
     def deploy(self, agent_env: dict[str, str] | None = None) -> None:
-        """Every service, in order: PostgreSQL and NATS, the first credentials, then the rest;
-        back when both gateways are ready and the three agents are online."""
-        self.up("postgres", "nats-1", "nats-2", "nats-3")
+        """Every service, in order: PostgreSQL, the first credentials and NATS logins
+        (deploy/compose_bootstrap.py), NATS, then the rest; back when both gateways are ready
+        and the three agents are online."""
+        self.up("postgres")
 
         def accepts() -> bool:
             with psycopg.connect(self.database_url, connect_timeout=2):
                 return True
 
         wait(accepts, "postgres accepts logins", 30, lambda: self.logs("postgres"))
-        self.key, self.operator = bootstrap(self.database_url)
+        script = _load_bootstrap()
+        creds = asyncio.run(script.bootstrap(self.database_url))
+        script.write(self.workdir, creds)
+        self.key, self.operator = creds.tenant_key, creds.operator_token
+        self.variables = {script.env_name(s): k for s, k in creds.agent_keys.items()}
+        self.up("nats-1", "nats-2", "nats-3")
         rest = [n for n in self.services if n not in self.containers]
         self.up(*(n for n in rest if n not in AGENTS))
         self.up(*(n for n in rest if n in AGENTS), env=agent_env)
@@ -211,6 +225,7 @@ class Compose:
             list(pool.map(remove, self.containers.values()))
         with contextlib.suppress(docker.errors.APIError):
             self.network.remove()
+        shutil.rmtree(self.workdir, ignore_errors=True)
         for node in AGENTS.values():  # the task containers the agents started
             for c in self.client.containers.list(
                 all=True, filters={"label": f"heteroflow.node={node}"}

@@ -90,6 +90,9 @@ def test_200_tasks_complete_once_through_killed_nats_leader_and_gateway(
     db = d.database_url
     gateways = d.urls
     wait(lambda: len(holders(d, "scheduler")) == 1, "a scheduler leads", 30, lambda: "")
+    for agent in AGENTS:  # online with their node keys only: per-node NATS users
+        env = dict(e.split("=", 1) for e in d.containers[agent].attrs["Config"]["Env"])
+        assert "@" not in env["HETEROFLOW_NATS_URL"] and env["HETEROFLOW_AGENT_TOKEN"]
     headers = {"Authorization": f"Bearer {d.key}"}
     clients = [httpx.Client(base_url=g, headers=headers, timeout=TIMEOUT) for g in gateways]
     tasks: list[str] = []
