@@ -35,6 +35,7 @@ SUITE_NAMES = (
     "shedding",
     "serving",
     "console",
+    "deploy",
 )
 
 DATABASE_URL_ENV = "HETEROFLOW_BENCH_DATABASE_URL"

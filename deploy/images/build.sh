@@ -15,6 +15,10 @@ what="${1:-all}"
 
 base() { HF_BASE_IMAGE="$BASE" bash "$here/build-base.sh"; }
 
+# The engine's notice that the legacy builder is deprecated (buildx is not installed here) is
+# the same on every build: left out, so CI's log shows only what went wrong.
+quiet() { grep -v 'legacy builder\|buildx\|^$' >&2 || true; }
+
 heteroflow() {
     local ctx
     ctx="$(mktemp -d)"
@@ -27,7 +31,7 @@ heteroflow() {
     mkdir -p "$ctx/app"
     mv "$ctx"/deps/heteroflow-*.whl "$ctx/app/"
     docker build --quiet --build-arg "BASE=$BASE" -f "$here/heteroflow.Dockerfile" \
-        -t "heteroflow/heteroflow:$TAG" "$ctx" >/dev/null 2> >(grep -v 'legacy builder\|buildx' >&2)
+        -t "heteroflow/heteroflow:$TAG" "$ctx" >/dev/null 2> >(quiet)
     echo "heteroflow: built heteroflow/heteroflow:$TAG"
 }
 
@@ -38,7 +42,8 @@ nats() {
     bin="$("$PYTHON" -c 'from libs.embedded import nats_server_binary; print(nats_server_binary())' 2>/dev/null \
         || command -v nats-server)"
     cp "$bin" "$ctx/nats-server"
-    docker build --quiet -f "$here/nats.Dockerfile" -t "heteroflow/nats:$TAG" "$ctx" >/dev/null
+    docker build --quiet -f "$here/nats.Dockerfile" -t "heteroflow/nats:$TAG" "$ctx" >/dev/null \
+        2> >(quiet)
     echo "nats: built heteroflow/nats:$TAG ($("$ctx/nats-server" --version))"
 }
 
