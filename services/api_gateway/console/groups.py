@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from .charts import serving_charts
 from .forms import field_problems, group_body, rollout_body
 from .views import FigureLog, window_state
-from .web import Form, Key, api_client, go, if_ok, not_found, ok, page
+from .web import Form, Key, api_client, create, go, if_ok, not_found, ok, page
 
 router = APIRouter()
 # What each rollout action asks for, and in which phases the page offers it.
@@ -42,13 +42,9 @@ async def new_group(request: Request, _key: Key) -> Response:
 
 @router.post("/groups/new")
 async def create_group(request: Request, key: Key, form: Form) -> Response:
-    body, problems = group_body(form)
-    if not problems:
-        async with api_client(request, key) as api:
-            r = await api.post("/task-groups", json=body)
-        if r.status_code == 201:
-            return go(f"/ui/groups/{r.json()['id']}")
-        problems = field_problems(r.json(), r.text)
+    problems = await create(request, key, group_body(form), "/task-groups", "/ui/groups")
+    if isinstance(problems, Response):
+        return problems
     return _group_form(request, form, problems, 400)
 
 

@@ -8,8 +8,8 @@ from fastapi.responses import Response
 
 from .charts import dag_levels
 from .dag import draw, symbol
-from .forms import field_problems, job_body
-from .web import Form, Key, api_client, go, ok, page
+from .forms import job_body
+from .web import Form, Key, api_client, create, ok, page
 
 router = APIRouter()
 EXAMPLE_TASKS = """[
@@ -25,13 +25,9 @@ async def new_job(request: Request, _key: Key) -> Response:
 
 @router.post("/jobs/new")
 async def create_job(request: Request, key: Key, form: Form) -> Response:
-    body, problems = job_body(form)
-    if not problems:
-        async with api_client(request, key) as api:
-            r = await api.post("/jobs", json=body)
-        if r.status_code == 201:
-            return go(f"/ui/jobs/{r.json()['id']}")
-        problems = field_problems(r.json(), r.text)
+    problems = await create(request, key, job_body(form), "/jobs", "/ui/jobs")
+    if isinstance(problems, Response):
+        return problems
     return _job_form(request, form, problems, 400)
 
 

@@ -24,13 +24,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from . import groups, jobs
 from .charts import gpu_charts
-from .forms import field_problems, task_body
+from .forms import task_body
 from .views import pool_usage
 from .web import (
     COOKIE,
     Form,
     Key,
     api_client,
+    create,
     go,
     if_ok,
     not_found,
@@ -129,13 +130,9 @@ async def new_task(request: Request, _key: Key) -> Response:
 
 @router.post("/tasks/new")
 async def create_task(request: Request, key: Key, form: Form) -> Response:
-    body, problems = task_body(form)
-    if not problems:
-        async with api_client(request, key) as api:
-            r = await api.post("/tasks", json=body)
-        if r.status_code == 201:
-            return go(f"/ui/tasks/{r.json()['id']}")
-        problems = field_problems(r.json(), r.text)
+    problems = await create(request, key, task_body(form), "/tasks", "/ui/tasks")
+    if isinstance(problems, Response):
+        return problems
     return page(
         request,
         "new_task.html",

@@ -19,6 +19,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from .forms import field_problems
+
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
 COOKIE = "hf_console"
@@ -76,6 +78,26 @@ def not_found(request: Request, what: str = "no such page") -> Response:
 
 def go(url: str) -> Response:
     return secured(RedirectResponse(url, 303))
+
+
+async def create(
+    request: Request,
+    key: str,
+    posted: tuple[dict[str, Any], dict[str, str]],
+    api_path: str,
+    ui_path: str,
+) -> Response | dict[str, str]:
+    """Create from a form: `posted` is the body read from it and the problems found on the
+    way. A redirect to the new object's page once the API answers 201; else the problems to
+    show beside their fields (the form's own, or the API's refusal)."""
+    body, problems = posted
+    if problems:
+        return problems
+    async with api_client(request, key) as api:
+        r = await api.post(api_path, json=body)
+    if r.status_code == 201:
+        return go(f"{ui_path}/{r.json()['id']}")
+    return field_problems(r.json(), r.text)
 
 
 def api_client(request: Request, key: str) -> httpx.AsyncClient:
