@@ -214,6 +214,9 @@ def test_a_rollout_whose_health_never_passes_rolls_back_and_v1_keeps_serving(
     new = [t for t in tasks.values() if t["generation"] == 1]
     assert new and all(t["status"] in TERMINAL for t in new)
     assert "rollout_rollback" in timeline_kinds(cluster, gid)
+    # Seed 000: the old configuration serves again, and the group is failed with the reason.
+    seen = group(cluster, gid)
+    assert (seen["status"], seen["reason_code"]) == ("failed", "rollout_batch_failed"), seen
 
 
 def test_a_tenant_at_full_quota_completes_a_rollout_with_max_surge_1(cluster: Cluster) -> None:
@@ -288,12 +291,58 @@ def test_a_killed_rollout_service_is_recovered_and_a_new_rollout_succeeds(
         view = rollout(cluster, gid)
         assert view["reason_code"] == "rollout_holder_lost", view
         assert "stopped renewing" in view["reason"] and "submit a new rollout" in view["reason"]
+        seen = group(cluster, gid)  # the group itself is failed with the reason
+        assert (seen["status"], seen["reason_code"]) == ("failed", "rollout_holder_lost"), seen
         again = rollout(cluster, gid, env={"VERSION": "v3"})
         assert again["generation"] == 2
         cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
         assert rollout(cluster, gid)["phase"] == "completed"
         assert live_by_generation(cluster, gid) == {2: 2}
         cluster.wait(lambda: call(cluster, gid, "version").text.strip() == "v3", "v3 serving", 10)
+        cluster.wait(lambda: group(cluster, gid)["status"] == "running", "group running", 30)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.mark.cluster_env(
+    **FAST,
+    HETEROFLOW_ROLLOUT_IN_UP="false",
+    HETEROFLOW_ROLLOUT_LEASE_RENEW_S="1",
+    # Far beyond the test's waits: only a handed-over lease lets the second instance act.
+    HETEROFLOW_ROLLOUT_RECOVERY_AFTER_S="600",
+)
+def test_a_gracefully_stopped_rollout_service_hands_its_rollout_over(cluster: Cluster) -> None:
+    cluster.start_agent("sv1", "docker")
+    g = versioned_group(cluster, 2)
+    gid = g["id"]
+    first = start_rollout_service(cluster)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        cluster.wait(lambda: len(ready_replicas(cluster, gid)) == 2, "two ready replicas", 60)
+        rollout(cluster, gid, env={"VERSION": "v2"}, partition=1)
+
+        def held() -> bool:
+            view = rollout(cluster, gid)
+            return bool(view["holder"]) and any(b["step"] == "started" for b in view["batches"])
+
+        cluster.wait(held, "the rollout held by the first instance", 30)
+        first_holder = rollout(cluster, gid)["holder"]
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+        view = rollout(cluster, gid)
+        assert view["holder"] == "" and view["phase"] == "running", view  # handed over
+        second = start_rollout_service(cluster)
+        rollout(cluster, gid, partition=2)
+        cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
+        view = rollout(cluster, gid)
+        assert view["phase"] == "completed", view
+        assert view["holder"] not in ("", first_holder), view  # the second instance resumed it
+        assert [b["number"] for b in view["batches"] if b["step"] == "done"] == [1, 2]
+        assert live_by_generation(cluster, gid) == {1: 2}
+        cluster.wait(lambda: call(cluster, gid, "version").text.strip() == "v2", "v2 serving", 10)
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

@@ -22,7 +22,12 @@ from libs.domain.group import (
 from libs.domain.group_control import GroupPolicy, decide_group
 from libs.domain.reasons import ReasonCode
 from libs.domain.rollout import decide_action, decide_start
-from libs.domain.rollout_model import BatchStep, RolloutPhase, RolloutPhaseChanged
+from libs.domain.rollout_model import (
+    BatchStep,
+    RolloutLeaseReleased,
+    RolloutPhase,
+    RolloutPhaseChanged,
+)
 from libs.domain.rollout_plan import (
     SURGE_LABEL,
     RolloutPolicy,
@@ -420,6 +425,23 @@ def test_the_rollout_lease_is_taken_renewed_and_recovered_from_a_dead_holder() -
     assert sim.group.reason_code is ReasonCode.ROLLOUT_HOLDER_LOST
     sim.emit(list(decide_start(sim.group, {"image": "v3"}, "ro-3")))  # a new rollout is accepted
     assert sim.group.rollout is not None and sim.group.rollout.generation == 2
+
+
+def test_a_released_lease_is_taken_at_once_by_the_next_holder() -> None:
+    sim = Sim.of(spec())
+    sim.start(image="v2")
+    sim.emit(decide_lease(sim.group, "me", T0, POLICY)[1])
+    r = sim.group.rollout
+    assert r is not None and r.holder == "me"
+    # A late release from an instance that no longer holds the lease changes nothing.
+    sim.emit([RolloutLeaseReleased(group_id="g", rollout_id=r.id, holder="gone")])
+    assert decide_lease(sim.group, "next", T0 + timedelta(seconds=5), POLICY) == (False, [])
+    sim.emit([RolloutLeaseReleased(group_id="g", rollout_id=r.id, holder="me")])
+    ours, events = decide_lease(sim.group, "next", T0 + timedelta(seconds=5), POLICY)
+    assert ours and [type(e).__name__ for e in events] == ["RolloutLeaseRenewed"]
+    sim.emit(events)
+    r = sim.group.rollout
+    assert r is not None and r.holder == "next" and r.phase is RolloutPhase.RUNNING
 
 
 def test_current_members_prefer_the_live_task_of_a_rank() -> None:
