@@ -258,6 +258,48 @@ def test_a_tenant_at_full_quota_completes_a_rollout_with_max_surge_1(cluster: Cl
     )
 
 
+@pytest.mark.cluster_env(**FAST)
+def test_recreate_stops_the_old_training_world_before_starting_the_new_one(
+    cluster: Cluster,
+) -> None:
+    # Two nodes of one card each: the fixed world fills them, so a new world started beside
+    # the old one could never be placed.
+    for node in ("a", "b"):
+        cluster.start_agent(node, "process", HETEROFLOW_DECLARED_GPUS="nvidia:A100:81920")
+    body = {
+        "name": "train",
+        "image": "busybox:latest",
+        "task_type": "training",
+        "task_count": 2,
+        "per_node_gpu": 1,
+        "command": "sleep 300",
+        "env": {"VERSION": "v1"},
+        "cpu_cores": 0.25,
+        "memory_mb": 128,
+    }
+    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
+    assert r.status_code == 201, r.text
+    gid = r.json()["id"]
+    cluster.wait(
+        lambda: all(t["status"] == "running" for t in group(cluster, gid)["tasks"]), "running", 60
+    )
+    url = f"{cluster.url}/api/v1/task-groups/{gid}/rollout"
+    r = web.post(url, json={"env": {"VERSION": "v2"}}, headers=cluster.tenant)
+    assert r.status_code == 400 and r.json()["fields"] == ["strategy"], r.text  # a restart
+    rollout(cluster, gid, env={"VERSION": "v2"}, strategy="recreate", health_timeout_s=60)
+    cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
+    view = rollout(cluster, gid)
+    assert view["phase"] == "completed", view
+    assert [b["step"] for b in view["batches"]] == ["down", "started", "ready", "drain", "done"]
+    tasks = all_tasks(cluster, gid)
+    old = [t for t in tasks if t["generation"] == 0]
+    new = [t for t in tasks if t["generation"] == 1]
+    assert {t["status"] for t in old} == {"cancelled"} and len(new) == 2
+    assert all(t["status"] == "running" and t["spec"]["env"]["VERSION"] == "v2" for t in new)
+    # The whole old world had ended before any member of the new one was even created.
+    assert max(t["finished_at"] for t in old) <= min(t["created_at"] for t in new)
+
+
 @pytest.mark.cluster_env(
     **FAST,
     HETEROFLOW_ROLLOUT_IN_UP="false",
