@@ -4,13 +4,15 @@ controller replacing them under load, rollback, canary, surge quota and holder r
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import psycopg
@@ -30,6 +32,8 @@ from .test_e2e_serving import (
     serving,
     timeline_kinds,
 )
+from .test_split_processes import Split
+from .test_split_processes import split as split  # noqa: F401 - the fixture, shared
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker, requires_docker]
 
@@ -390,6 +394,108 @@ def test_a_gracefully_stopped_rollout_service_hands_its_rollout_over(cluster: Cl
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+# A drain that lasts (no early end): the old replica is caught running and draining.
+LONG_DRAIN = FAST | {
+    "HETEROFLOW_ROLLOUT_DRAIN_MIN_S": "10",
+    "HETEROFLOW_ROLLOUT_DRAIN_TIMEOUT_S": "10",
+}
+
+
+@pytest.mark.cluster_env(**LONG_DRAIN)
+def test_generation_and_draining_survive_a_restart_of_the_whole_platform(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("sv1", "docker")
+    g = versioned_group(cluster, 2)
+    gid = g["id"]
+    cluster.wait(lambda: len(ready_replicas(cluster, gid)) == 2, "two ready replicas", 60)
+    rollout(cluster, gid, env={"VERSION": "v2"}, partition=1)
+
+    def draining() -> bool:
+        return any(b["step"] == "drain" for b in rollout(cluster, gid)["batches"])
+
+    cluster.wait(draining, "the canary's old replica draining", 45)
+    rollout(cluster, gid, "pause")  # held mid-drain: nothing ends while paused
+    before = task_fields(cluster, gid)
+    assert sorted(before.values()) == [
+        (0, False, "running"),
+        (0, True, "running"),
+        (1, False, "running"),
+    ]
+
+    # The whole control plane (API, scheduler, controllers, rollout) stops and starts again;
+    # all it knows afterwards comes from PostgreSQL.
+    assert cluster.control is not None
+    cluster.control.send_signal(signal.SIGTERM)
+    cluster.control.wait(60)
+    cluster.start(**LONG_DRAIN)
+
+    assert task_fields(cluster, gid) == before  # read back through the API
+    view = rollout(cluster, gid)
+    assert (view["generation"], view["phase"]) == (1, "paused"), view
+    assert view["replicas"] == [
+        {"generation": 0, "live": 2, "draining": 1},
+        {"generation": 1, "live": 1, "draining": 0},
+    ]
+    # The router of the new platform still sends the draining replica nothing new.
+    drained = next(t for t, f in before.items() if f[1])
+
+    def router_sees_drain() -> bool:
+        replicas = serving(cluster, gid)["replicas"]
+        return any(r["task_id"] == drained and r["draining"] for r in replicas)
+
+    cluster.wait(router_sees_drain, "the new router knows the drain mark", 30)
+    served = {call(cluster, gid, "version").headers["x-heteroflow-replica"] for _ in range(10)}
+    assert served and drained not in served
+    # ... and the rollout carries on where it stopped.
+    rollout(cluster, gid, "resume")
+    rollout(cluster, gid, partition=2)
+    cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 90)
+    assert rollout(cluster, gid)["phase"] == "completed"
+    assert live_by_generation(cluster, gid) == {1: 2}
+    assert task_fields(cluster, gid)[drained] == (0, True, "cancelled")
+
+
+def task_fields(cluster: Cluster, group_id: str) -> dict[str, tuple[int, bool, str]]:
+    """(generation, draining, status) of every task of the group, as the API shows each."""
+    out = {}
+    for t in all_tasks(cluster, group_id):
+        r = web.get(f"{cluster.url}/api/v1/tasks/{t['id']}", headers=cluster.tenant)
+        assert r.status_code == 200, r.text
+        view = r.json()
+        out[t["id"]] = (view["generation"], view["draining"], view["status"])
+    return out
+
+
+def test_a_rollout_under_load_with_every_service_its_own_process(split: Split) -> None:  # noqa: F811
+    """`heteroflow up --processes`: the router in the api-gateway process, the controller in
+    the rollout process, the replicas on the local agent's Docker engine."""
+    split.wait(split.all_ready, "every child process ready", timeout=90)
+    key = json.loads((split.home / "credentials.json").read_text())["tenant_api_key"]
+    # The helpers above need only these three of a Cluster.
+    plat = cast(
+        Cluster,
+        SimpleNamespace(
+            url=split.url,
+            tenant={"Authorization": f"Bearer {key}"},
+            database_url=split.database_url,
+        ),
+    )
+    g = versioned_group(plat, 2)
+    gid = g["id"]
+    split.wait(lambda: len(ready_replicas(plat, gid)) == 2, "two ready replicas", 90)
+    with Load(plat, gid) as load:
+        rollout(plat, gid, env={"VERSION": "v2"})
+        split.wait(lambda: phase_is(plat, gid, "completed", "failed"), "completion", 90)
+        split.wait(lambda: call(plat, gid, "version").text.strip() == "v2", "v2 only", 15)
+    assert rollout(plat, gid)["phase"] == "completed"
+    assert load.failures() == [], load.failures()[:5]
+    assert {body for _, body in load.answers} <= {"v1", "v2"} and len(load.answers) > 20
+    tasks = all_tasks(plat, gid)
+    assert {t["status"] for t in tasks if t["generation"] == 0} == {"cancelled"}
+    assert live_by_generation(plat, gid) == {1: 2}
 
 
 def start_rollout_service(cluster: Cluster) -> subprocess.Popen[bytes]:
