@@ -83,7 +83,9 @@ def register(gsub: Any, both: list[argparse.ArgumentParser], entry: Any) -> None
     p.add_argument("--image", help="the new image")
     p.add_argument("--env", action="append", metavar="K=V", help="new environment (repeat)")
     p.add_argument("--max-surge", type=int, help="new replicas beyond the size at a time")
-    p.add_argument("--max-unavailable", type=int)
+    p.add_argument(
+        "--max-unavailable", type=int, help="old replicas out of service before their replacement"
+    )
     p.add_argument("--partition", type=int, help="canary: update only ranks below N")
     p.add_argument("--health-timeout", type=int, help="seconds a new replica has to be healthy")
     p.add_argument("--strategy", choices=("rolling", "recreate"))

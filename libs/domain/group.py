@@ -50,6 +50,9 @@ class GroupStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     STOPPED = "stopped"
+    # A failed rollout is restoring the old configuration (seed 000, 滚动更新); set by the
+    # rollout controller, never by the members' aggregate.
+    ROLLBACK = "rollback"
 
 
 GROUP_TERMINAL = frozenset({GroupStatus.COMPLETED, GroupStatus.FAILED, GroupStatus.STOPPED})

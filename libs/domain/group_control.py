@@ -25,7 +25,7 @@ from .group import (
     sized_members,
 )
 from .reasons import ReasonCode
-from .rollout_model import ACTIVE
+from .rollout_model import ACTIVE, RolloutPhase
 from .states import GPU_HOLDING, TaskStatus
 from .task import Task
 
@@ -98,9 +98,13 @@ def decide_group(
     if failed and spec.is_inference and spec.static_world:
         return _rebuild_world(group, members, live, out, policy, allow_rebuild)
     status = aggregate_status(members, replicas=not spec.static_world)
-    if status is not group.status and not (
-        group.status in GROUP_TERMINAL
-        and status in (GroupStatus.FAILED, GroupStatus.STOPPED, GroupStatus.COMPLETED)
+    if (
+        status is not group.status
+        and not (
+            group.status in GROUP_TERMINAL
+            and status in (GroupStatus.FAILED, GroupStatus.STOPPED, GroupStatus.COMPLETED)
+        )
+        and not failed_by_rollout(group)
     ):
         code, text = _why(status, failed)
         out.events.append(
@@ -119,6 +123,19 @@ def decide_group(
         if spec.static_world:
             _restart(group, members, now, policy, is_infra, out)
     return out
+
+
+def failed_by_rollout(group: Group) -> bool:
+    """The group is `failed` because its last rollout failed (seed 000: the old configuration
+    is rebuilt and serves, the group is failed with the reason): that status stays until the
+    next rollout, while its members are still self-healed."""
+    r = group.rollout
+    return (
+        group.status is GroupStatus.FAILED
+        and r is not None
+        and r.phase is RolloutPhase.FAILED
+        and group.reason_code is r.reason_code
+    )
 
 
 def recent_failures(

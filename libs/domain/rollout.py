@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from .errors import Code, DomainError
 from .events import TaskDrainMarked
-from .group import Group, GroupSpec
+from .group import Group, GroupSpec, GroupStatusChanged
 from .reasons import ReasonCode
 from .rollout_model import (
     ACTIVE,
@@ -25,6 +25,7 @@ from .rollout_model import (
     RolloutRequest,
     RolloutStarted,
 )
+from .rollout_plan import group_status_for
 from .states import TERMINAL
 from .task import Task, TaskSpec
 
@@ -46,6 +47,14 @@ def parse_rollout(raw: Any, group: GroupSpec) -> RolloutRequest:
     if req.image is None and req.env is None and req.volumes is None:
         raise DomainError(
             Code.INVALID_VALUE, "nothing to roll out: give image, env or volumes", ["image"]
+        )
+    if req.strategy == "rolling" and req.max_surge == 0 and req.max_unavailable == 0:
+        raise DomainError(
+            Code.INVALID_VALUE,
+            "max_surge and max_unavailable are both 0: no replica could ever be replaced; "
+            "allow at least one extra replica (max_surge) or one replica out of service "
+            "(max_unavailable)",
+            ["max_surge", "max_unavailable"],
         )
     if group.static_world and req.strategy == "rolling":
         raise DomainError(
@@ -149,7 +158,7 @@ _ACTIONS: dict[str, tuple[frozenset[RolloutPhase], RolloutPhase]] = {
 }
 
 
-def decide_action(group: Group, action: str) -> list[RolloutPhaseChanged]:
+def decide_action(group: Group, action: str) -> list[RolloutPhaseChanged | GroupStatusChanged]:
     """pause | resume | rollback of the group's rollout, refused outside its phases."""
     allowed, to = _ACTIONS[action]
     rollout = group.rollout
@@ -161,13 +170,14 @@ def decide_action(group: Group, action: str) -> list[RolloutPhaseChanged]:
             f"(allowed from: {', '.join(sorted(p.value for p in allowed))})",
         )
     code = ReasonCode.ROLLOUT_ACTION
-    return [
-        RolloutPhaseChanged(
-            group_id=group.id,
-            rollout_id=rollout.id,
-            from_phase=rollout.phase,
-            to_phase=to,
-            reason_code=code,
-            reason=f"{action} requested",
-        )
-    ]
+    text = f"{action} requested"
+    changed = RolloutPhaseChanged(
+        group_id=group.id,
+        rollout_id=rollout.id,
+        from_phase=rollout.phase,
+        to_phase=to,
+        reason_code=code,
+        reason=text,
+    )
+    # A requested rollback puts the group in `rollback` while the old config is restored.
+    return [changed, *group_status_for(group, to, code, text)]

@@ -29,7 +29,10 @@ class RolloutRequest(BaseModel):
     image: str | None = Field(default=None, min_length=1, max_length=512)
     env: dict[str, str] | None = None
     volumes: tuple[Volume, ...] | None = None
-    max_surge: int = Field(default=1, ge=1, le=64)
+    # Kubernetes Deployment semantics: at most `max_surge` replicas beyond the group's size,
+    # at most `max_unavailable` old replicas out of service before their replacements are
+    # healthy (both 0 is refused: the rollout could never move).
+    max_surge: int = Field(default=1, ge=0, le=64)
     max_unavailable: int = Field(default=0, ge=0, le=64)
     # Replicas (by rank) to update; None: all of them.
     partition: int | None = Field(default=None, ge=0)
@@ -65,6 +68,9 @@ ACTIVE = frozenset({RolloutPhase.RUNNING, RolloutPhase.PAUSED, RolloutPhase.ROLL
 class BatchStep(StrEnum):
     """What happened to a batch (one entry of the rollout's history each)."""
 
+    # The old replicas of the ranks beyond `max_surge` (all ranks under `recreate`) are
+    # taken out of service first; their replacements are created once they have ended.
+    DOWN = "down"
     STARTED = "started"  # new-generation replicas created for these ranks
     READY = "ready"  # every new replica of the batch is running and healthy
     DRAIN = "drain"  # the old replicas of the batch were marked draining
@@ -109,6 +115,8 @@ class Rollout(BaseModel):
     # it ("" / None: not taken yet). A holder silent past the recovery window is dead.
     holder: str = ""
     lease_renewed_at: datetime | None = None
+    # The last `paused → running`: the health timeout of the batch in progress restarts here.
+    resumed_at: datetime | None = None
 
     @property
     def current(self) -> BatchRecord | None:
@@ -182,12 +190,25 @@ class RolloutLeaseRenewed(Payload):
     holder: str
 
 
+class RolloutLeaseReleased(Payload):
+    """A controller instance stopping gracefully (or deposed) gave the group's rollout lease
+    up: the next holder takes it at once and resumes the rollout from its durable state."""
+
+    type: ClassVar[str] = "rollout_lease_released"
+    stream_type: ClassVar[str] = "group"
+
+    group_id: str
+    rollout_id: str
+    holder: str
+
+
 register(
     RolloutStarted,
     RolloutPhaseChanged,
     RolloutPartitionChanged,
     RolloutBatchRecorded,
     RolloutLeaseRenewed,
+    RolloutLeaseReleased,
 )
 
 ROLLOUT_EVENTS = (
@@ -196,6 +217,7 @@ ROLLOUT_EVENTS = (
     RolloutPartitionChanged,
     RolloutBatchRecorded,
     RolloutLeaseRenewed,
+    RolloutLeaseReleased,
 )
 
 
@@ -221,6 +243,8 @@ def fold_rollout(rollout: Rollout | None, event: Payload, at: datetime) -> dict[
             "reason_code": event.reason_code,
             "reason": event.reason,
         }
+        if event.from_phase is RolloutPhase.PAUSED and event.to_phase is RolloutPhase.RUNNING:
+            update["resumed_at"] = at
     elif isinstance(event, RolloutPartitionChanged):
         request = rollout.request.model_copy(update={"partition": event.partition})
         update = {"request": request}
@@ -237,6 +261,10 @@ def fold_rollout(rollout: Rollout | None, event: Payload, at: datetime) -> dict[
         update = {"batches": (*rollout.batches, record)}
     elif isinstance(event, RolloutLeaseRenewed):
         update = {"holder": event.holder, "lease_renewed_at": at}
+    elif isinstance(event, RolloutLeaseReleased):
+        # Only the holder's own release frees the lease (a late one from an instance
+        # already replaced changes nothing).
+        update = {"holder": ""} if event.holder == rollout.holder else {}
     else:
         raise ValueError(f"not a rollout event: {event.type}")
     return {"rollout": rollout.model_copy(update=update | {"updated_at": at})}

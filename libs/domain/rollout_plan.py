@@ -7,9 +7,12 @@ in the old one, replicas to mark draining, old replicas to end and new ones to s
 controller applies it; every step changes the state it looked at, so a second pass on the
 same state adds nothing.
 
-One batch at a time (seed 000, 滚动更新): create at most `max_surge` new-generation
-replicas, wait until each runs and is healthy, mark the old replicas of those ranks draining,
-wait for their in-flight requests (at most `drain_timeout`), end them `cancelled`. A batch
+One batch at a time (seed 000, 滚动更新), with Kubernetes Deployment semantics: a batch is
+at most `max_surge + max_unavailable` ranks. The old replicas of the ranks beyond `max_surge`
+(every rank under `recreate`) are taken out of service first (drained, ended); once they have
+ended, every rank of the batch gets its new-generation replica; the batch waits until each
+runs and is healthy, marks the remaining old replicas draining, waits for their in-flight
+requests (at most `drain_timeout`) and ends them `cancelled`. A batch
 whose new replica dies or is not healthy within `health_timeout_s` fails: its new replicas
 are stopped and it is tried again, at most `batch_retries` more times; then the rollout rolls
 back (new generation stopped, old configuration rebuilt where it is gone) and ends `failed`.
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from .events import Payload
-from .group import Group, GroupSpec
+from .group import Group, GroupSpec, GroupStatus, GroupStatusChanged
 from .reasons import ReasonCode
 from .rollout_model import (
     BatchRecord,
@@ -92,12 +95,27 @@ def replica_spec(group: Group, template: TaskSpec, rank: int, surge_cards: float
 
 
 def batch_width(rollout: Rollout, size: int) -> int:
-    """Ranks per batch: `max_surge`; `recreate` replaces the whole world in one batch."""
-    return size if rollout.request.strategy == "recreate" else rollout.request.max_surge
+    """Ranks per batch: `max_surge + max_unavailable`; `recreate` replaces the whole world
+    in one batch."""
+    req = rollout.request
+    return size if req.strategy == "recreate" else req.max_surge + req.max_unavailable
+
+
+def down_ranks(rollout: Rollout, batch: Sequence[int]) -> tuple[int, ...]:
+    """The ranks of a batch whose old replica leaves service before its replacement is
+    created: those beyond `max_surge` (at most `max_unavailable` of them, since a batch is no
+    wider than both together); under `recreate` the whole old world stops first."""
+    if rollout.request.strategy == "recreate":
+        return tuple(batch)
+    return tuple(batch[rollout.request.max_surge :])
 
 
 def surge_cards(rollout: Rollout, size: int) -> float:
-    return batch_width(rollout, size) * cards_of(rollout.target)
+    """Cards a new replica may hold over the tenant's quota: the surge replicas' (none under
+    `recreate`, whose old world has ended before the new one is created)."""
+    if rollout.request.strategy == "recreate":
+        return 0.0
+    return rollout.request.max_surge * cards_of(rollout.target)
 
 
 # --- the lease on the group's rollout ---------------------------------------------------
@@ -124,7 +142,7 @@ def decide_lease(
         f"{policy.recovery_after.total_seconds():g}s): replicas of generations "
         f"{r.from_generation} and {r.generation} may both be serving; submit a new rollout"
     )
-    return False, [_phase(group, r, RolloutPhase.FAILED, code, text)]
+    return False, _phase(group, r, RolloutPhase.FAILED, code, text)
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -189,6 +207,8 @@ def _running(
     cur = r.current
     if cur is None:
         return _next_batch(group, r, ranks)
+    if cur.step is BatchStep.DOWN:
+        return _take_down(group, r, cur, ranks, now, drained, policy)
     if cur.step is BatchStep.STARTED:
         return _await_health(group, r, cur, ranks, now, healthy)
     if cur.step is BatchStep.FAILED:
@@ -205,7 +225,7 @@ def _next_batch(group: Group, r: Rollout, ranks: Ranks) -> RolloutStep:
             return RolloutStep()  # canary: held at its partition until raised
         code = ReasonCode.ROLLOUT_COMPLETED
         text = f"all {group.size} replica(s) run generation {r.generation}"
-        return RolloutStep(events=[_phase(group, r, RolloutPhase.COMPLETED, code, text)])
+        return RolloutStep(events=_phase(group, r, RolloutPhase.COMPLETED, code, text))
     batch = tuple(todo[: batch_width(r, group.size)])
     number = max((b.number for b in r.batches), default=0) + 1
     return _start(group, r, batch, number, 1, ranks)
@@ -214,8 +234,32 @@ def _next_batch(group: Group, r: Rollout, ranks: Ranks) -> RolloutStep:
 def _start(
     group: Group, r: Rollout, batch: tuple[int, ...], number: int, attempt: int, ranks: Ranks
 ) -> RolloutStep:
+    """Begin an attempt: take the old replicas of the down ranks out of service first when
+    any is live, else create the batch's new replicas."""
+    down = [t for k in down_ranks(r, batch) for t in ranks.old.get(k, [])]
+    if down:
+        record = _record(group, r, number, attempt, BatchStep.DOWN, batch, [t.id for t in down])
+        drain: list[str] = [t.id for t in down if t.status is S.RUNNING and not t.draining]
+        return RolloutStep(events=[record], drain=drain)
     record = _record(group, r, number, attempt, BatchStep.STARTED, batch)
     return RolloutStep(events=[record], create=[k for k in batch if k not in ranks.new])
+
+
+def _take_down(
+    group: Group,
+    r: Rollout,
+    cur: BatchRecord,
+    ranks: Ranks,
+    now: datetime,
+    drained: frozenset[str],
+    policy: RolloutPolicy,
+) -> RolloutStep:
+    """The down ranks' old replicas drain and end; once none is live, the batch starts."""
+    old = [t for k in down_ranks(r, cur.ranks) for t in ranks.old.get(k, [])]
+    if not old:
+        return _start(group, r, cur.ranks, cur.number, cur.attempt, ranks)
+    end, drain = _ends(old, now - cur.at, drained, policy)
+    return RolloutStep(end=end, drain=drain)
 
 
 def _await_health(
@@ -234,7 +278,9 @@ def _await_health(
             group, r, cur.number, cur.attempt, BatchStep.DRAIN, cur.ranks, [t.id for t in old]
         )
         return RolloutStep(events=[step, drain], drain=[t.id for t in old])
-    waited = now - cur.at
+    # A pause stops the clock: the timeout restarts from the resume (docs/rollout.md).
+    since = max(cur.at, r.resumed_at) if r.resumed_at is not None else cur.at
+    waited = now - since
     timeout = timedelta(seconds=r.request.health_timeout_s)
     if waited > timeout:
         slow = [t.rank for t in live if not (t.status is S.RUNNING and t.id in healthy)]
@@ -264,7 +310,7 @@ def _after_failure(
         return _start(group, r, cur.ranks, cur.number, cur.attempt + 1, ranks)
     code = ReasonCode.ROLLOUT_BATCH_FAILED
     text = f"batch {cur.number} failed {cur.attempt} time(s): {cur.reason}; rolling back"
-    return RolloutStep(events=[_phase(group, r, RolloutPhase.ROLLBACK, code, text)])
+    return RolloutStep(events=_phase(group, r, RolloutPhase.ROLLBACK, code, text))
 
 
 def _drain(
@@ -280,7 +326,15 @@ def _drain(
     if not old:
         done = _record(group, r, cur.number, cur.attempt, BatchStep.DONE, cur.ranks)
         return RolloutStep(events=[done])
-    waited = now - cur.at
+    end, drain = _ends(old, now - cur.at, drained, policy)
+    return RolloutStep(end=end, drain=drain)
+
+
+def _ends(
+    old: Sequence[Task], waited: timedelta, drained: frozenset[str], policy: RolloutPolicy
+) -> tuple[list[str], list[str]]:
+    """(end, drain) for old replicas marked draining `waited` ago: a running one ends once
+    the routers report nothing in flight on it (or the drain timeout passed)."""
     end: list[str] = []
     # Marked again if the mark did not land (the controller stopped between the batch
     # record and the marks): marking twice changes nothing.
@@ -292,7 +346,7 @@ def _drain(
             end.append(t.id)  # never served: nothing to wait for
         elif waited >= policy.drain_timeout or (waited >= policy.drain_min and t.id in drained):
             end.append(t.id)
-    return RolloutStep(end=end, drain=drain)
+    return end, drain
 
 
 def _rollback(group: Group, r: Rollout, ranks: Ranks) -> RolloutStep:
@@ -316,7 +370,7 @@ def _rollback(group: Group, r: Rollout, ranks: Ranks) -> RolloutStep:
         to = RolloutPhase.FAILED if failed else RolloutPhase.ROLLED_BACK
         code = ReasonCode.ROLLOUT_BATCH_FAILED if failed else ReasonCode.ROLLOUT_ROLLED_BACK
         text = r.reason if failed else f"rolled back to generation {r.from_generation}'s config"
-        out.events.append(_phase(group, r, to, code, text))
+        out.events.extend(_phase(group, r, to, code, text))
     return out
 
 
@@ -344,8 +398,9 @@ def _record(
 
 def _phase(
     group: Group, r: Rollout, to: RolloutPhase, code: ReasonCode, text: str
-) -> RolloutPhaseChanged:
-    return RolloutPhaseChanged(
+) -> list[Payload]:
+    """The phase change, and the group's own status where seed 000 gives it one."""
+    changed = RolloutPhaseChanged(
         group_id=group.id,
         rollout_id=r.id,
         from_phase=r.phase,
@@ -353,3 +408,30 @@ def _phase(
         reason_code=code,
         reason=text,
     )
+    return [changed, *group_status_for(group, to, code, text)]
+
+
+# The group's status while its rollout restores the old configuration, and at the end of a
+# rollout that failed (seed 000, 滚动更新: "状态置 rollback", "组置 failed"). A requested
+# rollback that finished, or a completed rollout, leaves the status to the members again.
+_GROUP_STATUS = {
+    RolloutPhase.ROLLBACK: GroupStatus.ROLLBACK,
+    RolloutPhase.FAILED: GroupStatus.FAILED,
+}
+
+
+def group_status_for(
+    group: Group, to: RolloutPhase, code: ReasonCode, text: str
+) -> list[GroupStatusChanged]:
+    status = _GROUP_STATUS.get(to)
+    if status is None or status is group.status:
+        return []
+    return [
+        GroupStatusChanged(
+            group_id=group.id,
+            from_status=group.status,
+            to_status=status,
+            reason_code=code,
+            reason=text,
+        )
+    ]

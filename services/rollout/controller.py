@@ -8,10 +8,16 @@ recovery window, fails the rollout with the reason. Then it asks the pure `plan_
 the group events and the new replicas in one transaction (a compare-and-set on the group's
 version: a group that moved since it was read is left to the next pass), then the replicas'
 drain marks, ends and stops in one batch.
+
+A graceful stop (SIGTERM, or a term that ends because the leadership lease was released or
+lost) gives the group rollout leases this instance holds back (`rollout_lease_released`):
+the next holder takes them at once and resumes each rollout from its durable state. Only a
+holder that vanished without a word (SIGKILL, a lost host) waits out the recovery window.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -20,11 +26,12 @@ import structlog
 
 from libs.controller import Controller, Term, for_each
 from libs.domain import commands
+from libs.domain.errors import Fenced
 from libs.domain.events import Payload
 from libs.domain.group import Group
 from libs.domain.reasons import ReasonCode
 from libs.domain.rollout import decide_drain
-from libs.domain.rollout_model import ACTIVE, BatchStep
+from libs.domain.rollout_model import ACTIVE, BatchStep, RolloutLeaseReleased
 from libs.domain.rollout_plan import (
     RolloutPolicy,
     RolloutStep,
@@ -47,6 +54,7 @@ log = structlog.get_logger(__name__)
 S = TaskStatus
 META = {"actor": "rollout"}
 PHASES = tuple(p.value for p in ACTIVE)
+RELEASE_TIMEOUT_S = 5.0  # a stopping instance gives its group leases back within this
 
 
 class RolloutController(Controller):
@@ -73,6 +81,32 @@ class RolloutController(Controller):
 
     async def evaluate(self, term: Term) -> None:
         await self.scan()
+
+    async def deposed(self) -> None:
+        """The term ended (stopping, or leadership released or lost): hand every group
+        rollout lease this instance holds over to the next holder. A write refused because a
+        newer term already leads changes nothing: that leader then waits out the window."""
+        if self.fence is None:
+            return
+        try:
+            released = await asyncio.wait_for(self.release_leases(), RELEASE_TIMEOUT_S)
+            log.info("rollout_leases_released", holder=self.holder, groups=released)
+        except Fenced:
+            log.info("rollout_leases_not_released_fenced", holder=self.holder)
+        except Exception:
+            log.warning("rollout_leases_not_released", holder=self.holder, exc_info=True)
+
+    async def release_leases(self) -> list[str]:
+        groups = await group_rows.with_active_rollout(self.store, PHASES)
+        released: list[str] = []
+        for group in groups:
+            r = group.rollout
+            if r is None or r.holder != self.holder:
+                continue
+            event = RolloutLeaseReleased(group_id=group.id, rollout_id=r.id, holder=self.holder)
+            if await self._append(group, [event], [], 0) is not None:
+                released.append(group.id)
+        return released
 
     async def scan(self) -> int:
         groups = await group_rows.with_active_rollout(self.store, PHASES)

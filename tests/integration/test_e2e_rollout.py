@@ -4,13 +4,15 @@ controller replacing them under load, rollback, canary, surge quota and holder r
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import psycopg
@@ -30,6 +32,8 @@ from .test_e2e_serving import (
     serving,
     timeline_kinds,
 )
+from .test_split_processes import Split
+from .test_split_processes import split as split  # noqa: F401 - the fixture, shared
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker, requires_docker]
 
@@ -214,6 +218,9 @@ def test_a_rollout_whose_health_never_passes_rolls_back_and_v1_keeps_serving(
     new = [t for t in tasks.values() if t["generation"] == 1]
     assert new and all(t["status"] in TERMINAL for t in new)
     assert "rollout_rollback" in timeline_kinds(cluster, gid)
+    # Seed 000: the old configuration serves again, and the group is failed with the reason.
+    seen = group(cluster, gid)
+    assert (seen["status"], seen["reason_code"]) == ("failed", "rollout_batch_failed"), seen
 
 
 def test_a_tenant_at_full_quota_completes_a_rollout_with_max_surge_1(cluster: Cluster) -> None:
@@ -255,6 +262,48 @@ def test_a_tenant_at_full_quota_completes_a_rollout_with_max_surge_1(cluster: Cl
     )
 
 
+@pytest.mark.cluster_env(**FAST)
+def test_recreate_stops_the_old_training_world_before_starting_the_new_one(
+    cluster: Cluster,
+) -> None:
+    # Two nodes of one card each: the fixed world fills them, so a new world started beside
+    # the old one could never be placed.
+    for node in ("a", "b"):
+        cluster.start_agent(node, "process", HETEROFLOW_DECLARED_GPUS="nvidia:A100:81920")
+    body = {
+        "name": "train",
+        "image": "busybox:latest",
+        "task_type": "training",
+        "task_count": 2,
+        "per_node_gpu": 1,
+        "command": "sleep 300",
+        "env": {"VERSION": "v1"},
+        "cpu_cores": 0.25,
+        "memory_mb": 128,
+    }
+    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
+    assert r.status_code == 201, r.text
+    gid = r.json()["id"]
+    cluster.wait(
+        lambda: all(t["status"] == "running" for t in group(cluster, gid)["tasks"]), "running", 60
+    )
+    url = f"{cluster.url}/api/v1/task-groups/{gid}/rollout"
+    r = web.post(url, json={"env": {"VERSION": "v2"}}, headers=cluster.tenant)
+    assert r.status_code == 400 and r.json()["fields"] == ["strategy"], r.text  # a restart
+    rollout(cluster, gid, env={"VERSION": "v2"}, strategy="recreate", health_timeout_s=60)
+    cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
+    view = rollout(cluster, gid)
+    assert view["phase"] == "completed", view
+    assert [b["step"] for b in view["batches"]] == ["down", "started", "ready", "drain", "done"]
+    tasks = all_tasks(cluster, gid)
+    old = [t for t in tasks if t["generation"] == 0]
+    new = [t for t in tasks if t["generation"] == 1]
+    assert {t["status"] for t in old} == {"cancelled"} and len(new) == 2
+    assert all(t["status"] == "running" and t["spec"]["env"]["VERSION"] == "v2" for t in new)
+    # The whole old world had ended before any member of the new one was even created.
+    assert max(t["finished_at"] for t in old) <= min(t["created_at"] for t in new)
+
+
 @pytest.mark.cluster_env(
     **FAST,
     HETEROFLOW_ROLLOUT_IN_UP="false",
@@ -288,17 +337,165 @@ def test_a_killed_rollout_service_is_recovered_and_a_new_rollout_succeeds(
         view = rollout(cluster, gid)
         assert view["reason_code"] == "rollout_holder_lost", view
         assert "stopped renewing" in view["reason"] and "submit a new rollout" in view["reason"]
+        seen = group(cluster, gid)  # the group itself is failed with the reason
+        assert (seen["status"], seen["reason_code"]) == ("failed", "rollout_holder_lost"), seen
         again = rollout(cluster, gid, env={"VERSION": "v3"})
         assert again["generation"] == 2
         cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
         assert rollout(cluster, gid)["phase"] == "completed"
         assert live_by_generation(cluster, gid) == {2: 2}
         cluster.wait(lambda: call(cluster, gid, "version").text.strip() == "v3", "v3 serving", 10)
+        cluster.wait(lambda: group(cluster, gid)["status"] == "running", "group running", 30)
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+@pytest.mark.cluster_env(
+    **FAST,
+    HETEROFLOW_ROLLOUT_IN_UP="false",
+    HETEROFLOW_ROLLOUT_LEASE_RENEW_S="1",
+    # Far beyond the test's waits: only a handed-over lease lets the second instance act.
+    HETEROFLOW_ROLLOUT_RECOVERY_AFTER_S="600",
+)
+def test_a_gracefully_stopped_rollout_service_hands_its_rollout_over(cluster: Cluster) -> None:
+    cluster.start_agent("sv1", "docker")
+    g = versioned_group(cluster, 2)
+    gid = g["id"]
+    first = start_rollout_service(cluster)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        cluster.wait(lambda: len(ready_replicas(cluster, gid)) == 2, "two ready replicas", 60)
+        rollout(cluster, gid, env={"VERSION": "v2"}, partition=1)
+
+        def held() -> bool:
+            view = rollout(cluster, gid)
+            return bool(view["holder"]) and any(b["step"] == "started" for b in view["batches"])
+
+        cluster.wait(held, "the rollout held by the first instance", 30)
+        first_holder = rollout(cluster, gid)["holder"]
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+        view = rollout(cluster, gid)
+        assert view["holder"] == "" and view["phase"] == "running", view  # handed over
+        second = start_rollout_service(cluster)
+        rollout(cluster, gid, partition=2)
+        cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 60)
+        view = rollout(cluster, gid)
+        assert view["phase"] == "completed", view
+        assert view["holder"] not in ("", first_holder), view  # the second instance resumed it
+        assert [b["number"] for b in view["batches"] if b["step"] == "done"] == [1, 2]
+        assert live_by_generation(cluster, gid) == {1: 2}
+        cluster.wait(lambda: call(cluster, gid, "version").text.strip() == "v2", "v2 serving", 10)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+# A drain that lasts (no early end): the old replica is caught running and draining.
+LONG_DRAIN = FAST | {
+    "HETEROFLOW_ROLLOUT_DRAIN_MIN_S": "10",
+    "HETEROFLOW_ROLLOUT_DRAIN_TIMEOUT_S": "10",
+}
+
+
+@pytest.mark.cluster_env(**LONG_DRAIN)
+def test_generation_and_draining_survive_a_restart_of_the_whole_platform(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("sv1", "docker")
+    g = versioned_group(cluster, 2)
+    gid = g["id"]
+    cluster.wait(lambda: len(ready_replicas(cluster, gid)) == 2, "two ready replicas", 60)
+    rollout(cluster, gid, env={"VERSION": "v2"}, partition=1)
+
+    def draining() -> bool:
+        return any(b["step"] == "drain" for b in rollout(cluster, gid)["batches"])
+
+    cluster.wait(draining, "the canary's old replica draining", 45)
+    rollout(cluster, gid, "pause")  # held mid-drain: nothing ends while paused
+    before = task_fields(cluster, gid)
+    assert sorted(before.values()) == [
+        (0, False, "running"),
+        (0, True, "running"),
+        (1, False, "running"),
+    ]
+
+    # The whole control plane (API, scheduler, controllers, rollout) stops and starts again;
+    # all it knows afterwards comes from PostgreSQL.
+    assert cluster.control is not None
+    cluster.control.send_signal(signal.SIGTERM)
+    cluster.control.wait(60)
+    cluster.start(**LONG_DRAIN)
+
+    assert task_fields(cluster, gid) == before  # read back through the API
+    view = rollout(cluster, gid)
+    assert (view["generation"], view["phase"]) == (1, "paused"), view
+    assert view["replicas"] == [
+        {"generation": 0, "live": 2, "draining": 1},
+        {"generation": 1, "live": 1, "draining": 0},
+    ]
+    # The router of the new platform still sends the draining replica nothing new.
+    drained = next(t for t, f in before.items() if f[1])
+
+    def router_sees_drain() -> bool:
+        replicas = serving(cluster, gid)["replicas"]
+        return any(r["task_id"] == drained and r["draining"] for r in replicas)
+
+    cluster.wait(router_sees_drain, "the new router knows the drain mark", 30)
+    served = {call(cluster, gid, "version").headers["x-heteroflow-replica"] for _ in range(10)}
+    assert served and drained not in served
+    # ... and the rollout carries on where it stopped.
+    rollout(cluster, gid, "resume")
+    rollout(cluster, gid, partition=2)
+    cluster.wait(lambda: phase_is(cluster, gid, "completed", "failed"), "completion", 90)
+    assert rollout(cluster, gid)["phase"] == "completed"
+    assert live_by_generation(cluster, gid) == {1: 2}
+    assert task_fields(cluster, gid)[drained] == (0, True, "cancelled")
+
+
+def task_fields(cluster: Cluster, group_id: str) -> dict[str, tuple[int, bool, str]]:
+    """(generation, draining, status) of every task of the group, as the API shows each."""
+    out = {}
+    for t in all_tasks(cluster, group_id):
+        r = web.get(f"{cluster.url}/api/v1/tasks/{t['id']}", headers=cluster.tenant)
+        assert r.status_code == 200, r.text
+        view = r.json()
+        out[t["id"]] = (view["generation"], view["draining"], view["status"])
+    return out
+
+
+def test_a_rollout_under_load_with_every_service_its_own_process(split: Split) -> None:  # noqa: F811
+    """`heteroflow up --processes`: the router in the api-gateway process, the controller in
+    the rollout process, the replicas on the local agent's Docker engine."""
+    split.wait(split.all_ready, "every child process ready", timeout=90)
+    key = json.loads((split.home / "credentials.json").read_text())["tenant_api_key"]
+    # The helpers above need only these three of a Cluster.
+    plat = cast(
+        Cluster,
+        SimpleNamespace(
+            url=split.url,
+            tenant={"Authorization": f"Bearer {key}"},
+            database_url=split.database_url,
+        ),
+    )
+    g = versioned_group(plat, 2)
+    gid = g["id"]
+    split.wait(lambda: len(ready_replicas(plat, gid)) == 2, "two ready replicas", 90)
+    with Load(plat, gid) as load:
+        rollout(plat, gid, env={"VERSION": "v2"})
+        split.wait(lambda: phase_is(plat, gid, "completed", "failed"), "completion", 90)
+        split.wait(lambda: call(plat, gid, "version").text.strip() == "v2", "v2 only", 15)
+    assert rollout(plat, gid)["phase"] == "completed"
+    assert load.failures() == [], load.failures()[:5]
+    assert {body for _, body in load.answers} <= {"v1", "v2"} and len(load.answers) > 20
+    tasks = all_tasks(plat, gid)
+    assert {t["status"] for t in tasks if t["generation"] == 0} == {"cancelled"}
+    assert live_by_generation(plat, gid) == {1: 2}
 
 
 def start_rollout_service(cluster: Cluster) -> subprocess.Popen[bytes]:

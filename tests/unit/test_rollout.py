@@ -40,8 +40,12 @@ def test_unknown_fields_are_named() -> None:
 
 
 def test_bad_values_are_named() -> None:
-    err = refused({"image": "v2", "max_surge": 0, "partition": -1})
+    err = refused({"image": "v2", "max_surge": -1, "partition": -1})
     assert err.code is Code.INVALID_VALUE and err.fields == ["max_surge", "partition"]
+    # Kubernetes semantics: max_surge 0 is fine with max_unavailable > 0, not both 0.
+    err = refused({"image": "v2", "max_surge": 0, "max_unavailable": 0})
+    assert err.code is Code.INVALID_VALUE and err.fields == ["max_surge", "max_unavailable"]
+    assert "both 0" in err.message
     assert refused({"max_surge": 2}).fields == ["image"]  # nothing to change
     assert refused([1]).code is Code.INVALID_VALUE
 

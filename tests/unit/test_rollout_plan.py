@@ -10,10 +10,24 @@ from typing import Any
 
 import pytest
 
-from libs.domain.group import Group, GroupSpec, current_members, evolve_group, parse_group
+from libs.domain.group import (
+    Group,
+    GroupSpec,
+    GroupStatus,
+    GroupStatusChanged,
+    current_members,
+    evolve_group,
+    parse_group,
+)
+from libs.domain.group_control import GroupPolicy, decide_group
 from libs.domain.reasons import ReasonCode
-from libs.domain.rollout import decide_start
-from libs.domain.rollout_model import BatchStep, RolloutPhase, RolloutPhaseChanged
+from libs.domain.rollout import decide_action, decide_start
+from libs.domain.rollout_model import (
+    BatchStep,
+    RolloutLeaseReleased,
+    RolloutPhase,
+    RolloutPhaseChanged,
+)
 from libs.domain.rollout_plan import (
     SURGE_LABEL,
     RolloutPolicy,
@@ -47,6 +61,8 @@ class Sim:
     in_flight: set[str] = field(default_factory=set)
     seq: int = 0
     most_live: int = 0
+    least_serving: int = 1 << 30  # replicas running, healthy and not draining, at the worst
+    group_statuses: list[GroupStatus] = field(default_factory=list)
 
     @classmethod
     def of(cls, gspec: GroupSpec, **kw: Any) -> Sim:
@@ -108,6 +124,12 @@ class Sim:
             self.set(tid, status=S.CANCELLED)  # running → draining → cancelled (agent)
         for tid in step.stop:
             self.set(tid, status=S.STOPPED)
+        serving = [
+            t for t in self.live() if t.status is S.RUNNING and not t.draining and t.id in healthy
+        ]
+        self.least_serving = min(self.least_serving, len(serving))
+        if not self.group_statuses or self.group_statuses[-1] is not self.group.status:
+            self.group_statuses.append(self.group.status)
         return step
 
     def run(self, passes: int = 60, tick: timedelta = timedelta(seconds=1)) -> None:
@@ -225,6 +247,28 @@ def test_a_batch_never_healthy_is_retried_then_rolled_back_and_the_rollout_fails
     assert all(sim.tasks[t].status is S.RUNNING and not sim.tasks[t].draining for t in old)
     assert sim.images() == ["v1", "v1", "v1"]
     assert {t.status for t in sim.tasks.values() if t.generation == 1} == {S.STOPPED}
+    # The group itself: `rollback` while restoring, `failed` with the reason at the end.
+    assert sim.group_statuses[-2:] == [GroupStatus.ROLLBACK, GroupStatus.FAILED]
+    assert sim.group.reason_code is ReasonCode.ROLLOUT_BATCH_FAILED
+    assert sim.group.reason == r.reason
+
+
+def test_the_group_failed_by_its_rollout_stays_failed_while_v1_serves() -> None:
+    sim = Sim.of(spec(), healthy_when=lambda t: t.spec.image != "v2")
+    sim.start(image="v2", health_timeout_s=5)
+    sim.run(passes=200)
+    assert sim.group.status is GroupStatus.FAILED
+    acts = decide_group(
+        sim.group, list(sim.tasks.values()), sim.now, GroupPolicy(), lambda t: False
+    )
+    assert acts.empty  # not flipped back to running by the members' aggregate, nothing stopped
+    sim.start(image="v3")  # the next rollout ...
+    sim.run()
+    assert sim.group.rollout is not None and sim.group.rollout.phase is RolloutPhase.COMPLETED
+    acts = decide_group(
+        sim.group, list(sim.tasks.values()), sim.now, GroupPolicy(), lambda t: False
+    )
+    assert [getattr(e, "to_status", None) for e in acts.events] == [GroupStatus.RUNNING]
 
 
 def test_a_new_replica_that_dies_fails_its_batch_at_once() -> None:
@@ -265,9 +309,71 @@ def test_a_requested_rollback_restores_replaced_ranks_with_the_old_configuration
     r = sim.group.rollout
     assert r is not None and r.phase is RolloutPhase.ROLLED_BACK
     assert sim.images() == ["v1", "v1", "v1"]
+    assert GroupStatus.FAILED not in sim.group_statuses  # a requested rollback is no failure
     restored = [t for t in sim.live() if t.rank == 0]
     assert [t.generation for t in restored] == [0]
     assert sim.group.spec.template.image == "v1"
+
+
+@pytest.mark.parametrize(
+    ("surge", "unavailable", "most_live", "least_serving", "batches"),
+    [(0, 1, 3, 2, 3), (0, 2, 3, 1, 2), (1, 1, 4, 2, 2), (2, 1, 5, 2, 1)],
+    ids=["surge-0-unavail-1", "surge-0-unavail-2", "surge-1-unavail-1", "surge-2-unavail-1"],
+)
+def test_max_unavailable_takes_old_replicas_out_before_their_replacements(
+    surge: int, unavailable: int, most_live: int, least_serving: int, batches: int
+) -> None:
+    sim = Sim.of(spec())
+    sim.start(image="v2", max_surge=surge, max_unavailable=unavailable)
+    sim.run(passes=120)
+    r = sim.group.rollout
+    assert r is not None and r.phase is RolloutPhase.COMPLETED
+    assert sim.images() == ["v2", "v2", "v2"]
+    assert sim.most_live == most_live  # at most max_surge beyond the group's size
+    assert sim.least_serving == least_serving  # at most max_unavailable out of service
+    assert max(b.number for b in r.batches) == batches
+    down = [b for b in r.batches if b.step is BatchStep.DOWN]
+    assert down and all(len(b.task_ids) <= unavailable for b in down)
+    old = [t for t in sim.tasks.values() if t.generation == 0]
+    assert {t.status for t in old} == {S.CANCELLED}
+
+
+def test_a_down_rank_gets_its_replacement_only_once_its_old_replica_has_ended() -> None:
+    sim = Sim.of(spec(task_count=1))
+    sim.start(image="v2", max_surge=0, max_unavailable=1)
+    (old,) = sim.tasks
+    sim.in_flight.add(old)
+    for _ in range(5):
+        sim.now += timedelta(seconds=1)
+        step = sim.step()
+        assert not step.create
+    assert sim.tasks[old].draining and sim.tasks[old].status is S.RUNNING
+    sim.in_flight.clear()
+    sim.now += timedelta(seconds=1)
+    assert sim.step().end == [old]
+    sim.now += timedelta(seconds=1)
+    assert sim.step().create == [0]
+    assert sim.steps()[:2] == [(1, 1, "down"), (1, 1, "started")]
+
+
+def test_a_pause_stops_the_health_clock_and_a_resume_restarts_it() -> None:
+    sim = Sim.of(spec(task_count=1), healthy_when=lambda t: False)
+    sim.start(image="v2", health_timeout_s=5)
+    for _ in range(3):
+        sim.now += timedelta(seconds=1)
+        sim.step()
+    sim.emit(decide_action(sim.group, "pause"))
+    for _ in range(10):  # paused far past the health timeout
+        sim.now += timedelta(seconds=1)
+        assert sim.step().empty
+    sim.emit(decide_action(sim.group, "resume"))
+    for _ in range(5):  # the timeout counts again from the resume: 5 s
+        sim.now += timedelta(seconds=1)
+        sim.step()
+        assert sim.steps()[-1] == (1, 1, "started")
+    sim.now += timedelta(seconds=1)
+    sim.step()
+    assert sim.steps()[-1] == (1, 1, "failed")
 
 
 def test_a_paused_rollout_does_nothing() -> None:
@@ -309,12 +415,33 @@ def test_the_rollout_lease_is_taken_renewed_and_recovered_from_a_dead_holder() -
     assert decide_lease(sim.group, "other", T0 + timedelta(seconds=60), POLICY) == (False, [])
     ours, events = decide_lease(sim.group, "other", T0 + timedelta(seconds=91), POLICY)
     assert not ours
-    (ev,) = events
+    ev, status = events
     assert isinstance(ev, RolloutPhaseChanged) and ev.to_phase is RolloutPhase.FAILED
     assert ev.reason_code is ReasonCode.ROLLOUT_HOLDER_LOST and "submit a new rollout" in ev.reason
+    # The group itself is failed with the reason (issue 14: "marks the group failed").
+    assert isinstance(status, GroupStatusChanged) and status.to_status is GroupStatus.FAILED
     sim.emit(events)
+    assert sim.group.status is GroupStatus.FAILED
+    assert sim.group.reason_code is ReasonCode.ROLLOUT_HOLDER_LOST
     sim.emit(list(decide_start(sim.group, {"image": "v3"}, "ro-3")))  # a new rollout is accepted
     assert sim.group.rollout is not None and sim.group.rollout.generation == 2
+
+
+def test_a_released_lease_is_taken_at_once_by_the_next_holder() -> None:
+    sim = Sim.of(spec())
+    sim.start(image="v2")
+    sim.emit(decide_lease(sim.group, "me", T0, POLICY)[1])
+    r = sim.group.rollout
+    assert r is not None and r.holder == "me"
+    # A late release from an instance that no longer holds the lease changes nothing.
+    sim.emit([RolloutLeaseReleased(group_id="g", rollout_id=r.id, holder="gone")])
+    assert decide_lease(sim.group, "next", T0 + timedelta(seconds=5), POLICY) == (False, [])
+    sim.emit([RolloutLeaseReleased(group_id="g", rollout_id=r.id, holder="me")])
+    ours, events = decide_lease(sim.group, "next", T0 + timedelta(seconds=5), POLICY)
+    assert ours and [type(e).__name__ for e in events] == ["RolloutLeaseRenewed"]
+    sim.emit(events)
+    r = sim.group.rollout
+    assert r is not None and r.holder == "next" and r.phase is RolloutPhase.RUNNING
 
 
 def test_current_members_prefer_the_live_task_of_a_rank() -> None:
@@ -326,13 +453,25 @@ def test_current_members_prefer_the_live_task_of_a_rank() -> None:
     assert current_members([sim.tasks[old.id], new]) == [new]
 
 
-def test_recreate_replaces_a_static_world_in_one_batch() -> None:
+def test_recreate_stops_the_old_world_before_starting_the_new_one() -> None:
     sim = Sim.of(spec(task_type="training", task_count=2, per_node_gpu=1))
+    old = set(sim.tasks)
     sim.start(image="v2", strategy="recreate")
     sim.now += timedelta(seconds=1)
     step = sim.step()
+    assert step.create == [] and sorted(step.drain) == sorted(old)  # the old world goes first
+    for _ in range(20):
+        if step.create:
+            break
+        sim.now += timedelta(seconds=1)
+        step = sim.step()
+    # Nothing new until every old member has ended (the world is fixed: two would clash).
     assert step.create == [0, 1]
+    assert all(sim.tasks[t].status is S.CANCELLED for t in old)
     sim.run()
     r = sim.group.rollout
     assert r is not None and r.phase is RolloutPhase.COMPLETED
     assert sim.images() == ["v2", "v2"]
+    assert sim.most_live == 2  # never both worlds at once
+    created = [t for t in sim.tasks.values() if t.generation == 1]
+    assert all(SURGE_LABEL not in t.spec.labels for t in created)  # no surge: nothing overlaps
