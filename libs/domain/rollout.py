@@ -28,6 +28,7 @@ from .rollout_model import (
 from .rollout_plan import group_status_for
 from .states import TERMINAL
 from .task import Task, TaskSpec
+from .validation import check_task_spec
 
 
 def parse_rollout(raw: Any, group: GroupSpec) -> RolloutRequest:
@@ -114,6 +115,9 @@ def decide_start(
     req = parse_rollout(raw, group.spec)
     check_surge(req, group)
     previous = group.spec.template
+    # The new template meets every limit a created task meets (image reference, env, volume
+    # paths), each refusal naming its field.
+    target = check_task_spec(target_template(previous, req))
     return [
         RolloutStarted(
             group_id=group.id,
@@ -121,7 +125,7 @@ def decide_start(
             generation=group.generation + 1,
             request=req,
             previous=previous,
-            target=target_template(previous, req),
+            target=target,
         )
     ]
 

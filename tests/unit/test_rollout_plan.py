@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from libs.domain.errors import Code, DomainError
 from libs.domain.group import (
     Group,
     GroupSpec,
@@ -475,3 +476,22 @@ def test_recreate_stops_the_old_world_before_starting_the_new_one() -> None:
     assert sim.most_live == 2  # never both worlds at once
     created = [t for t in sim.tasks.values() if t.generation == 1]
     assert all(SURGE_LABEL not in t.spec.labels for t in created)  # no surge: nothing overlaps
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"image": "Bad Image!"}, "image"),
+        ({"image": "v2", "env": {"A": "x" * 70_000}}, "env"),
+        ({"volumes": [{"host_path": "/data", "container_path": "/proc"}]}, "volumes"),
+    ],
+    ids=["image-reference", "env-limit", "container-path"],
+)
+def test_a_rollout_is_held_to_the_limits_of_a_created_task(
+    body: dict[str, Any], field: str
+) -> None:
+    sim = Sim.of(spec())
+    with pytest.raises(DomainError) as err:
+        decide_start(sim.group, body, "ro-1")
+    assert err.value.code is Code.INVALID_VALUE
+    assert any(f.startswith(field) for f in err.value.fields), err.value.fields
