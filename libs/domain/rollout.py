@@ -13,19 +13,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import Code, DomainError
-from .events import TaskDrainMarked
-from .group import Group, GroupSpec, GroupStatusChanged
+from .events import Payload, TaskDrainMarked
+from .group import Group, GroupSpec
 from .reasons import ReasonCode
 from .rollout_model import (
     ACTIVE,
     FIELDS,
     RolloutPartitionChanged,
     RolloutPhase,
-    RolloutPhaseChanged,
     RolloutRequest,
     RolloutStarted,
 )
-from .rollout_plan import group_status_for
+from .rollout_plan import phase_change
 from .states import TERMINAL
 from .task import Task, TaskSpec
 from .validation import check_task_spec
@@ -162,7 +161,7 @@ _ACTIONS: dict[str, tuple[frozenset[RolloutPhase], RolloutPhase]] = {
 }
 
 
-def decide_action(group: Group, action: str) -> list[RolloutPhaseChanged | GroupStatusChanged]:
+def decide_action(group: Group, action: str) -> list[Payload]:
     """pause | resume | rollback of the group's rollout, refused outside its phases."""
     allowed, to = _ACTIONS[action]
     rollout = group.rollout
@@ -173,15 +172,5 @@ def decide_action(group: Group, action: str) -> list[RolloutPhaseChanged | Group
             f"cannot {action} a rollout in phase {phase} "
             f"(allowed from: {', '.join(sorted(p.value for p in allowed))})",
         )
-    code = ReasonCode.ROLLOUT_ACTION
-    text = f"{action} requested"
-    changed = RolloutPhaseChanged(
-        group_id=group.id,
-        rollout_id=rollout.id,
-        from_phase=rollout.phase,
-        to_phase=to,
-        reason_code=code,
-        reason=text,
-    )
     # A requested rollback puts the group in `rollback` while the old config is restored.
-    return [changed, *group_status_for(group, to, code, text)]
+    return phase_change(group, rollout, to, ReasonCode.ROLLOUT_ACTION, f"{action} requested")

@@ -142,7 +142,7 @@ def decide_lease(
         f"{policy.recovery_after.total_seconds():g}s): replicas of generations "
         f"{r.from_generation} and {r.generation} may both be serving; submit a new rollout"
     )
-    return False, _phase(group, r, RolloutPhase.FAILED, code, text)
+    return False, phase_change(group, r, RolloutPhase.FAILED, code, text)
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def _next_batch(group: Group, r: Rollout, ranks: Ranks) -> RolloutStep:
             return RolloutStep()  # canary: held at its partition until raised
         code = ReasonCode.ROLLOUT_COMPLETED
         text = f"all {group.size} replica(s) run generation {r.generation}"
-        return RolloutStep(events=_phase(group, r, RolloutPhase.COMPLETED, code, text))
+        return RolloutStep(events=phase_change(group, r, RolloutPhase.COMPLETED, code, text))
     batch = tuple(todo[: batch_width(r, group.size)])
     number = max((b.number for b in r.batches), default=0) + 1
     return _start(group, r, batch, number, 1, ranks)
@@ -310,7 +310,7 @@ def _after_failure(
         return _start(group, r, cur.ranks, cur.number, cur.attempt + 1, ranks)
     code = ReasonCode.ROLLOUT_BATCH_FAILED
     text = f"batch {cur.number} failed {cur.attempt} time(s): {cur.reason}; rolling back"
-    return RolloutStep(events=_phase(group, r, RolloutPhase.ROLLBACK, code, text))
+    return RolloutStep(events=phase_change(group, r, RolloutPhase.ROLLBACK, code, text))
 
 
 def _drain(
@@ -370,7 +370,7 @@ def _rollback(group: Group, r: Rollout, ranks: Ranks) -> RolloutStep:
         to = RolloutPhase.FAILED if failed else RolloutPhase.ROLLED_BACK
         code = ReasonCode.ROLLOUT_BATCH_FAILED if failed else ReasonCode.ROLLOUT_ROLLED_BACK
         text = r.reason if failed else f"rolled back to generation {r.from_generation}'s config"
-        out.events.extend(_phase(group, r, to, code, text))
+        out.events.extend(phase_change(group, r, to, code, text))
     return out
 
 
@@ -396,7 +396,7 @@ def _record(
     )
 
 
-def _phase(
+def phase_change(
     group: Group, r: Rollout, to: RolloutPhase, code: ReasonCode, text: str
 ) -> list[Payload]:
     """The phase change, and the group's own status where seed 000 gives it one."""
