@@ -24,6 +24,7 @@ land in consecutive batches are one commit apart, not a commit, an ack and two f
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -50,7 +51,7 @@ from libs import ordering
 from libs.health import READINESS
 
 from .lanes import LanePool
-from .nats import ensure_durable_consumer
+from .nats import ensure_durable_consumer, when_jetstream_answers
 
 log = structlog.get_logger(__name__)
 
@@ -579,14 +580,18 @@ async def declare(js: JetStreamContext, routes: Sequence[Routes]) -> None:
     """Create or update the durable consumers of `routes` (bounded redelivery, explicit ack)."""
     for r in routes:
         for d in r.durables:
-            await ensure_durable_consumer(
-                js,
-                d.stream,
-                d.durable,
-                d.subject,
-                ack_wait=d.ack_wait,
-                max_deliver=d.max_deliver,
-                deliver_new=d.deliver_new,
+            await when_jetstream_answers(
+                f"consumer {d.durable}",
+                functools.partial(
+                    ensure_durable_consumer,
+                    js,
+                    d.stream,
+                    d.durable,
+                    d.subject,
+                    ack_wait=d.ack_wait,
+                    max_deliver=d.max_deliver,
+                    deliver_new=d.deliver_new,
+                ),
             )
 
 

@@ -30,7 +30,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from .nats import configured_replicas
+from .nats import configured_replicas, when_jetstream_answers
 from .subjects import LEASE_BUCKET
 
 log = structlog.get_logger(__name__)
@@ -44,28 +44,34 @@ async def open_lease_bucket(
     js: JetStreamContext, ttl: float, bucket: str = LEASE_BUCKET, replicas: int | None = None
 ) -> KeyValue:
     """The lease bucket, created with `ttl` if absent (`replicas` None = the configured
-    HETEROFLOW_NATS_REPLICAS).
+    HETEROFLOW_NATS_REPLICAS), waiting while JetStream is not ready (`when_jetstream_answers`).
 
     The TTL belongs to the bucket, so every lease in one bucket lasts as long; when the bucket
     exists with another TTL it is used as it is, and that TTL is logged.
     """
-    try:
-        # Bound first: a service user may not create streams (the bucket is one), and `up`
-        # declares the bucket before the services start.
-        kv = await js.key_value(bucket)
-    except BucketNotFoundError:
+
+    async def opened() -> KeyValue:
         try:
-            return await js.create_key_value(
-                bucket=bucket, ttl=ttl, history=1, replicas=replicas or configured_replicas()
+            # Bound first: a service user may not create streams (the bucket is one), and `up`
+            # declares the bucket before the services start.
+            kv = await js.key_value(bucket)
+        except BucketNotFoundError:
+            try:
+                return await js.create_key_value(
+                    bucket=bucket, ttl=ttl, history=1, replicas=replicas or configured_replicas()
+                )
+            except BadRequestError as exc:
+                if exc.err_code != _STREAM_NAME_IN_USE:
+                    raise
+            kv = await js.key_value(bucket)
+        status = await kv.status()
+        if status.ttl is not None and abs(status.ttl - ttl) > 1e-3:
+            log.warning(
+                "lease_bucket_ttl_differs", bucket=bucket, wanted_s=ttl, actual_s=status.ttl
             )
-        except BadRequestError as exc:
-            if exc.err_code != _STREAM_NAME_IN_USE:
-                raise
-        kv = await js.key_value(bucket)
-    status = await kv.status()
-    if status.ttl is not None and abs(status.ttl - ttl) > 1e-3:
-        log.warning("lease_bucket_ttl_differs", bucket=bucket, wanted_s=ttl, actual_s=status.ttl)
-    return kv
+        return kv
+
+    return await when_jetstream_answers(f"lease bucket {bucket}", opened)
 
 
 class LeaseLike(Protocol):
@@ -189,6 +195,7 @@ async def run_while_leader(
     (a third is usual).
     """
     retry = retry_every if retry_every is not None else renew_every
+    standing_by = False
     while not stop.is_set():
         try:
             won = await lease.acquire()
@@ -196,10 +203,14 @@ async def run_while_leader(
             log.exception("lease_acquire_failed", lease=lease.name)
             won = False
         if not won:
+            if not standing_by:  # once per term of someone else's: this replica waits
+                log.info("lease_standby", lease=lease.name, retry_every_s=retry)
+                standing_by = True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), retry)
             continue
         assert lease.fencing_token is not None
+        standing_by = False
         task = asyncio.create_task(body(lease.fencing_token))
         try:
             await _keep_renewed(lease, task, stop, renew_every)

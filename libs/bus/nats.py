@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats
 import structlog
@@ -27,7 +31,7 @@ from nats.js.api import (
     StreamConfig,
     StreamInfo,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from libs.config import CommonSettings
 
@@ -37,6 +41,39 @@ log = structlog.get_logger(__name__)
 
 # JetStream's "stream name already in use with a different configuration".
 _STREAM_NAME_IN_USE = 10058
+
+T = TypeVar("T")
+
+# What a JetStream API call gets while the cluster has no meta leader yet (a fresh start) or is
+# electing one (a server just died): no answer, no responder, or 503. Not refusals.
+NOT_READY = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+JETSTREAM_WAIT_S = 120.0
+
+
+async def when_jetstream_answers(
+    what: str, call: Callable[[], Awaitable[T]], wait_s: float = JETSTREAM_WAIT_S
+) -> T:
+    """`call()`, tried again while JetStream is not ready, for up to `wait_s` seconds.
+
+    A service started beside its NATS cluster (compose, Kubernetes) comes up before the
+    servers have elected a meta leader, and one started while a server dies meets the
+    election: it waits, as a pod waits for its dependency, instead of exiting and being
+    restarted. Any other error, or the last one after `wait_s`, is raised.
+    """
+    deadline = time.monotonic() + wait_s
+    delay = 0.25
+    attempt = 1
+    while True:
+        try:
+            return await call()
+        except NOT_READY as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("jetstream_not_ready", what=what, attempt=attempt, error=repr(exc))
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+        attempt += 1
+
 
 # Headers added to a dead-lettered message, so it says where and why it died.
 HDR_DLQ_STREAM = "Hf-Dlq-Stream"
@@ -179,7 +216,9 @@ async def ensure_streams(
         replicas=replicas,
     )
     for config in configs:
-        info = await ensure_stream(js, config)
+        info = await when_jetstream_answers(
+            f"stream {config.name}", functools.partial(ensure_stream, js, config)
+        )
         infos[info.config.name or ""] = info
     return infos
 
