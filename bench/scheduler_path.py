@@ -37,7 +37,10 @@ from services.scheduler import service as scheduler_service
 
 NAN = float("nan")
 SETTLE_TIMEOUT_S = 30.0
-POLL_S = 0.05
+# Every time the suite reports is read back from the events table; polling only decides when a
+# wait ends, and each poll (a count over thousands of ids) takes CPU from the control plane
+# running in this process: 0.05 s cost 6 % of it at 250 tasks/s.
+POLL_S = 0.2
 STOP_TIMEOUT_S = 15.0
 
 

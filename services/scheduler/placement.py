@@ -139,7 +139,10 @@ class Placer:
         self.cluster.learn(done.values())
         if victims:
             v_done, v_refused = await self.store.execute_batch(victims, fence=self.fence)
+            self.cluster.learn(v_done.values())
             refused |= v_refused
+        if refused:
+            self.cluster.invalidate()  # a task moved under us: list what is held again
         result = RoundResult(
             placed=sum(1 for pl in p.placements if pl.task_id in done),
             preempted=len(victims) - len(refused.keys() & victims.keys()),
@@ -228,6 +231,26 @@ def wakes_placement(event_type: str, payload: dict[str, Any]) -> bool:
 
 
 HOLDING_STATUSES = frozenset(s.value for s in GPU_HOLDING)
+# Task events that leave what is held as the leader's own commits made it.
+_HOLDING_UNCHANGED = frozenset({"task_created", "task_pending_reason", "task_retry_decided"})
+
+
+def changes_holding(event_type: str, payload: dict[str, Any]) -> bool:
+    """Whether a task event can change the GPU-holding set in a way the leader's cluster view
+    did not learn from its own commits: a task leaving a holding status (capacity freed),
+    or any change the view does not know how to read (config, drain, deletion). Moves into
+    `scheduled` are the leader's own placements; moves between holding statuses keep their
+    cards (a node's in-flight starts are covered by `frees_a_start`)."""
+    if event_type in _HOLDING_UNCHANGED:
+        return False
+    if event_type == "task_status_changed":
+        before, after = payload.get("from_status"), payload.get("to_status")
+        if before is None or after is None:
+            return True  # unreadable: list again
+        return before in HOLDING_STATUSES and after not in HOLDING_STATUSES
+    return True
+
+
 _IN_FLIGHT = frozenset({TaskStatus.SCHEDULED.value, TaskStatus.STARTING.value})
 
 
@@ -255,6 +278,7 @@ class PlacementController(Controller):
 
     async def elected(self, term: Term) -> None:
         self.placer.fence = term.fence
+        self.placer.cluster.invalidate()  # another leader may have placed since our last term
 
     async def evaluate(self, term: Term) -> bool:
         result = await self.placer.round()

@@ -23,7 +23,13 @@ from . import view
 from .dispatch import Dispatcher
 from .groups import GroupController, policy_from
 from .monitor import NodeMonitor
-from .placement import PlacementController, Placer, frees_a_start, wakes_placement
+from .placement import (
+    PlacementController,
+    Placer,
+    changes_holding,
+    frees_a_start,
+    wakes_placement,
+)
 from .planner import DEFAULT_MAX_CANDIDATES
 from .reports import DEFAULT_MIN_RELEASED_FRACTION, ReportHandler
 from .routes import routes
@@ -88,12 +94,14 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
 
     async def on_task_event(envelope: EventEnvelope) -> None:
         kind, payload = envelope.type, envelope.payload
-        if wakes_placement(kind, payload) or (
-            placer.waiting_on_starts and frees_a_start(kind, payload)
-        ):
+        starts_freed = placer.waiting_on_starts and frees_a_start(kind, payload)
+        if starts_freed or changes_holding(kind, payload):
+            placer.cluster.invalidate()
+        if starts_freed or wakes_placement(kind, payload):
             wake.set()
 
     async def on_node_event(_envelope: EventEnvelope) -> None:
+        placer.cluster.invalidate()
         wake.set()
 
     placer = Placer(

@@ -10,6 +10,8 @@ on a large fleet costs what changed, not what exists.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -28,6 +30,9 @@ from libs.store import tenants
 from libs.store.eventstore import EventStore
 
 from .model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask, QueueLimits
+
+# The longest a view goes without listing nodes and holding tasks again while rounds run.
+RELIST_S = 1.0
 
 
 def to_node(doc: NodeDoc, max_starting: int = 0) -> Node:
@@ -165,16 +170,27 @@ def pending_of(task: Task, gangs: dict[str, int] | None = None) -> PendingTask:
 
 
 class ClusterView:
-    """Nodes and GPU-holding tasks as of the last `refresh`, re-parsed by version.
+    """Nodes and GPU-holding tasks as of the last listing, re-parsed by version.
 
-    Each refresh lists (id, version) of every node and holding task, and fetches documents
-    only for new or moved rows; a document is kept under its own version, so a row that moved
-    again between the two queries is simply fetched once more next time. While no node
-    changes, `nodes` stays the same tuple object, which lets the planner reuse its index.
+    A listing reads (id, version) of every node and holding task, and fetches documents only
+    for new or moved rows; a document is kept under its own version, so a row that moved again
+    between the two queries is simply fetched once more next time. While no node changes,
+    `nodes` stays the same tuple object, which lets the planner reuse its index.
+
+    A listing costs what exists (every holding task, every node), so `refresh` lists only when
+    the view was invalidated or the last listing is `relist_s` old. Between listings the view
+    can only overstate what is held: the leader's own commits are the only way into a
+    GPU-holding status (pending -> scheduled, and loans), and it `learn`s them as it commits;
+    what frees capacity (a task leaving the holding set, a node changing) reaches the
+    scheduler as an event that calls `invalidate`, and a lost event costs at most `relist_s`
+    of a card looking busy, never a card given twice.
     """
 
-    def __init__(self, max_starting: int = 0) -> None:
+    def __init__(self, max_starting: int = 0, relist_s: float = RELIST_S) -> None:
         self.max_starting = max_starting  # every node's bound on in-flight starts; 0 = none
+        self.relist_s = relist_s
+        self._listed_at = -math.inf  # time.monotonic() of the last listing
+        self._stale = True
         self._nodes: dict[str, tuple[int, Node]] = {}
         # Holding task id -> (version, its allocation, the task itself for a fraction only:
         # a fraction's share is derived from its card, so it is derived again when nodes
@@ -187,7 +203,18 @@ class ClusterView:
         # (kept while neither changes, so the planner's index is reused).
         self._tagged: tuple[tuple[Node, ...], Selectors, tuple[Node, ...]] = ((), {}, ())
 
+    def invalidate(self) -> None:
+        """Something this view cannot know of moved (capacity freed, a node changed, a new
+        term): the next `refresh` lists again."""
+        self._stale = True
+
     async def refresh(self, store: EventStore) -> None:
+        now = time.monotonic()
+        if not self._stale and now - self._listed_at < self.relist_s:
+            self._allocations_from_held()  # what `learn` added since
+            return
+        self._stale = False
+        self._listed_at = now
         node_versions, task_versions = await asyncio.gather(
             node_rows.versions(store), task_rows.holding_versions(store)
         )
@@ -220,14 +247,19 @@ class ClusterView:
             for i, (_, _, task) in list(self._held.items()):
                 if task is not None:
                     self._held[i] = self._record(task)
+        self._allocations_from_held()
+
+    def _allocations_from_held(self) -> None:
         self.allocations = tuple(a for _, a, _ in self._held.values() if a is not None)
 
     def learn(self, tasks: Iterable[Task]) -> None:
         """Tasks as a commit of ours left them (the store returned them): no need to read
-        them back. The next refresh still drops those no longer holding."""
+        them back."""
         for task in tasks:
             if task.status in GPU_HOLDING:
                 self._held[task.id] = self._record(task)
+            else:
+                self._held.pop(task.id, None)
 
     def _record(self, task: Task) -> tuple[int, Allocation | None, Task | None]:
         alloc = Allocation.from_task(task, self._gpus) if task.node_id else None

@@ -69,6 +69,7 @@ async def afresh(store: EventStore) -> tuple[list[Node], list[Allocation]]:
 async def incremental(
     cluster: view.ClusterView, store: EventStore
 ) -> tuple[list[Node], list[Allocation]]:
+    cluster.invalidate()  # what the scheduler does on the task and node events of each change
     await cluster.refresh(store)
     snap = cluster.snapshot(NOW, {})
     return list(snap.nodes), sorted(snap.allocations, key=lambda a: a.task_id)
@@ -138,3 +139,69 @@ async def test_learned_tasks_are_not_read_back(store: EventStore) -> None:
     )
     cluster.learn(done.values())
     assert await incremental(cluster, store) == await afresh(store)
+
+
+async def test_between_listings_the_view_only_overstates_what_is_held(store: EventStore) -> None:
+    """Without an invalidation the view does not list again (a listing costs every holding
+    task and node): a task that ended still looks held, a placement of ours is known at once,
+    and the listing after `invalidate` (or `relist_s`) is the store's truth."""
+    cluster = view.ClusterView(relist_s=3600)
+    await register(store, "n1")
+    ended, placed = await store.create_tasks(
+        [(T, TaskSpec(name=n, image="i", gpu_required=1), None, None) for n in ("e", "p")]
+    )
+    await place(store, ended.id, "n1", "n1-g0")
+    await cluster.refresh(store)
+    assert [a.task_id for a in cluster.allocations] == [ended.id]
+
+    await store.execute(
+        ended.id,
+        lambda t: decide_transition(
+            t, S.STOPPING, actor=Actor.TENANT, reason_code=ReasonCode.REPORTED
+        ),
+    )
+    await store.execute(
+        ended.id,
+        lambda t: decide_transition(
+            t, S.STOPPED, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED, report=True
+        ),
+    )
+    done, _ = await store.execute_batch(
+        {
+            placed.id: lambda t: decide_transition(
+                t,
+                S.SCHEDULED,
+                actor=Actor.SCHEDULER,
+                reason_code=ReasonCode.REPORTED,
+                node_id="n1",
+                gpu_ids=("n1-g1",),
+            )
+        }
+    )
+    cluster.learn(done.values())
+    await cluster.refresh(store)  # no listing: the ended task still holds its card here
+    assert sorted(a.task_id for a in cluster.allocations) == sorted([ended.id, placed.id])
+
+    cluster.invalidate()
+    await cluster.refresh(store)
+    assert [a.task_id for a in cluster.allocations] == [placed.id]
+    assert (list(cluster.nodes), sorted(cluster.allocations, key=lambda a: a.task_id)) == (
+        await afresh(store)
+    )
+
+    always = view.ClusterView(relist_s=0)  # relist_s 0: every refresh lists
+    await always.refresh(store)
+    await store.execute(
+        placed.id,
+        lambda t: decide_transition(
+            t, S.STOPPING, actor=Actor.TENANT, reason_code=ReasonCode.REPORTED
+        ),
+    )
+    await store.execute(
+        placed.id,
+        lambda t: decide_transition(
+            t, S.STOPPED, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED, report=True
+        ),
+    )
+    await always.refresh(store)
+    assert always.allocations == ()

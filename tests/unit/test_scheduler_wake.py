@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.placement import frees_a_start, wakes_placement
+from services.scheduler.placement import changes_holding, frees_a_start, wakes_placement
 
 WAKE_CASES: list[tuple[str, dict[str, Any], bool, str]] = [
     ("task_created", {}, True, "created"),
@@ -46,3 +46,38 @@ FREED_CASES: list[tuple[dict[str, Any], bool, str]] = [
 def test_frees_a_start(payload: dict[str, Any], frees: bool) -> None:
     assert frees_a_start("task_status_changed", payload) is frees
     assert not frees_a_start("task_pending_reason", payload)
+
+
+HOLDING_CASES: list[tuple[str, dict[str, Any], bool, str]] = [
+    ("task_created", {}, False, "created-pending"),
+    ("task_pending_reason", {"reason": "x"}, False, "our-own-why"),
+    ("task_status_changed", {"from_status": "pending", "to_status": "scheduled"}, False, "ours"),
+    (
+        "task_status_changed",
+        {"from_status": "starting", "to_status": "running"},
+        False,
+        "same-cards",
+    ),
+    ("task_status_changed", {"from_status": "running", "to_status": "completed"}, True, "freed"),
+    ("task_status_changed", {"from_status": "running", "to_status": "pending"}, True, "requeued"),
+    ("task_status_changed", {"from_status": "stopping", "to_status": "stopped"}, True, "stopped"),
+    (
+        "task_status_changed",
+        {"from_status": "pending", "to_status": "cancelled"},
+        False,
+        "held-none",
+    ),
+    ("task_status_changed", {"to_status": "completed"}, True, "unreadable-relists"),
+    ("task_config_updated", {"changes": {}}, True, "unknown-kind-relists"),
+    ("task_deleted", {}, True, "deleted"),
+]
+
+
+@pytest.mark.parametrize(
+    ("event_type", "payload", "changes"),
+    [c[:3] for c in HOLDING_CASES],
+    ids=[c[3] for c in HOLDING_CASES],
+)
+def test_changes_holding(event_type: str, payload: dict[str, Any], changes: bool) -> None:
+    """Which task events make the placer's cluster view list the holding tasks again."""
+    assert changes_holding(event_type, payload) is changes
