@@ -11,7 +11,7 @@ from libs.domain.commands import decide_transition
 from libs.domain.node import GpuCard, GpuLost, NodeInventory, NodeRegistered
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import TaskSpec, TenantId
+from libs.domain.task import Task, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 from services.scheduler import view
@@ -54,6 +54,39 @@ async def place(store: EventStore, task_id: str, node_id: str, gpu: str) -> None
             reason_code=ReasonCode.REPORTED,
             node_id=node_id,
             gpu_ids=(gpu,),
+        ),
+    )
+
+
+async def placed_by_us(store: EventStore, task_id: str, node_id: str, gpu: str) -> list[Task]:
+    """A placement as the placer commits it (`execute_batch`), returning what it learns."""
+    done, _ = await store.execute_batch(
+        {
+            task_id: lambda t: decide_transition(
+                t,
+                S.SCHEDULED,
+                actor=Actor.SCHEDULER,
+                reason_code=ReasonCode.REPORTED,
+                node_id=node_id,
+                gpu_ids=(gpu,),
+            )
+        }
+    )
+    return list(done.values())
+
+
+async def stop(store: EventStore, task_id: str) -> None:
+    """A tenant's stop, then the agent's report that the task stopped: it holds nothing."""
+    await store.execute(
+        task_id,
+        lambda t: decide_transition(
+            t, S.STOPPING, actor=Actor.TENANT, reason_code=ReasonCode.REPORTED
+        ),
+    )
+    await store.execute(
+        task_id,
+        lambda t: decide_transition(
+            t, S.STOPPED, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED, report=True
         ),
     )
 
@@ -125,19 +158,7 @@ async def test_learned_tasks_are_not_read_back(store: EventStore) -> None:
         [(T, TaskSpec(name="w", image="i", gpu_required=1), None, None)]
     )
     await cluster.refresh(store)
-    done, _ = await store.execute_batch(
-        {
-            task.id: lambda t: decide_transition(
-                t,
-                S.SCHEDULED,
-                actor=Actor.SCHEDULER,
-                reason_code=ReasonCode.REPORTED,
-                node_id="n1",
-                gpu_ids=("n1-g0",),
-            )
-        }
-    )
-    cluster.learn(done.values())
+    cluster.learn(await placed_by_us(store, task.id, "n1", "n1-g0"))
     assert await incremental(cluster, store) == await afresh(store)
 
 
@@ -154,31 +175,8 @@ async def test_between_listings_the_view_only_overstates_what_is_held(store: Eve
     await cluster.refresh(store)
     assert [a.task_id for a in cluster.allocations] == [ended.id]
 
-    await store.execute(
-        ended.id,
-        lambda t: decide_transition(
-            t, S.STOPPING, actor=Actor.TENANT, reason_code=ReasonCode.REPORTED
-        ),
-    )
-    await store.execute(
-        ended.id,
-        lambda t: decide_transition(
-            t, S.STOPPED, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED, report=True
-        ),
-    )
-    done, _ = await store.execute_batch(
-        {
-            placed.id: lambda t: decide_transition(
-                t,
-                S.SCHEDULED,
-                actor=Actor.SCHEDULER,
-                reason_code=ReasonCode.REPORTED,
-                node_id="n1",
-                gpu_ids=("n1-g1",),
-            )
-        }
-    )
-    cluster.learn(done.values())
+    await stop(store, ended.id)
+    cluster.learn(await placed_by_us(store, placed.id, "n1", "n1-g1"))
     await cluster.refresh(store)  # no listing: the ended task still holds its card here
     assert sorted(a.task_id for a in cluster.allocations) == sorted([ended.id, placed.id])
 
@@ -191,17 +189,6 @@ async def test_between_listings_the_view_only_overstates_what_is_held(store: Eve
 
     always = view.ClusterView(relist_s=0)  # relist_s 0: every refresh lists
     await always.refresh(store)
-    await store.execute(
-        placed.id,
-        lambda t: decide_transition(
-            t, S.STOPPING, actor=Actor.TENANT, reason_code=ReasonCode.REPORTED
-        ),
-    )
-    await store.execute(
-        placed.id,
-        lambda t: decide_transition(
-            t, S.STOPPED, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED, report=True
-        ),
-    )
+    await stop(store, placed.id)
     await always.refresh(store)
     assert always.allocations == ()
