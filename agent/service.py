@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from libs.bus.broker import serve
+from libs.bus.nats import when_jetstream_answers
 from libs.bus.permissions import agent_inbox_prefix
 from libs.bus.subjects import (
     escape_token,
@@ -127,7 +129,12 @@ class Agent:
             at=_now(),
             inventory=node_inventory(self.inventory, self.settings.address),
         )
-        await self.js.publish(node_report_subject(self.node_id), reg.model_dump_json().encode())
+        body = reg.model_dump_json().encode()
+        # A registration twice changes nothing: sent again while JetStream elects a leader.
+        await when_jetstream_answers(
+            "registration",
+            functools.partial(self.js.publish, node_report_subject(self.node_id), body),
+        )
         log.info(
             "agent_registered",
             node_id=self.node_id,

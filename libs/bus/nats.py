@@ -31,7 +31,12 @@ from nats.js.api import (
     StreamConfig,
     StreamInfo,
 )
-from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import (
+    BadRequestError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 
 from libs.config import CommonSettings
 
@@ -44,9 +49,15 @@ _STREAM_NAME_IN_USE = 10058
 
 T = TypeVar("T")
 
-# What a JetStream API call gets while the cluster has no meta leader yet (a fresh start) or is
-# electing one (a server just died): no answer, no responder, or 503. Not refusals.
-NOT_READY = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+# What a JetStream call gets while the cluster has no meta leader yet (a fresh start) or is
+# electing one (a server just died): no answer, no responder, 503, or (a publish) no stream
+# leader to answer. Not refusals.
+NOT_READY = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    ServiceUnavailableError,
+    NoStreamResponseError,
+)
 JETSTREAM_WAIT_S = 120.0
 
 

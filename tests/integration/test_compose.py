@@ -184,7 +184,10 @@ def test_200_tasks_complete_once_through_killed_nats_leader_and_gateway(
     print(f"all completed after {time.monotonic() - began:.1f} s")
     # Services started before the NATS cluster had a meta leader, and some met its election
     # after nats-1's kill: they wait for JetStream instead of exiting (libs/bus/nats.py).
-    assert not restarts(d), f"exited and restarted by Docker: {restarts(d)}"
+    restarted = restarts(d)
+    assert not restarted, f"exited and restarted by Docker: {restarted}\n" + "\n".join(
+        f"--- {name}:\n{d.logs(name, tail=60)}" for name in restarted
+    )
     with psycopg.connect(db) as conn:
         moves = conn.execute(
             "SELECT stream_id, payload->>'to_status', count(*) FROM events"
