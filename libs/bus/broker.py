@@ -438,11 +438,14 @@ class _EagerBatchPull(BatchPullStreamSubscriber):
 
 
 class _PipelinedBatchPull(_EagerBatchPull):
-    """An eager batch pull that starts the next batch while the previous one commits.
+    """An eager batch pull that fetches and starts its next batch while the previous commits.
 
-    Each batch runs as its own task with a fresh ordering mark (`libs/ordering.py`); the
-    loop goes back to fetching once the batch is ordered (its rows locked) or over, with at
-    most `IN_FLIGHT` batches running. Stopping waits for the batches still running.
+    Each batch runs as its own task with a fresh ordering mark (`libs/ordering.py`). A batch
+    is handed over at once and the loop goes back to fetching; the next batch, once fetched,
+    starts when the one before it is ordered (its rows locked) or over, with at most
+    `IN_FLIGHT` batches running. So the fetch of the next batch overlaps the previous one's
+    locking, and a report that arrived during it is already in hand when the locks are
+    taken. Stopping waits for the batches still running.
     """
 
     __slots__ = ()
@@ -457,11 +460,17 @@ class _PipelinedBatchPull(_EagerBatchPull):
         try:
             await super()._consume_pull()
         finally:
+            previous = vars(self).pop("_hf_previous", None)
+            if previous is not None:
+                previous.cancel()
             running = self._batches()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
 
     async def _hand_over(self, messages: list[Msg]) -> None:
+        previous: asyncio.Task[None] | None = vars(self).get("_hf_previous")
+        if previous is not None:
+            await asyncio.shield(previous)  # the batch before is ordered, or over
         running = self._batches()
         while len(running) >= self.IN_FLIGHT:
             await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -470,11 +479,15 @@ class _PipelinedBatchPull(_EagerBatchPull):
         batch = asyncio.create_task(self.consume(messages), context=context)
         running.add(batch)
         batch.add_done_callback(running.discard)
-        ordered = asyncio.create_task(mark.wait())
-        try:
-            await asyncio.wait({batch, ordered}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ordered.cancel()
+        vars(self)["_hf_previous"] = asyncio.create_task(_ordered_or_over(batch, mark))
+
+
+async def _ordered_or_over(batch: asyncio.Task[Any], mark: asyncio.Event) -> None:
+    ordered = asyncio.create_task(mark.wait())
+    try:
+        await asyncio.wait({batch, ordered}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ordered.cancel()
 
 
 async def _take_available(sub: JetStreamContext.PullSubscription, n: int) -> list[Msg]:
