@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from pydantic import BaseModel
 
@@ -233,3 +234,43 @@ async def test_a_batch_that_is_not_ordered_holds_back_the_next(nc: Client) -> No
         gate.set()
         stop.set()
         await server
+
+
+async def test_a_pipelined_consumer_fetches_the_next_batch_before_the_last_is_ordered(
+    nc: Client,
+) -> None:
+    """While the first batch has not yet taken its locks (not ordered), a message published
+    meanwhile is already fetched (delivered, unacknowledged), but its batch does not start
+    until the first is ordered."""
+    gate, second_started = asyncio.Event(), asyncio.Event()
+
+    async def handle(items: list[Item]) -> list[None]:
+        if items[0].n == 0:
+            await gate.wait()  # still before its locks
+            ordering.mark_ordered()
+        else:
+            second_started.set()
+        return [None] * len(items)
+
+    prefix, stop, server = await _pipelined_consumer(nc, handle)
+    js = nc.jetstream()
+    stream, durable = f"P{prefix[1:]}", f"d{prefix[1:]}"
+    try:
+        await js.publish(f"{prefix}.k.item", Item(n=0).model_dump_json().encode())
+        await _until_acked_pending(js, stream, durable, 1)
+        await js.publish(f"{prefix}.k.item", Item(n=1).model_dump_json().encode())
+        await _until_acked_pending(js, stream, durable, 2)  # fetched ahead
+        assert not second_started.is_set()
+        gate.set()
+        await asyncio.wait_for(second_started.wait(), DEADLINE_S)
+    finally:
+        gate.set()
+        stop.set()
+        await server
+
+
+async def _until_acked_pending(js: JetStreamContext, stream: str, durable: str, n: int) -> None:
+    end = time.monotonic() + DEADLINE_S
+    while (await js.consumer_info(stream, durable)).num_ack_pending < n:
+        assert time.monotonic() < end, f"{n} messages delivered to the consumer"
+        await asyncio.sleep(0.02)
