@@ -51,7 +51,7 @@ from .engine import put_to_sleep, vram_held_mb, wake_from_sleep
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
 from .launch import engine_profile, run_spec
 from .liveness import collect as collect_liveness
-from .recheck import refusal
+from .recheck import checked
 from .reporter import Reporter
 from .retention import Retention
 from .routes import routes
@@ -250,7 +250,10 @@ class Agent:
         # reporter keeps it ahead of this task's next report).
         self.report(pseudo, Fact.STARTING, S.SCHEDULED)
         try:
-            if why := refusal(run, self.settings.volume_allow_list):
+            # Each volume resolved on this host (a thread: a slow mount must not stall
+            # the loop); the runtime mounts the resolved path.
+            run, why = await asyncio.to_thread(checked, run, self.settings.volume_allow_list)
+            if why:
                 log.warning("command_refused", task_id=cmd.task_id, reason=why)
                 raise RuntimeStartError(ErrorKind.INVALID_CONFIG, f"refused by the node: {why}")
             handle = await self.runtime.start(run)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr
 
-from libs.config import CommonSettings
+from libs.config import DEFAULT_VOLUME_ALLOW_LIST, CommonSettings, VolumeAllowList
 from libs.domain.node import GpuCard, NodeInventory
 
 from .inventory import Inventory
@@ -71,9 +71,10 @@ class AgentSettings(CommonSettings):
     remove_finished: bool = Field(
         default=True, description="false: keep every finished task dir and container"
     )
-    volume_allow_list: list[str] = Field(
-        default_factory=lambda: ["/data", "/mnt/datasets", "/tmp/heteroflow"],
-        description="host_path prefixes this node mounts (checked again on every start)",
+    volume_allow_list: VolumeAllowList = Field(
+        default_factory=lambda: list(DEFAULT_VOLUME_ALLOW_LIST),
+        description="host_path prefixes this node mounts (/prefix, /prefix/{tenant}, "
+        "<tenant>=/prefix), resolved on the host at every start",
     )
     container_user: str = Field(
         default="65534:65534", description="uid:gid tenant containers run as (docker)"

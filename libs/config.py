@@ -6,11 +6,25 @@ Shared fields live in `CommonSettings`; each service subclasses it with what it 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr
+from pydantic import AfterValidator, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from libs.domain.task import RetryStrategy
+from libs.domain.task import RetryStrategy, allow_list_entry_error
+
+
+def _allow_list(entries: list[str]) -> list[str]:
+    bad = [why for e in entries if (why := allow_list_entry_error(e))]
+    if bad:
+        raise ValueError("; ".join(bad))
+    return entries
+
+
+#: Volume host_path prefixes: `/prefix` (every tenant), `/prefix/{tenant}` (each tenant's
+#: own directory), `<tenant>=/prefix` (that tenant only). See docs/configuration.md.
+VolumeAllowList = Annotated[list[str], AfterValidator(_allow_list)]
+DEFAULT_VOLUME_ALLOW_LIST = ("/data/{tenant}", "/mnt/datasets/{tenant}", "/tmp/heteroflow/{tenant}")
 
 
 def default_home() -> Path:
@@ -50,9 +64,10 @@ class GatewaySettings(CommonSettings):
     port: int = 3333
     jwt_secret: SecretStr | None = Field(default=None, description="HS256 secret for tenant JWTs")
     jwt_issuer: str = "heteroflow"
-    volume_allow_list: list[str] = Field(
-        default_factory=lambda: ["/data", "/mnt/datasets", "/tmp/heteroflow"],
-        description="host_path prefixes a task volume may use",
+    volume_allow_list: VolumeAllowList = Field(
+        default_factory=lambda: list(DEFAULT_VOLUME_ALLOW_LIST),
+        description="host_path prefixes a task volume may use: /prefix, /prefix/{tenant}, "
+        "<tenant>=/prefix",
     )
     # Seed 003's `scheduler.retry.max_retries` / `default_strategy`: written into a task that
     # leaves the field out when it is created (its own value overrides them).

@@ -293,14 +293,62 @@ def normalise_env(v: Any) -> dict[str, str]:
     return env
 
 
+TENANT_PLACEHOLDER = "{tenant}"
+
+
+def allow_list_entry_error(entry: str) -> str | None:
+    """Why `entry` is not a volume allow-list entry, or None. An entry is `/prefix` (every
+    tenant), `/prefix/{tenant}` (each tenant's own: the placeholder is the tenant's id) or
+    `<tenant>=/prefix` (that tenant only)."""
+    scope, _, prefix = ("", "", entry) if entry.startswith("/") else entry.partition("=")
+    if not prefix.startswith("/"):
+        return f"{entry!r} is neither /prefix nor <tenant>=/prefix"
+    if scope and (scope != scope.strip() or "/" in scope or "{" in scope):
+        return f"{entry!r}: the tenant before '=' is not a tenant id"
+    if "\x00" in prefix or ".." in prefix.split("/"):
+        return f"{entry!r}: no NUL or '..' segment in a prefix"
+    if "{" in prefix.replace(TENANT_PLACEHOLDER, "") or "}" in prefix.replace(
+        TENANT_PLACEHOLDER, ""
+    ):
+        return f"{entry!r}: {TENANT_PLACEHOLDER} is the only placeholder"
+    return None
+
+
+def tenant_allow_list(allow_list: Iterable[str], tenant_id: str) -> list[str]:
+    """The concrete prefixes `tenant_id` may mount: plain entries, its own `<tenant>=`
+    entries, and `{tenant}` entries with its id in place. A placeholder or scoped entry gives
+    nothing for an empty (or path-like) tenant id; malformed entries give nothing."""
+    usable = bool(tenant_id) and "/" not in tenant_id and tenant_id not in (".", "..")
+    out: list[str] = []
+    for entry in allow_list:
+        if allow_list_entry_error(entry):
+            continue
+        scope, _, prefix = ("", "", entry) if entry.startswith("/") else entry.partition("=")
+        if scope and scope != tenant_id:
+            continue
+        if TENANT_PLACEHOLDER in prefix:
+            if not usable:
+                continue
+            prefix = prefix.replace(TENANT_PLACEHOLDER, tenant_id)
+        if prefix not in out:
+            out.append(prefix)
+    return out
+
+
 def host_path_allowed(host_path: str, allow_list: Iterable[str]) -> bool:
-    """True when the normalised absolute path lies under one of the allowed prefixes."""
+    """True when the normalised absolute path lies under one of the allowed prefixes.
+
+    `allow_list` holds concrete prefixes (`tenant_allow_list` of the task's tenant); an entry
+    still scoped or holding the placeholder allows nothing. The text alone: the agent
+    resolves the path on its host again (agent/recheck.py)."""
     if not host_path.startswith("/") or "\x00" in host_path:
         return False
     if ".." in host_path.split("/"):
         return False
     norm = posixpath.normpath(host_path)
     for prefix in allow_list:
+        if not prefix.startswith("/") or TENANT_PLACEHOLDER in prefix:
+            continue
         p = posixpath.normpath(prefix)
         if norm == p or norm.startswith(p.rstrip("/") + "/"):
             return True
@@ -359,12 +407,18 @@ def _check_semantics(spec: TaskSpec, *, tenant: bool, volume_allow_list: Iterabl
             f"priority {spec.priority} is above {TENANT_MAX_PRIORITY}, the most a tenant may set",
             ["priority"],
         )
+    check_host_paths([vol.host_path for vol in spec.volumes], volume_allow_list)
+
+
+def check_host_paths(host_paths: Iterable[object], volume_allow_list: Iterable[str]) -> None:
+    """400 naming `volumes.<i>.host_path` for the first path outside the (tenant's) list;
+    a non-string is left to the model's validation."""
     allow = list(volume_allow_list)
-    for i, vol in enumerate(spec.volumes):
-        if not host_path_allowed(vol.host_path, allow):
+    for i, host_path in enumerate(host_paths):
+        if isinstance(host_path, str) and not host_path_allowed(host_path, allow):
             raise DomainError(
                 Code.INVALID_VALUE,
-                f"volumes[{i}].host_path {vol.host_path!r} is not under an allowed prefix "
+                f"volumes[{i}].host_path {host_path!r} is not under an allowed prefix "
                 f"({', '.join(allow) or 'none configured'})",
                 [f"volumes.{i}.host_path"],
             )

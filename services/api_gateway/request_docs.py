@@ -30,6 +30,7 @@ from libs.domain.task import (
     REPORT_FIELDS,
     RESERVED_ENV_PREFIX,
     TENANT_MAX_PRIORITY,
+    TENANT_PLACEHOLDER,
     TaskSpec,
 )
 from libs.domain.windows import DAYS, ScheduleWindow
@@ -42,6 +43,7 @@ _NAME = r"(?:[^/.\x00][^/\x00]*|\.[^/.\x00][^/\x00]*|\.\.[^/\x00]+)"
 # Any segment but `..` (normpath drops `.` and empty ones).
 _SEGMENT = rf"(?:{_NAME}|\.)?"
 _NO_NUL = r"^[^\x00]*$"
+TENANT_ID_PATTERN = r"[a-z0-9][a-z0-9-]{0,62}"  # libs/auth.py TENANT_ID_RE
 
 
 def image_pattern() -> str:
@@ -52,9 +54,17 @@ def image_pattern() -> str:
     return f"^(?:{pattern})?$"
 
 
+def _prefix_pattern(entry: str) -> str:
+    """One allow-list entry: `<tenant>=` dropped, `{tenant}` any tenant id (the document is
+    the same for every caller; the server refuses another tenant's directory, 400)."""
+    prefix = entry if entry.startswith("/") else entry.partition("=")[2]
+    parts = [re.escape(part) for part in prefix.rstrip("/").split(TENANT_PLACEHOLDER)]
+    return TENANT_ID_PATTERN.join(parts)
+
+
 def host_path_pattern(allow_list: list[str]) -> str:
     """Absolute, under one of the allowed prefixes, no `..` segment."""
-    prefixes = "|".join(re.escape(p.rstrip("/")) for p in allow_list) or "(?!)"
+    prefixes = "|".join(_prefix_pattern(p) for p in allow_list) or "(?!)"
     return rf"^(?:{prefixes})(?:/{_SEGMENT})*$"
 
 

@@ -31,7 +31,7 @@ from libs.domain.group_update import parse_group_update
 from libs.domain.lending import decide_wake
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TenantId, boost_line
+from libs.domain.task import Task, TenantId, boost_line, tenant_allow_list
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
@@ -114,7 +114,9 @@ async def create_group(
     spec: GroupSpec = parse_group(
         body,
         tenant=principal.is_tenant,
-        volume_allow_list=request.app.state.settings.volume_allow_list,
+        volume_allow_list=tenant_allow_list(
+            request.app.state.settings.volume_allow_list, tenant_id
+        ),
         defaults=request.app.state.settings.task_defaults(),
     )
     template = await into_queue(store, tenant_id, spec.template)

@@ -30,7 +30,7 @@ from libs.domain.job_state import (
     task_spec,
 )
 from libs.domain.states import TERMINAL
-from libs.domain.task import Task, TenantId
+from libs.domain.task import Task, TenantId, tenant_allow_list
 from libs.store import jobs as job_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
@@ -126,7 +126,9 @@ async def create_job(
     spec = parse_job(
         body,
         tenant=principal.is_tenant,
-        volume_allow_list=request.app.state.settings.volume_allow_list,
+        volume_allow_list=tenant_allow_list(
+            request.app.state.settings.volume_allow_list, tenant_id
+        ),
         queue=queue.spec.name if queue else "",
         queue_max_gpus=queue.spec.quota.max_gpus if queue else 0,
         queue_problem=queue_problem,

@@ -11,14 +11,14 @@ import uuid
 from collections import Counter
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs.domain.errors import NotFound
 from libs.domain.group import Group
 from libs.domain.rollout import decide_action, decide_start
 from libs.domain.states import TERMINAL
-from libs.domain.task import Task
+from libs.domain.task import Task, check_host_paths, tenant_allow_list
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
@@ -70,12 +70,19 @@ def rollout_view(group: Group, tasks: list[Task]) -> dict[str, Any]:
 
 @router.post("/{group_id}/rollout", status_code=202)
 async def start_rollout(
+    request: Request,
     group_id: str,
     principal: Principal,
     store: Store,
     body: Annotated[dict[str, Any], Depends(documented_body(request_docs.rollout))],
 ) -> JSONResponse:
     group = await _load(store, group_id, tenant_scope(principal))
+    volumes = body.get("volumes") if isinstance(body, dict) else None
+    if isinstance(volumes, list):  # the new template's volumes: the tenant's allow-list too
+        allow = tenant_allow_list(request.app.state.settings.volume_allow_list, group.tenant_id)
+        check_host_paths(
+            [v.get("host_path") if isinstance(v, dict) else None for v in volumes], allow
+        )
     rollout_id = "ro-" + uuid.uuid4().hex[:16]
     updated = await store.execute_aggregate(
         GROUPS,

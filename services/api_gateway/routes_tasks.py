@@ -27,6 +27,7 @@ from libs.domain.task import (
     boost_line,
     parse_create,
     parse_update,
+    tenant_allow_list,
 )
 from libs.domain.validation import REPORT_TEXT_MAX
 from libs.store import nodes as node_rows
@@ -84,7 +85,7 @@ async def create_task(
     spec = parse_create(
         body,
         tenant=principal.is_tenant,
-        volume_allow_list=settings.volume_allow_list,
+        volume_allow_list=tenant_allow_list(settings.volume_allow_list, tenant_id),
         defaults=settings.task_defaults(),
     )
     spec = await into_queue(store, tenant_id, spec)
@@ -139,7 +140,8 @@ async def update_task(
     allow = request.app.state.settings.volume_allow_list
 
     def decide(t: Task) -> list[Any]:
-        _, changes = parse_update(t, body, tenant=principal.is_tenant, volume_allow_list=allow)
+        mine = tenant_allow_list(allow, t.tenant_id)
+        _, changes = parse_update(t, body, tenant=principal.is_tenant, volume_allow_list=mine)
         return list(commands.decide_config_update(t, changes))
 
     task = await store.execute(

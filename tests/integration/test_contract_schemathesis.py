@@ -61,10 +61,18 @@ def _path(base: str, uri: str) -> str:
     return uri.removeprefix(base).split("?", 1)[0]
 
 
+# One document serves every caller: with a `{tenant}` allow-list entry (the default) its
+# host_path pattern admits any tenant's directory and the server refuses another tenant's
+# (400), so the contract runs against a list without one.
+SHARED_ALLOW_LIST = '["/data", "/tmp/heteroflow"]'
+
+
 # The tenant's write rate (100/s by default) would answer most generated writes 429, an
 # accepted outcome that reaches no handler: raised, so the positive path is exercised.
 @pytest.mark.cluster_env(
-    HETEROFLOW_TENANT_WRITE_RATE_PER_S="100000", HETEROFLOW_TENANT_WRITE_BURST="100000"
+    HETEROFLOW_TENANT_WRITE_RATE_PER_S="100000",
+    HETEROFLOW_TENANT_WRITE_BURST="100000",
+    HETEROFLOW_VOLUME_ALLOW_LIST=SHARED_ALLOW_LIST,
 )
 def test_schemathesis_finds_no_failure_and_reaches_the_positive_path(cluster: Cluster) -> None:
     failures, statuses, _ = run(cluster.url, cluster.creds["tenant_api_key"])
@@ -89,6 +97,7 @@ OPERATOR_ROUTES = (
 )
 
 
+@pytest.mark.cluster_env(HETEROFLOW_VOLUME_ALLOW_LIST=SHARED_ALLOW_LIST)
 def test_schemathesis_as_the_operator_finds_no_failure_and_reaches_operator_routes(
     cluster: Cluster,
 ) -> None:

@@ -24,8 +24,9 @@ JOB_TERMINAL = {"succeeded", "failed", "stopped"}
 
 @pytest.fixture
 def shared() -> Iterator[Path]:
-    """A host directory under the default volume allow-list, writable from the containers."""
-    path = Path("/tmp/heteroflow") / f"job-{uuid.uuid4().hex[:8]}"
+    """A host directory under the default volume allow-list (`/tmp/heteroflow/{tenant}`, the
+    `default` tenant of `heteroflow up`), writable from the containers."""
+    path = Path("/tmp/heteroflow/default") / f"job-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
     os.chmod(path, 0o777)
     yield path
