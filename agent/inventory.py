@@ -21,6 +21,8 @@ import psutil
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from libs.domain.node import DEFAULT_PORT_RANGE
+
 log = structlog.get_logger(__name__)
 
 #: A file under the agent's state dir listing GPU uuids to report as unseen (a test seam for
@@ -57,6 +59,10 @@ class Inventory(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: tuple[GpuInfo, ...] = ()
     runtime: str = ""  # the runtime this node's agent uses: docker, process, simulated
+    # The machine (its /etc/machine-id) and the host ports the scheduler allocates there.
+    host_id: str = ""
+    port_range: tuple[int, int] = DEFAULT_PORT_RANGE
+
 
 
 # -- NVIDIA ---------------------------------------------------------------------------------

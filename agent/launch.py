@@ -45,12 +45,20 @@ def run_spec(
     engine_env = profile_env(
         engine_profile(cmd, inventory), gpu_ids, _indices(gpu_ids, vendor, runtime)
     )
+    # The serving port: the one the scheduler allocated on this host (process runtime, host
+    # network), else the declared one (mapped to a free host port by docker). PORT tells the
+    # task where to listen (docs/serving.md#port).
+    port = cmd.run.serve_port or (spec.serving.port if spec.serving else None)
+    port_env = {"PORT": str(port)} if port else {}
+    if port and not cmd.run.serve_port:
+        port_env = {} if "PORT" in spec.env else port_env
     run = RunSpec(
         task_id=cmd.task_id,
         attempt=cmd.attempt,
         image=spec.image,
         command=spec.command,
-        env=engine_env | dict(cmd.run.group_env) | dict(spec.env),  # user values win
+        # User values win, except an allocated PORT: the router reaches the task there.
+        env=engine_env | dict(cmd.run.group_env) | dict(spec.env) | port_env,
         volumes=tuple(v.model_dump() for v in spec.volumes),
         memory_mb=spec.memory_mb,
         cpu_cores=spec.cpu_cores,
@@ -60,9 +68,10 @@ def run_spec(
         gpu_memory_mb=spec.gpu_memory_mb,
         gpu_compute_ratio=spec.gpu_compute_ratio,
         labels={"heteroflow.tenant": cmd.run.tenant_id, LABEL_NODE: node_id},
-        serve_port=spec.serving.port if spec.serving else None,
+        serve_port=port,
         serve_host=address,
         tenant_id=cmd.run.tenant_id,
+        host_network=cmd.run.host_network,
     )
     # Inference servers run until stopped: no running timeout (SPEC §5).
     timeout = 0.0 if spec.is_inference else float(spec.timeout)

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 
 from libs.config import DEFAULT_VOLUME_ALLOW_LIST, CommonSettings, VolumeAllowList
-from libs.domain.node import GpuCard, NodeInventory
+from libs.domain.node import DEFAULT_PORT_RANGE, GpuCard, NodeInventory
 
 from .inventory import Inventory
 from .runtimes.sharing import DEFAULT_MPS_LOG_DIR, DEFAULT_MPS_PIPE_DIR, MpsDaemon
@@ -49,7 +49,22 @@ class AgentSettings(CommonSettings):
         "key, the agent registers itself at HETEROFLOW_SERVER and keeps the key in its state dir",
     )
     server: str = Field(default="", description="the API's URL, for joining with a join token")
-    address: str = Field(default="127.0.0.1", description="address other members reach")
+    address: str = Field(
+        default_factory=lambda: default_address(),
+        description="the address other nodes reach this one at (MASTER_ADDR, the router's "
+        "target); default: the address of the default route's interface, else 127.0.0.1",
+    )
+    host_id: str = Field(
+        default_factory=lambda: machine_id(),
+        description="the machine this agent runs on; agents on one machine share its ports "
+        "and loopback; default: /etc/machine-id, else the host name",
+    )
+    port_range: str = Field(
+        default=f"{DEFAULT_PORT_RANGE[0]}-{DEFAULT_PORT_RANGE[1]}",
+        pattern=r"^\d{4,5}-\d{4,5}$",
+        description="host ports the scheduler allocates on this node (static-world groups' "
+        "MASTER_PORT, serving PORT without port mapping), first-last",
+    )
     heartbeat_interval_s: float = 2.0
     telemetry_interval_s: float = Field(default=10.0, description="NVML sampling period")
     state_dir: Path | None = Field(
@@ -114,13 +129,17 @@ class AgentSettings(CommonSettings):
 
 
 def declared(inv: Inventory, settings: AgentSettings) -> Inventory:
-    """`inv` with the declared CPU and memory in place of the detected ones."""
-    update: dict[str, int] = {}
+    """`inv` with the declared CPU and memory in place of the detected ones, and the host
+    identity and port range the scheduler allocates ports from."""
+    update: dict[str, object] = {
+        "host_id": settings.host_id,
+        "port_range": port_range(settings.port_range),
+    }
     if settings.node_cpu_cores is not None:
         update["cpu_cores"] = settings.node_cpu_cores
     if settings.node_memory_mb is not None:
         update["memory_mb"] = settings.node_memory_mb
-    return inv.model_copy(update=update) if update else inv
+    return inv.model_copy(update=update)
 
 
 def node_inventory(inv: Inventory, address: str) -> NodeInventory:
@@ -144,3 +163,36 @@ def node_inventory(inv: Inventory, address: str) -> NodeInventory:
             for g in inv.gpus
         ),
     )
+def default_address() -> str:
+    """The source address of the default route (a UDP socket routed, nothing sent), else
+    loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: routed by the default route, never used
+            address = str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+    return address if address and address != "0.0.0.0" else "127.0.0.1"
+
+
+def machine_id() -> str:
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return socket.gethostname()
+
+
+def port_range(text: str) -> tuple[int, int]:
+    first, _, last = text.partition("-")
+    lo, hi = int(first), int(last)
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError(f"HETEROFLOW_PORT_RANGE {text!r}: want first-last within 1024-65535")
+    return lo, hi
+
+
+        host_id=inv.host_id,
+        port_range=inv.port_range,

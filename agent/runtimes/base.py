@@ -76,6 +76,9 @@ class RunSpec(BaseModel):
     # The task's serving port (docs/serving.md) and the host address to publish it on.
     serve_port: int | None = Field(default=None, ge=1, le=65535)
     serve_host: str = "127.0.0.1"
+    # The host's network namespace (a static-world group's member, docs/groups.md): its
+    # ports are the host's, so the serving port is served as it is, never mapped.
+    host_network: bool = False
     tenant_id: str = ""  # whose work: the docker runtime's network and user follow it
 
     @field_validator("task_id")

@@ -328,7 +328,11 @@ class DockerRuntime(Runtime):
         kwargs["ulimits"] = [Ulimit(name="nofile", soft=self.nofile, hard=self.nofile)]
 
     def _network_sync(self, spec: RunSpec) -> dict[str, Any]:
-        """The tenant's network (created on first use), as create arguments."""
+        """The tenant's network (created on first use), as create arguments; a static-world
+        member shares the host's network instead (`network_mode: host`, no port published:
+        its ports are the host's, allocated by the scheduler; docs/groups.md)."""
+        if spec.host_network:
+            return {"network_mode": "host", "ports": None}
         if not self.tenant_networks:
             return {}
         if self._networks is None:
@@ -548,6 +552,8 @@ class DockerRuntime(Runtime):
 
     async def logs(self, handle: Handle, tail: int | None = None) -> list[str]:
         return await self._run(self._logs_sync, handle, tail)
+        if spec.host_network:
+            return f"{spec.serve_host}:{spec.serve_port}"  # the host's own port, not mapped
 
     async def follow_logs(
         self, handle: Handle, tail: int | None = None

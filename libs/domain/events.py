@@ -91,6 +91,7 @@ class TaskStatusChanged(ReasonedPayload):
     error_kind: str | None = None
     oom_killed: bool | None = None
     # Constraints for the next attempt (a requeue to pending sets them; None clears them).
+    ports: dict[str, int] | None = None  # host ports allocated with the placement
     not_before: datetime | None = None
     same_node_id: str | None = None
     avoid_node_ids: tuple[str, ...] | None = None
@@ -298,6 +299,7 @@ TASK_FOLDS: dict[type[Payload], Callable[[Task, Any], dict[str, Any]]] = {}
 # Lending state that only lasts while a task sleeps (libs/domain/lending.py): any status
 # change out of `sleeping` ends it; a requeue also ends a borrower's loan.
 SLEEP_ONLY: dict[str, Any] = {"sleep_released": False, "lent_to": "", "wake_queued": False}
+    "ports": {},
 
 
 def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -> Task:

@@ -76,7 +76,9 @@ class GroupShape(BaseModel):
     per_node_gpu: int = Field(default=0, ge=0, le=64)
     tensor_parallel_size: int = Field(default=1, ge=1, le=1024)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=1024)
-    master_port: int = Field(default=29500, ge=1024, le=65535)
+    # Pinned rendezvous port; None: the scheduler allocates one on rank 0's host from the
+    # node's port range (docs/groups.md#how-members-reach-each-other).
+    master_port: int | None = Field(default=None, ge=1024, le=65535)
 
     @model_validator(mode="after")
     def _sizes(self) -> GroupShape:
@@ -455,12 +457,24 @@ BACKEND_BY_VENDOR = {"nvidia": "nccl", "amd": "nccl", "huawei": "hccl", "intel":
 
 
 def group_env(
-    spec: GroupSpec, rank: int, master_addr: str, nnodes: int, vendor: str
+    spec: GroupSpec,
+    rank: int,
+    master_addr: str,
+    nnodes: int,
+    vendor: str,
+    master_port: int | None = None,
+DEFAULT_MASTER_PORT = 29500
+
+
 ) -> dict[str, str]:
-    """Distributed environment for one member (SPEC §5); the caller lets user values win."""
+    """Distributed environment for one member (SPEC §5); the caller lets user values win.
+
+    `master_port`: the port allocated on rank 0's host; without one (a placement made before
+    ports were allocated) the pinned port, else the conventional 29500."""
     shape = spec.shape
     per_node = shape.per_node_gpu if spec.is_training else 1
     per_node = max(per_node, 1)
+    port = master_port or shape.master_port or DEFAULT_MASTER_PORT
     nodes = shape.task_count if spec.is_training else nnodes
     env = {
         "WORLD_SIZE": str(shape.task_count * per_node),
@@ -468,7 +482,7 @@ def group_env(
         "NODE_RANK": str(rank),
         "LOCAL_WORLD_SIZE": str(per_node),
         "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(shape.master_port),
+        "MASTER_PORT": str(port),
         "DIST_BACKEND": BACKEND_BY_VENDOR.get(vendor.lower(), "gloo"),
     }
     if shape.parallelism is Parallelism.TENSOR_PARALLEL:

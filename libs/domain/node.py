@@ -33,11 +33,27 @@ class GpuCard(BaseModel):
     mig_enabled: bool = False  # MIG mode on: fractions get a hardware instance (gold)
 
 
+# Host ports the scheduler allocates from on a node that reports no range of its own
+# (rendezvous and serving ports, docs/groups.md); below Linux's ephemeral range (32768-).
+DEFAULT_PORT_RANGE = (20000, 32000)
+LOOPBACK_PREFIXES = ("127.", "::1", "localhost")
+
+
+def is_loopback(address: str) -> bool:
+    """True for an address only its own host can reach (127.0.0.0/8, ::1, localhost)."""
+    return not address or address.startswith(LOOPBACK_PREFIXES) or address == "0:0:0:0:0:0:0:1"
+
+
 class NodeInventory(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     hostname: str = ""
+    # The address other nodes reach this one at (MASTER_ADDR of a rank 0 placed here, the
+    # router's target), and the machine it runs on: agents that share a machine report the
+    # same `host_id` (its /etc/machine-id), and share its ports.
     address: str = "127.0.0.1"
+    host_id: str = ""
+    port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     memory_mb: int = Field(ge=0)
     cpu_cores: float = Field(ge=0)
     labels: dict[str, str] = Field(default_factory=dict)

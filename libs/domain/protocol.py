@@ -52,6 +52,12 @@ class TaskRunSpec(Message):
     gpu_label: str = ""  # "vendor/model" of the granted cards (engine routing)
     # WORLD_SIZE, MASTER_ADDR, ... for a group member; the user's env wins over these.
     group_env: dict[str, str] = Field(default_factory=dict)
+    # A static-world group's member shares its host's network (docker `network_mode: host`)
+    # so its peers reach MASTER_ADDR:MASTER_PORT; set by the dispatcher (docs/groups.md).
+    host_network: bool = False
+    # The host port the scheduler allocated for the serving port (process runtime, host
+    # network); given to the task as PORT and served on. None: the declared port.
+    serve_port: int | None = None
 
 
 class NodeCommand(Message):

@@ -90,6 +90,8 @@ class ReasonCode(StrEnum):
     INSUFFICIENT_CPU = "insufficient_cpu"
     ANTI_AFFINITY = "anti_affinity"
     STARTS_IN_FLIGHT = "starts_in_flight"
+    PORT_TAKEN = "port_taken"
+    LOOPBACK_ADDRESS = "loopback_address"
 
     @property
     def text(self) -> str:
@@ -168,6 +170,8 @@ TEXT: dict[ReasonCode, str] = {
     R.INSUFFICIENT_CPU: "not enough free CPU",
     R.ANTI_AFFINITY: "would share a node with a task it must avoid",
     R.STARTS_IN_FLIGHT: "the node is already starting as many tasks as the scheduler allows",
+    R.PORT_TAKEN: "the pinned port is held on the node's host, or the host's port range is used up",
+    R.LOOPBACK_ADDRESS: "the group spans hosts and a node advertises only a loopback address",
 }
 
 # Why a task still waits (the scheduler's feasibility answers), in the enum's order.
@@ -191,6 +195,8 @@ PLACEMENT_REASONS: tuple[ReasonCode, ...] = (
     R.INSUFFICIENT_CPU,
     R.ANTI_AFFINITY,
     R.STARTS_IN_FLIGHT,
+    R.PORT_TAKEN,
+    R.LOOPBACK_ADDRESS,
 )
 
 # Failures caused by the infrastructure, not the user's program.

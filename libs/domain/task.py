@@ -236,6 +236,9 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "generation",
         "draining",
         "not_before",
+    # Host ports the scheduler allocated with the placement, by name: "master" (rank 0 of a
+    # static-world group) and "serve" (a replica without port mapping); docs/groups.md.
+    ports: dict[str, int] = Field(default_factory=dict)
         "same_node_id",
         "avoid_node_ids",
         "min_vram_mb",
@@ -292,6 +295,7 @@ def normalise_env(v: Any) -> dict[str, str]:
         env[key] = str(val)
     return env
 
+        "ports",
 
 TENANT_PLACEHOLDER = "{tenant}"
 

@@ -56,6 +56,7 @@ def run_payload(task: Task) -> TaskRunSpec:
         group_id=task.group_id,
         rank=task.rank,
         gpu_label=task.gpu_label,
+        serve_port=task.ports.get("serve"),
     )
 
 
@@ -127,11 +128,18 @@ class Dispatcher:
 
     async def group_env(self, task: Task) -> dict[str, str]:
         """WORLD_SIZE, MASTER_ADDR (rank 0's node address), ... for a group member."""
+        return (await self.group_run(task))[0]
+
+    async def group_run(self, task: Task) -> tuple[dict[str, str], bool]:
+        """A member's distributed environment, and whether it runs on its host's network
+        (a static-world member: its peers reach MASTER_ADDR:MASTER_PORT, docs/groups.md).
+        MASTER_PORT is the port the scheduler allocated with rank 0's placement."""
         group = await group_rows.get(self.store, task.group_id or "", include_deleted=True)
         if group is None or task.rank is None:
-            return {}
+            return {}, False
         members = current_members(await load_group_tasks(self.store, group.id))
         placed = {m.rank: m.node_id for m in members if m.node_id}
+        rank0 = next((m for m in members if m.rank == 0 and m.node_id), None)
         wanted = {*placed.values(), task.node_id or ""}
         nodes = {n.id: n for n in await view.load_nodes(self.store, sorted(wanted))}
         master = nodes.get(placed.get(0) or "")
@@ -139,13 +147,15 @@ class Dispatcher:
         node = nodes.get(task.node_id or "")
         if node and task.gpu_ids:
             vendor = next((g.vendor for g in node.inventory.gpus if g.id == task.gpu_ids[0]), "")
-        return group_env(
+        env = group_env(
             group.spec,
             task.rank,
             master.inventory.address if master else "",
             len(set(placed.values())) or 1,
             vendor,
+            rank0.ports.get("master") if rank0 else None,
         )
+        return env, group.spec.static_world
 
     async def handle_batch(self, envelopes: list[EventEnvelope]) -> list[BaseException | None]:
         """Commands for a batch of events: one read of their tasks, one pipelined publish."""
@@ -172,8 +182,9 @@ class Dispatcher:
         """A group member's start carries the group's distributed environment."""
         if cmd.run is None or not task.group_id:
             return cmd
-        env = await self.group_env(task)
-        return cmd.model_copy(update={"run": cmd.run.model_copy(update={"group_env": env})})
+        env, host_network = await self.group_run(task)
+        run = cmd.run.model_copy(update={"group_env": env, "host_network": host_network})
+        return cmd.model_copy(update={"run": run})
 
     async def handle(self, envelope: EventEnvelope) -> None:
         if envelope.type != "task_status_changed":

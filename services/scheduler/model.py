@@ -17,6 +17,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from libs.domain.lending import lendable
+from libs.domain.node import DEFAULT_PORT_RANGE
 from libs.domain.pool import JOB_LABEL, gpu_type_matches
 from libs.domain.rollout_plan import SURGE_LABEL
 from libs.domain.states import GPU_HOLDING, TaskStatus
@@ -81,11 +82,21 @@ class Node:
     # The scheduler's setting, not the agent's: a burst waits or spreads instead of queueing
     # on one agent's command stream.
     max_starting: int = 0
+    # The address it advertises, the machine it runs on ("" = its own id) and the host ports
+    # the scheduler allocates there (docs/groups.md#how-members-reach-each-other).
+    address: str = ""
+    host_id: str = ""
+    port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     # Memo for cards_for: the answer depends only on the (immutable) cards, and the planner
     # asks once per task and node. Not part of the value.
     _cards_memo: dict[tuple[str, int, int], CardSets] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+
+    @property
+    def host(self) -> str:
+        """The machine: nodes with the same host share its ports and its loopback."""
+        return self.host_id or self.id
 
     def cards_for(self, gpu_type: str, min_vram_mb: int = 0, fraction_vram_mb: int = 0) -> CardSets:
         """(cards of `gpu_type`, those with more than `min_vram_mb` and at least
@@ -204,6 +215,7 @@ class Allocation:
     # borrower the lender whose cards it runs on (counted once, on the lender).
     lendable: bool = False
     borrowed_from: str = ""
+    ports: tuple[int, ...] = ()  # host ports allocated with the placement
 
     @property
     def holding(self) -> bool:
@@ -240,6 +252,7 @@ class Allocation:
             job=task.spec.labels.get(JOB_LABEL, ""),
             lendable=lendable(task),
             borrowed_from=task.borrowed_from,
+            ports=tuple(task.ports.values()),
         )
 
     @property
@@ -281,6 +294,13 @@ class PendingTask:
     # A new-generation replica of a rolling update may take the tenant past its GPU quota
     # by at most this many cards (the surge replicas' cards; SPEC §5, docs/rollout.md).
     surge_cards: float = 0.0
+    # Host ports (docs/groups.md): `master_port` None = none wanted, 0 = allocate one, else
+    # that port pinned (rank 0 of a static-world group); `host_network`: a static-world
+    # member; `serves`: a serving port is declared (allocated on a process node or with
+    # host networking, where no port mapping applies).
+    master_port: int | None = None
+    host_network: bool = False
+    serves: bool = False
     # Filled from the queue by the planner (queues.py): where it may go and how it ranks.
     pools: frozenset[str] = frozenset()  # empty = any node
     queue_priority: int = 0
@@ -305,6 +325,8 @@ class PendingTask:
         not_before: datetime | None = None,
         gang_id: str | None = None,
         gang_size: int = 0,
+        master_port: int | None = None,
+        host_network: bool = False,
     ) -> PendingTask:
         return cls(
             task_id=task.id,
@@ -322,6 +344,9 @@ class PendingTask:
             job=task.spec.labels.get(JOB_LABEL, ""),
             task_type=task.spec.task_type.value,
             surge_cards=_surge(task),
+            master_port=master_port,
+            host_network=host_network,
+            serves=task.spec.serving is not None,
         )
 
 
@@ -357,6 +382,7 @@ class Placement:
     qos: Qos | None = None  # set for fractions only; whole cards are exclusive
     fractions: tuple[GpuShare, ...] = ()
     gpu_label: str = ""  # "vendor/model" of the granted cards: the agent's engine routing
+    ports: Mapping[str, int] = field(default_factory=dict)  # host ports, by name
 
 
 @dataclass(frozen=True, slots=True)

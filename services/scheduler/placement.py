@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -117,7 +117,7 @@ class Placer:
         decisions: dict[str, commands.Decide] = {}
         for pl in p.placements:
             decisions[pl.task_id] = _place(
-                pl.node_id, pl.gpu_ids, pl.qos.value if pl.qos else "", pl.gpu_label
+                pl.node_id, pl.gpu_ids, pl.qos.value if pl.qos else "", pl.gpu_label, pl.ports
             )
         victims: dict[str, commands.Decide] = {}
         for pre in p.preemptions:
@@ -172,7 +172,17 @@ def _without(p: Plan, loans: Sequence[Loan]) -> Plan:
     return replace(p, unplaced=tuple(u for u in p.unplaced if u.task_id not in borrowers))
 
 
-def _place(node_id: str, gpu_ids: tuple[str, ...], qos: str, label: str = "") -> commands.Decide:
+def _place(
+    node_id: str,
+    gpu_ids: tuple[str, ...],
+    qos: str,
+    label: str = "",
+    ports: Mapping[str, int] | None = None,
+) -> commands.Decide:
+    # The ports travel with the placement, in its one event: a replay gives them back, and
+    # the task's end (any status out of GPU_HOLDING) releases them.
+    extra: dict[str, Any] = {"ports": dict(ports)} if ports else {}
+
     def decide(t: Task) -> list[Any]:
         return list(
             commands.decide_transition(
@@ -186,6 +196,7 @@ def _place(node_id: str, gpu_ids: tuple[str, ...], qos: str, label: str = "") ->
                 gpu_ids=gpu_ids,
                 qos=qos,
                 gpu_label=label,
+                **extra,
             )
         )
 

@@ -13,11 +13,13 @@ counts every node exactly.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
 
+from libs.domain.node import is_loopback
 from libs.domain.states import TaskStatus
 
 from .feasibility import (
@@ -45,7 +47,7 @@ from .model import (
     Unplaced,
 )
 from .queues import check_queue, pool_full, with_queues
-from .reasons import CAPACITY_REASONS, Reason, Verdict
+from .reasons import CAPACITY_REASONS, Reason, Verdict, reject
 from .scoring import rank, seeded_shuffle
 from .search import Search, Tally, reason_at, search, tally
 
@@ -70,6 +72,8 @@ class Evaluation:
     # Searches that found nothing, by task shape, with the ledger version they saw: the
     # same shape against the same ledger finds nothing again.
     misses: dict[ShapeKey, tuple[int, Search, Unplaced]] = field(default_factory=dict)
+    # Node ids by host (Node.host), built on the first task that wants a host port.
+    hosts: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -81,6 +85,18 @@ class Evaluation:
     @property
     def nodes(self) -> tuple[Node, ...]:
         return self.index.nodes  # sorted by id, so every pass is deterministic
+
+    def node(self, node_id: str) -> Node | None:
+        pos = self.index.position.get(node_id)
+        return None if pos is None else self.nodes[pos]
+
+    def nodes_on(self, host: str) -> tuple[str, ...]:
+        if not self.hosts:
+            by_host: dict[str, list[str]] = {}
+            for n in self.nodes:
+                by_host.setdefault(n.host, []).append(n.id)
+            self.hosts.update({h: tuple(ids) for h, ids in by_host.items()})
+        return self.hosts.get(host, ())
 
     def quota(self, ledger: Ledger, tenant_id: str, surge: float = 0.0) -> Quota | None:
         limit = self.snapshot.quota_of(tenant_id)
@@ -210,17 +226,28 @@ def schedule_task(ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt:
         return Outcome(unplaced=Unplaced(task.task_id, Reason.NO_NODES, "the cluster has no nodes"))
     found, unplaced = _search(ev, ledger, task, quota)
     if found.fits:
-        best = rank(found.fits, task)[0]
-        placement = Placement(
-            task_id=task.task_id,
-            node_id=best.node.id,
-            gpu_ids=best.grant.gpu_ids,
-            qos=best.grant.qos,
-            fractions=best.grant.fractions,
-            gpu_label=gpu_label(best.node.gpus, best.grant.gpu_ids),
-        )
-        ledger.reserve(_holding(task, best), best.cost)
-        return Outcome(placement=placement)
+        refused: Verdict | None = None
+        for best in rank(found.fits, task):
+            ports = allocate_ports(ev, ledger, task, best.node)
+            if isinstance(ports, Verdict):
+                refused = refused or ports
+                continue
+            placement = Placement(
+                task_id=task.task_id,
+                node_id=best.node.id,
+                gpu_ids=best.grant.gpu_ids,
+                qos=best.grant.qos,
+                fractions=best.grant.fractions,
+                gpu_label=gpu_label(best.node.gpus, best.grant.gpu_ids),
+                ports=ports,
+            )
+            holding = _holding(task, best)
+            if ports:
+                holding = replace(holding, ports=tuple(ports.values()))
+            ledger.reserve(holding, best.cost)
+            return Outcome(placement=placement)
+        assert refused is not None
+        return _unplaced(task, refused)
     assert unplaced is not None
     if preempt and unplaced.reason in CAPACITY_REASONS:
         return _preempt(ev, ledger, task, unplaced, found)
@@ -269,6 +296,73 @@ def _holding(task: PendingTask, fit: Fit) -> Allocation:
         queue=task.queue,
         job=task.job,
     )
+
+
+# --- host ports ----------------------------------------------------------------------
+
+
+def ports_wanted(task: PendingTask, node: Node) -> dict[str, int]:
+    """The host ports `task` needs on `node`, by name: 0 = any free one, else that one."""
+    wanted: dict[str, int] = {}
+    if task.master_port is not None:
+        wanted["master"] = task.master_port
+    if task.serves and (task.host_network or node.runtime == "process"):
+        wanted["serve"] = 0  # no port mapping there: the replica listens on the host's port
+    return wanted
+
+
+def host_ports(ev: Evaluation, ledger: Ledger, node: Node) -> set[int]:
+    """Ports held on `node`'s host: by every task placed on a node of that host."""
+    return {
+        p for nid in ev.nodes_on(node.host) or (node.id,) for a in ledger.on(nid) for p in a.ports
+    }
+
+
+def allocate_ports(
+    ev: Evaluation, ledger: Ledger, task: PendingTask, node: Node
+) -> dict[str, int] | Verdict:
+    """The ports `task` gets on `node`'s host, or why it cannot have them (PORT_TAKEN).
+
+    A free port is found from a start derived from the task id (deterministic, and spread
+    so a port just released is not the next one handed out), probing up the node's range."""
+    wanted = ports_wanted(task, node)
+    if not wanted:
+        return {}
+    used = host_ports(ev, ledger, node)
+    lo, hi = node.port_range
+    out: dict[str, int] = {}
+    for name, pinned in sorted(wanted.items()):
+        if pinned:
+            if pinned in used:
+                return reject(
+                    Reason.PORT_TAKEN,
+                    f"master_port {pinned} is held on the host of node {node.id!r} by another "
+                    "task; unset master_port to have one allocated",
+                )
+            port: int | None = pinned
+        else:
+            port = _free_port(lo, hi, used, f"{task.task_id}/{name}")
+        if port is None:
+            return reject(
+                Reason.PORT_TAKEN,
+                f"every port of {lo}-{hi} (HETEROFLOW_PORT_RANGE) is held on the host of node "
+                f"{node.id!r}",
+            )
+        out[name] = port
+        used.add(port)
+    return out
+
+
+def _free_port(lo: int, hi: int, used: set[int], seed: str) -> int | None:
+    size = hi - lo + 1
+    if size <= 0:
+        return None
+    start = zlib.crc32(seed.encode()) % size
+    for i in range(size):
+        port = lo + (start + i) % size
+        if port not in used:
+            return port
+    return None
 
 
 # --- why not -------------------------------------------------------------------------
@@ -426,6 +520,35 @@ def place_gang(ev: Evaluation, ledger: Ledger, members: Sequence[PendingTask]) -
         msg = f"gang {gang!r}: only {len(members)} of {expected} members are pending"
         return [_gang_incomplete(m, msg) for m in members]
     mark = ledger.checkpoint()
+    placed = _place_all(ev, ledger, members)
+    if not _spans_hosts_with_loopback(ev, placed):
+        return placed
+    # Its members reach each other at their nodes' addresses: a node that advertises only
+    # loopback can hold members only when every other member is on its host. Try again
+    # without such nodes.
+    ledger.rollback(mark)
+    loopback = frozenset(n.id for n in ev.nodes if n.host_id and is_loopback(n.address))
+    again = _place_all(
+        ev, ledger, [replace(m, excluded_node_ids=m.excluded_node_ids | loopback) for m in members]
+    )
+    if all(o.placement is not None for o in again):
+        return again
+    ledger.rollback(mark)
+    first = [o.placement.node_id for o in placed if o.placement is not None]
+    names = sorted(n for n in set(first) if n in loopback)
+    msg = (
+        f"gang {gang!r} would span hosts and node(s) {', '.join(map(repr, names))} advertise "
+        "only a loopback address (set HETEROFLOW_ADDRESS on their agents); without them it "
+        "does not fit"
+    )
+    return [Outcome(unplaced=Unplaced(m.task_id, Reason.LOOPBACK_ADDRESS, msg)) for m in members]
+
+
+def _place_all(ev: Evaluation, ledger: Ledger, members: Sequence[PendingTask]) -> list[Outcome]:
+    """Every member placed (reserved in `ledger`), or the first that fails and the others
+    incomplete, with the ledger rolled back."""
+    gang = members[0].gang_id
+    mark = ledger.checkpoint()
     placed: list[Outcome] = []
     for member in members:
         outcome = schedule_task(ev, ledger, member, preempt=False)
@@ -441,6 +564,15 @@ def place_gang(ev: Evaluation, ledger: Ledger, members: Sequence[PendingTask]) -
             return [outcome, *others]
         placed.append(outcome)
     return placed
+
+
+def _spans_hosts_with_loopback(ev: Evaluation, placed: Sequence[Outcome]) -> bool:
+    """Placed on nodes of more than one known host, one of them advertising loopback."""
+    nodes = [ev.node(o.placement.node_id) for o in placed if o.placement is not None]
+    if len(nodes) < 2 or any(n is None or not n.host_id for n in nodes):
+        return False  # a node without a reported host id: its host is unknown
+    known = [n for n in nodes if n is not None]
+    return len({n.host for n in known}) > 1 and any(is_loopback(n.address) for n in known)
 
 
 def _gang_incomplete(task: PendingTask, message: str) -> Outcome:

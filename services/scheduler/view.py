@@ -13,7 +13,7 @@ import asyncio
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from libs.domain.node import Node as NodeDoc
@@ -60,6 +60,9 @@ def to_node(doc: NodeDoc, max_starting: int = 0) -> Node:
         labels=dict(inv.labels),
         runtime=inv.runtime,
         max_starting=max_starting,
+        address=inv.address,
+        host_id=inv.host_id,
+        port_range=inv.port_range,
     )
 
 
@@ -142,26 +145,40 @@ def snapshot(
     )
 
 
-async def load_gangs(store: EventStore, tasks: Sequence[Task]) -> dict[str, int]:
-    """Static-world groups among the pending tasks' groups: group id → world size."""
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """A static-world group as placement sees it: its world size and its pinned port."""
+
+    size: int
+    master_port: int | None = None
+
+
+async def load_gangs(store: EventStore, tasks: Sequence[Task]) -> dict[str, Gang]:
+    """Static-world groups among the pending tasks' groups, by group id."""
     ids = sorted({t.group_id for t in tasks if t.group_id})
     if not ids:
         return {}
     return {
-        g.id: g.spec.shape.task_count
+        g.id: Gang(g.spec.shape.task_count, g.spec.shape.master_port)
         for g in await group_rows.by_ids(store, ids)
         if g.spec.static_world
     }
 
 
-def pending_of(task: Task, gangs: dict[str, int] | None = None) -> PendingTask:
+def pending_of(task: Task, gangs: dict[str, Gang] | None = None) -> PendingTask:
     """A pending task with the constraints its last requeue set (retry backoff, node choice);
-    members of a static-world group are placed all-or-nothing (a gang)."""
+    members of a static-world group are placed all-or-nothing (a gang), host-networked, and
+    rank 0 holds the group's master port on its host (docs/groups.md)."""
     gang = (gangs or {}).get(task.group_id or "")
+    master: int | None = None
+    if gang is not None and task.rank == 0:
+        master = gang.master_port or 0
     return PendingTask.from_task(
         task,
         gang_id=task.group_id if gang else None,
-        gang_size=gang or 0,
+        gang_size=gang.size if gang else 0,
+        master_port=master,
+        host_network=gang is not None,
         excluded_node_ids=frozenset(task.avoid_node_ids),
         required_min_vram_mb=task.min_vram_mb,
         same_node_id=task.same_node_id,

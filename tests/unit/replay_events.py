@@ -235,6 +235,7 @@ class _Tasks:
                     gpu_ids=tuple(f"{node}-gpu{k}" for k in range(r.randint(0, 2))),
                     qos=r.choice(["guaranteed", "burstable"]),
                     gpu_label="nvidia/A100-80GB",
+                    ports=r.choice([None, {"master": 20000 + attempt}, {"serve": 21000}]),
                 )
             )
             out.append(self.move(tid, S.SCHEDULED, S.STARTING, engine=r.choice([None, "vllm"])))

@@ -236,6 +236,24 @@ REASON_CASES: list[tuple[ClusterSnapshot, list[PendingTask], Reason, str]] = [
         Reason.POOL_CAPACITY,
         "pool-full",
     ),
+    (
+        snap(mk_node("n1"), allocs=[replace(mk_alloc("busy", "n1"), ports=(29500,))]),
+        [mk_task("t", master_port=29500)],
+        Reason.PORT_TAKEN,
+        "port-taken",
+    ),
+    (
+        snap(
+            replace(mk_node("n1"), host_id="h1", address="127.0.0.1"),
+            replace(mk_node("n2"), host_id="h2", address="127.0.0.1"),
+        ),
+        [
+            mk_task(m, anti=("spread",), gang_id="g", gang_size=2, host_network=True)
+            for m in ("t", "u")
+        ],
+        Reason.LOOPBACK_ADDRESS,
+        "loopback",
+    ),
 ]
 
 

@@ -1,0 +1,211 @@
+"""Host ports the scheduler allocates: static-world groups' master ports, serving ports
+without port mapping, pinned ports that are taken, release on end, loopback-only nodes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from libs.domain.events import TaskStatusChanged, evolve_task
+from libs.domain.group import GroupShape, GroupSpec, group_env
+from libs.domain.reasons import ReasonCode
+from libs.domain.states import TaskStatus
+from libs.domain.task import ServingSpec, Task, TaskId, TaskSpec, TaskType, TenantId
+from services.scheduler.model import Allocation, ClusterSnapshot, Node, PendingTask, Requirement
+from services.scheduler.planner import plan
+
+NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+S = TaskStatus
+GB = 1024
+
+
+def node(node_id: str, host: str = "m", address: str = "10.0.0.1", **kw: object) -> Node:
+    return replace(Node(node_id, True, 64 * GB, 32), host_id=host, address=address, **kw)
+
+
+def member(task_id: str, gang: str, rank: int, *, pinned: int | None = None) -> PendingTask:
+    # Rank 0 asks for the master port (0: any), every member is host-networked, and the
+    # members of one gang spread over nodes as a training group's do.
+    return PendingTask(
+        task_id,
+        "acme",
+        Requirement(anti_affinity=(f"spread:{gang}",)),
+        created_at=NOW,
+        gang_id=gang,
+        gang_size=2,
+        master_port=(pinned or 0) if rank == 0 else None,
+        host_network=True,
+    )
+
+
+def replica(task_id: str) -> PendingTask:
+    return PendingTask(task_id, "acme", Requirement(), created_at=NOW, serves=True)
+
+
+def snap(*nodes: Node, allocs: tuple[Allocation, ...] = ()) -> ClusterSnapshot:
+    return ClusterSnapshot(NOW, nodes, allocs)
+
+
+def held(task_id: str, node_id: str, *ports: int, status: TaskStatus = S.RUNNING) -> Allocation:
+    return Allocation(task_id, "acme", node_id, status, ports=ports)
+
+
+def test_two_groups_on_the_same_nodes_get_different_master_ports() -> None:
+    # Two agents on one machine: both groups' rank 0 bind on the same host.
+    cluster = snap(node("a"), node("b"))
+    result = plan(cluster, [member("g1-0", "g1", 0), member("g1-1", "g1", 1)])
+    first = result.placement_for("g1-0")
+    assert first is not None and set(first.ports) == {"master"}
+    assert 20000 <= first.ports["master"] <= 32000
+    assert not result.placement_for("g1-1").ports  # type: ignore[union-attr]
+    # The next round sees the first group holding its port.
+    later = replace(cluster, allocations=(held("g1-0", first.node_id, first.ports["master"]),))
+    second = plan(later, [member("g2-0", "g2", 0), member("g2-1", "g2", 1)])
+    other = second.placement_for("g2-0")
+    assert other is not None
+    assert other.ports["master"] != first.ports["master"]
+
+
+def test_two_groups_in_one_round_get_different_master_ports() -> None:
+    result = plan(
+        snap(node("a"), node("b")),
+        [member(f"{g}-{r}", g, r) for g in ("g1", "g2") for r in (0, 1)],
+    )
+    ports = [result.placement_for(f"{g}-0").ports["master"] for g in ("g1", "g2")]  # type: ignore[union-attr]
+    assert len(set(ports)) == 2
+
+
+def test_a_pinned_master_port_that_is_taken_waits_with_a_named_reason() -> None:
+    busy = (held("other", "a", 29500), held("other2", "b", 29500))
+    result = plan(
+        snap(node("a", host="h1"), node("b", host="h2"), allocs=busy),
+        [member("g-0", "g", 0, pinned=29500), member("g-1", "g", 1)],
+    )
+    assert result.placement_for("g-0") is None and result.placement_for("g-1") is None
+    why = result.unplaced_for("g-0")
+    assert why is not None and why.reason is ReasonCode.PORT_TAKEN
+    assert "master_port 29500" in why.message
+    assert result.unplaced_for("g-1").reason is ReasonCode.GANG_INCOMPLETE  # type: ignore[union-attr]
+
+
+def test_a_pinned_port_held_on_one_host_goes_to_another_node() -> None:
+    result = plan(
+        snap(
+            node("a", host="h1"),
+            node("b", host="h2"),
+            node("c", host="h3"),
+            allocs=(held("other", "a", 29500),),
+        ),
+        [member("g-0", "g", 0, pinned=29500), member("g-1", "g", 1)],
+    )
+    rank0 = result.placement_for("g-0")
+    assert rank0 is not None and rank0.node_id != "a" and rank0.ports == {"master": 29500}
+
+
+def test_ports_are_freed_when_the_task_ends() -> None:
+    ended = (held("old", "a", 29500, status=S.COMPLETED), held("old1", "b", status=S.FAILED))
+    result = plan(
+        snap(node("a"), node("b"), allocs=ended),
+        [member("g-0", "g", 0, pinned=29500), member("g-1", "g", 1)],
+    )
+    assert result.placement_for("g-0").ports == {"master": 29500}  # type: ignore[union-attr]
+
+
+def test_a_used_up_range_waits_with_the_reason() -> None:
+    tight = node("a", runtime="process", port_range=(20000, 20001))
+    busy = (held("x", "a", 20000), held("y", "a", 20001))
+    result = plan(snap(tight, allocs=busy), [replica("r")])
+    assert result.placement_for("r") is None
+    assert result.unplaced_for("r").reason is ReasonCode.PORT_TAKEN  # type: ignore[union-attr]
+    free = plan(snap(tight, allocs=busy[:1]), [replica("r")])
+    assert free.placement_for("r").ports == {"serve": 20001}  # type: ignore[union-attr]
+
+
+def test_serving_replicas_on_a_process_node_get_a_port_each() -> None:
+    result = plan(snap(node("p", runtime="process")), [replica("r1"), replica("r2")])
+    ports = [result.placement_for(r).ports["serve"] for r in ("r1", "r2")]  # type: ignore[union-attr]
+    assert len(set(ports)) == 2
+    # Docker maps the declared port to a free host port of its own: nothing to allocate.
+    docker = plan(snap(node("d", runtime="docker")), [replica("r1")])
+    assert docker.placement_for("r1").ports == {}  # type: ignore[union-attr]
+
+
+def test_loopback_nodes_on_one_host_still_hold_a_group() -> None:
+    result = plan(
+        snap(node("a", address="127.0.0.1"), node("b", address="127.0.0.1")),
+        [member("g-0", "g", 0), member("g-1", "g", 1)],
+    )
+    assert {result.placement_for(t).node_id for t in ("g-0", "g-1")} == {"a", "b"}  # type: ignore[union-attr]
+
+
+def test_a_group_across_hosts_avoids_a_loopback_only_node() -> None:
+    result = plan(
+        snap(
+            node("a", host="h1", address="127.0.0.1"),
+            node("b", host="h2", address="10.0.0.2"),
+            node("c", host="h3", address="10.0.0.3"),
+        ),
+        [member("g-0", "g", 0), member("g-1", "g", 1)],
+    )
+    assert {result.placement_for(t).node_id for t in ("g-0", "g-1")} == {"b", "c"}  # type: ignore[union-attr]
+
+
+def test_a_group_that_only_fits_with_a_loopback_node_across_hosts_waits() -> None:
+    result = plan(
+        snap(node("a", host="h1", address="127.0.0.1"), node("b", host="h2", address="10.0.0.2")),
+        [member("g-0", "g", 0), member("g-1", "g", 1)],
+    )
+    why = result.unplaced_for("g-0")
+    assert why is not None and why.reason is ReasonCode.LOOPBACK_ADDRESS
+    assert "'a'" in why.message and "HETEROFLOW_ADDRESS" in why.message
+
+
+def _task() -> Task:
+    spec = TaskSpec(name="r", image="busybox", serving=ServingSpec(port=8080))
+    return Task(
+        id=TaskId("t1"), tenant_id=TenantId("acme"), spec=spec, created_at=NOW, updated_at=NOW
+    )
+
+
+def test_ports_are_part_of_the_placement_event_and_leave_with_it() -> None:
+    task = _task()
+    placed = evolve_task(
+        task,
+        TaskStatusChanged(
+            task_id=task.id,
+            from_status=S.PENDING,
+            to_status=S.SCHEDULED,
+            actor="scheduler",
+            reason_code=ReasonCode.PLACED,
+            node_id="a",
+            ports={"serve": 21000},
+        ),
+        NOW,
+        2,
+    )
+    assert placed.ports == {"serve": 21000}
+    assert Allocation.from_task(placed, {}).ports == (21000,)
+    requeued = evolve_task(
+        placed,
+        TaskStatusChanged(
+            task_id=task.id,
+            from_status=S.SCHEDULED,
+            to_status=S.PENDING,
+            actor="agent",
+            reason_code=ReasonCode.PREEMPTED,
+            clear_placement=True,
+        ),
+        NOW,
+        3,
+    )
+    assert requeued.ports == {}
+
+
+def test_master_port_is_the_allocated_one_else_the_pinned_one() -> None:
+    template = TaskSpec(name="t", image="busybox", task_type=TaskType.TRAINING)
+    spec = GroupSpec(template=template, shape=GroupShape(task_count=2))
+    assert spec.shape.master_port is None
+    assert group_env(spec, 1, "10.0.0.1", 2, "", 23456)["MASTER_PORT"] == "23456"
+    pinned = spec.model_copy(update={"shape": GroupShape(task_count=2, master_port=29600)})
+    assert group_env(pinned, 1, "10.0.0.1", 2, "")["MASTER_PORT"] == "29600"
+    assert group_env(spec, 1, "10.0.0.1", 2, "")["MASTER_PORT"] == "29500"
