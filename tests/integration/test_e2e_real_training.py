@@ -1,0 +1,138 @@
+"""A real distributed runtime across two nodes: JAX on CPU (gloo collectives) in a two-member
+training group, reading only the platform's MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK.
+
+Two agents on this one machine stand for two hosts. On the docker runtime each member is a
+Debian python container with the cached JAX mounted read-only; on the process runtime each is
+a host process at the seeds' default `memory_mb` (2048), two such groups at once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from . import web
+from .cluster import Cluster
+from .conftest import requires_docker
+from .workloads import (
+    JAX_DIR,
+    PYTHON,
+    PYTHON_IMAGE,
+    allgather_command,
+    python_image_missing,
+    requires_jax,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, requires_jax]
+
+# The cached JAX may be mounted into a container (read-only), nothing else of the host.
+ALLOW = {"HETEROFLOW_VOLUME_ALLOW_LIST": json.dumps([str(JAX_DIR)])}
+GATHERED = re.compile(r"^allgather \[1\.0, 2\.0\] rank (\d)$")
+
+
+def create_group(cluster: Cluster, **body: Any) -> dict[str, Any]:
+    body = {"task_type": "training", "task_count": 2, "cpu_cores": 0.5} | body
+    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def get_group(cluster: Cluster, group_id: str) -> dict[str, Any]:
+    r = web.get(f"{cluster.url}/api/v1/task-groups/{group_id}", headers=cluster.tenant)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def logs(cluster: Cluster, task_id: str) -> list[str]:
+    r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant)
+    assert r.status_code == 200, r.text
+    return list(r.json()["logs"])
+
+
+def settled(cluster: Cluster, group_id: str) -> bool:
+    return get_group(cluster, group_id)["status"] in ("completed", "failed", "stopped")
+
+
+def assert_gathered(cluster: Cluster, group_id: str) -> list[dict[str, Any]]:
+    """Both ranks completed, on two nodes, each having printed the gathered [1.0, 2.0]."""
+    g = get_group(cluster, group_id)
+    members = g["tasks"]
+    out = {t["rank"]: logs(cluster, t["id"]) for t in members}
+    assert g["status"] == "completed", (g["status"], g.get("reason"), out)
+    for t in members:
+        gathered = [m.group(1) for line in out[t["rank"]] if (m := GATHERED.match(line))]
+        assert gathered == [str(t["rank"])], (t["rank"], out[t["rank"]][-15:])
+    assert len({t["node_id"] for t in members}) == 2, members
+    return list(members)
+
+
+def coordinator(cluster: Cluster, task_id: str) -> str:
+    """MASTER_ADDR:MASTER_PORT as the member saw them (its first line)."""
+    lines = [x for x in logs(cluster, task_id) if x.startswith("coordinator ")]
+    assert lines, logs(cluster, task_id)[-15:]
+    return lines[0].split()[1]
+
+
+@requires_docker
+@pytest.mark.docker
+@pytest.mark.cluster_env(**ALLOW)
+def test_jax_two_node_allgather_in_containers(cluster: Cluster) -> None:
+    missing = python_image_missing()
+    if missing:
+        pytest.skip(missing)
+    cluster.start_agent("d1", "docker")
+    cluster.start_agent("d2", "docker")
+    g = create_group(
+        cluster,
+        name="jax-docker",
+        image=PYTHON_IMAGE,
+        command=allgather_command("python3"),
+        env={"PYTHONPATH": "/opt/jax", "HOME": "/tmp"},
+        volumes=[{"host_path": str(JAX_DIR), "container_path": "/opt/jax", "read_only": True}],
+    )
+    cluster.wait(lambda: settled(cluster, g["id"]), "the JAX group settled", 150)
+    members = assert_gathered(cluster, g["id"])
+    # Rank 1 dialled an address of rank 0's node, not its own loopback.
+    addr = coordinator(cluster, members[1]["id"]).rpartition(":")[0]
+    assert addr and not addr.startswith("127."), addr
+
+
+@pytest.mark.cluster_env(**ALLOW)
+def test_two_jax_groups_at_once_on_the_process_runtime_at_2048_mb(cluster: Cluster) -> None:
+    cluster.start_agent("p1", "process")
+    cluster.start_agent("p2", "process")
+    groups = [
+        create_group(
+            cluster,
+            name=f"jax-{i}",
+            image="python:3.11",
+            command=allgather_command(PYTHON),
+            env={"PYTHONPATH": str(JAX_DIR)},
+            memory_mb=2048,
+        )
+        for i in (1, 2)
+    ]
+    for g in groups:
+        assert {cluster.task(t["id"])["memory_mb"] for t in g["tasks"]} == {2048}
+    cluster.wait(
+        lambda: all(settled(cluster, g["id"]) for g in groups), "both JAX groups settled", 150
+    )
+    # memory_mb bounds memory through the task's cgroup where the node has one, never the
+    # address space (XLA reserves far more of it than it uses).
+    cgroups = {n["id"]: n["inventory"].get("cgroups", "") for n in cluster.nodes()}
+    coordinators = set()
+    for g in groups:
+        members = assert_gathered(cluster, g["id"])
+        for t in members:
+            out = logs(cluster, t["id"])
+            assert "address-space unlimited" in out, out[:5]
+            if cgroups[t["node_id"]] in ("v1", "v2"):
+                (caps,) = [x.split()[1:] for x in out if x.startswith("memory-cap ")]
+                assert str(2048 * 1024 * 1024) in caps, (cgroups, caps)
+        seen = {coordinator(cluster, t["id"]) for t in members}
+        assert len(seen) == 1, f"the members of one world were told different masters: {seen}"
+        coordinators |= seen
+    assert len(coordinators) == 2, f"the two worlds shared a coordinator: {coordinators}"
