@@ -64,7 +64,6 @@ class Inventory(BaseModel):
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE
 
 
-
 # -- NVIDIA ---------------------------------------------------------------------------------
 
 

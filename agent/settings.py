@@ -128,41 +128,6 @@ class AgentSettings(CommonSettings):
         return self.state_dir or self.home / "agents" / self.node_id
 
 
-def declared(inv: Inventory, settings: AgentSettings) -> Inventory:
-    """`inv` with the declared CPU and memory in place of the detected ones, and the host
-    identity and port range the scheduler allocates ports from."""
-    update: dict[str, object] = {
-        "host_id": settings.host_id,
-        "port_range": port_range(settings.port_range),
-    }
-    if settings.node_cpu_cores is not None:
-        update["cpu_cores"] = settings.node_cpu_cores
-    if settings.node_memory_mb is not None:
-        update["memory_mb"] = settings.node_memory_mb
-    return inv.model_copy(update=update)
-
-
-def node_inventory(inv: Inventory, address: str) -> NodeInventory:
-    return NodeInventory(
-        hostname=inv.hostname,
-        address=address,
-        memory_mb=inv.memory_mb,
-        cpu_cores=inv.cpu_cores,
-        labels=inv.labels,
-        runtime=inv.runtime,
-        gpus=tuple(
-            GpuCard(
-                id=g.uuid,
-                index=g.index,
-                vendor=g.vendor,
-                model=g.model,
-                vram_mb=g.vram_mb,
-                mig_capable=g.mig_capable,
-                mig_enabled=g.mig_enabled,
-            )
-            for g in inv.gpus
-        ),
-    )
 def default_address() -> str:
     """The source address of the default route (a UDP socket routed, nothing sent), else
     loopback."""
@@ -194,5 +159,40 @@ def port_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def declared(inv: Inventory, settings: AgentSettings) -> Inventory:
+    """`inv` with the declared CPU and memory in place of the detected ones, and the host
+    identity and port range the scheduler allocates ports from."""
+    update: dict[str, object] = {
+        "host_id": settings.host_id,
+        "port_range": port_range(settings.port_range),
+    }
+    if settings.node_cpu_cores is not None:
+        update["cpu_cores"] = settings.node_cpu_cores
+    if settings.node_memory_mb is not None:
+        update["memory_mb"] = settings.node_memory_mb
+    return inv.model_copy(update=update)
+
+
+def node_inventory(inv: Inventory, address: str) -> NodeInventory:
+    return NodeInventory(
+        hostname=inv.hostname,
+        address=address,
         host_id=inv.host_id,
         port_range=inv.port_range,
+        memory_mb=inv.memory_mb,
+        cpu_cores=inv.cpu_cores,
+        labels=inv.labels,
+        runtime=inv.runtime,
+        gpus=tuple(
+            GpuCard(
+                id=g.uuid,
+                index=g.index,
+                vendor=g.vendor,
+                model=g.model,
+                vram_mb=g.vram_mb,
+                mig_capable=g.mig_capable,
+                mig_enabled=g.mig_enabled,
+            )
+            for g in inv.gpus
+        ),
+    )

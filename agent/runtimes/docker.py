@@ -529,6 +529,8 @@ class DockerRuntime(Runtime):
         await self._run(self._remove_sync, handle)
 
     def _endpoint_sync(self, handle: Handle, spec: RunSpec) -> str:
+        if spec.host_network:
+            return f"{spec.serve_host}:{spec.serve_port}"  # the host's own port, not mapped
         container = self._container(handle)
         ports = (container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
         for binding in ports.get(f"{spec.serve_port}/tcp") or ():
@@ -552,8 +554,6 @@ class DockerRuntime(Runtime):
 
     async def logs(self, handle: Handle, tail: int | None = None) -> list[str]:
         return await self._run(self._logs_sync, handle, tail)
-        if spec.host_network:
-            return f"{spec.serve_host}:{spec.serve_port}"  # the host's own port, not mapped
 
     async def follow_logs(
         self, handle: Handle, tail: int | None = None

@@ -81,6 +81,7 @@ class TaskStatusChanged(ReasonedPayload):
     serve_address: str | None = None
     gpu_label: str | None = None  # "vendor/model" of the placement's cards
     engine: str | None = None  # the engine profile the agent applied
+    ports: dict[str, int] | None = None  # host ports allocated with the placement
     exit_code: int | None = None
     result: str | None = None
     error: str | None = None
@@ -91,7 +92,6 @@ class TaskStatusChanged(ReasonedPayload):
     error_kind: str | None = None
     oom_killed: bool | None = None
     # Constraints for the next attempt (a requeue to pending sets them; None clears them).
-    ports: dict[str, int] | None = None  # host ports allocated with the placement
     not_before: datetime | None = None
     same_node_id: str | None = None
     avoid_node_ids: tuple[str, ...] | None = None
@@ -289,6 +289,7 @@ CLEARED_PLACEMENT: dict[str, Any] = {
     "container_id": "",
     "serve_address": "",
     "gpu_label": "",
+    "ports": {},
 }
 CARRIED_FIELDS = (*CLEARED_PLACEMENT, "engine", "exit_code", "result", "error")
 
@@ -299,7 +300,6 @@ TASK_FOLDS: dict[type[Payload], Callable[[Task, Any], dict[str, Any]]] = {}
 # Lending state that only lasts while a task sleeps (libs/domain/lending.py): any status
 # change out of `sleeping` ends it; a requeue also ends a borrower's loan.
 SLEEP_ONLY: dict[str, Any] = {"sleep_released": False, "lent_to": "", "wake_queued": False}
-    "ports": {},
 
 
 def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -> Task:

@@ -456,6 +456,9 @@ def is_live(task: Task) -> bool:
 BACKEND_BY_VENDOR = {"nvidia": "nccl", "amd": "nccl", "huawei": "hccl", "intel": "ccl"}
 
 
+DEFAULT_MASTER_PORT = 29500
+
+
 def group_env(
     spec: GroupSpec,
     rank: int,
@@ -463,18 +466,15 @@ def group_env(
     nnodes: int,
     vendor: str,
     master_port: int | None = None,
-DEFAULT_MASTER_PORT = 29500
-
-
 ) -> dict[str, str]:
     """Distributed environment for one member (SPEC §5); the caller lets user values win.
 
     `master_port`: the port allocated on rank 0's host; without one (a placement made before
     ports were allocated) the pinned port, else the conventional 29500."""
     shape = spec.shape
+    port = master_port or shape.master_port or DEFAULT_MASTER_PORT
     per_node = shape.per_node_gpu if spec.is_training else 1
     per_node = max(per_node, 1)
-    port = master_port or shape.master_port or DEFAULT_MASTER_PORT
     nodes = shape.task_count if spec.is_training else nnodes
     env = {
         "WORLD_SIZE": str(shape.task_count * per_node),

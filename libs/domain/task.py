@@ -166,6 +166,9 @@ class Task(BaseModel):
     # from it and the image (docs/serving.md#engine-routing).
     gpu_label: str = ""
     engine: str = ""
+    # Host ports the scheduler allocated with the placement, by name: "master" (rank 0 of a
+    # static-world group) and "serve" (a replica without port mapping); docs/groups.md.
+    ports: dict[str, int] = Field(default_factory=dict)
     retry_count: int = 0
     exit_code: int | None = None
     result: str = ""
@@ -222,6 +225,7 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "serve_address",
         "gpu_label",
         "engine",
+        "ports",
         "error",
         "pending_reason",
         "pending_reason_code",
@@ -236,9 +240,6 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "generation",
         "draining",
         "not_before",
-    # Host ports the scheduler allocated with the placement, by name: "master" (rank 0 of a
-    # static-world group) and "serve" (a replica without port mapping); docs/groups.md.
-    ports: dict[str, int] = Field(default_factory=dict)
         "same_node_id",
         "avoid_node_ids",
         "min_vram_mb",
@@ -295,7 +296,6 @@ def normalise_env(v: Any) -> dict[str, str]:
         env[key] = str(val)
     return env
 
-        "ports",
 
 TENANT_PLACEHOLDER = "{tenant}"
 

@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings
 from agent.inventory import Inventory
 from agent.retention import Retention
 from agent.runtimes.base import Handle
-from agent.settings import AgentSettings, declared
+from agent.settings import AgentSettings, declared, default_address, node_inventory
 from heteroflow.cli import _apply_resource_options, build_parser
 from heteroflow.platform import PlatformSettings
 from libs.bus.lanes import LanePool
@@ -58,9 +58,20 @@ def test_resource_options_become_agent_settings(monkeypatch: pytest.MonkeyPatch)
 
 def test_declared_resources_override_detection() -> None:
     inv = Inventory(node_id="n", hostname="h", memory_mb=4096, cpu_cores=2)
-    assert declared(inv, AgentSettings(node_id="n")) == inv
+    assert declared(inv, AgentSettings(node_id="n", host_id="")) == inv
     got = declared(inv, AgentSettings(node_id="n", node_cpu_cores=64, node_memory_mb=131072))
     assert (got.cpu_cores, got.memory_mb) == (64, 131072)
+
+
+def test_the_agent_reports_its_machine_address_and_port_range() -> None:
+    inv = Inventory(node_id="n", hostname="h", memory_mb=4096, cpu_cores=2)
+    s = AgentSettings(node_id="n", host_id="m1", port_range="21000-21999")
+    got = node_inventory(declared(inv, s), s.address)
+    assert (got.host_id, got.port_range) == ("m1", (21000, 21999))
+    # By default: the default route's source address (or loopback without a route).
+    assert AgentSettings(node_id="n").address == default_address()
+    with pytest.raises(ValueError, match="HETEROFLOW_PORT_RANGE"):
+        declared(inv, AgentSettings(node_id="n", port_range="30000-20000"))
 
 
 def handle(task: str, attempt: int = 0) -> Handle:
