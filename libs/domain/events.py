@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from .reasons import REASON_SCHEMA_VERSION, ReasonCode, upcast_reason
 from .states import TaskStatus
-from .task import Task, TaskId, TaskSpec, TenantId
+from .task import Task, TaskId, TaskSpec, TenantId, upcast_spec
 
 
 class Payload(BaseModel):
@@ -59,6 +59,17 @@ class TaskCreated(Payload):
     group_id: str | None = None
     rank: int | None = None
     generation: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upcast(cls, data: Any) -> Any:
+        # Stored before `Platform`: the platform's labels move into the spec's `platform`.
+        spec = data.get("spec") if isinstance(data, dict) else None
+        if isinstance(spec, dict) and "platform" not in spec:
+            grouped = data.get("group_id") is not None
+            return data | {"spec": upcast_spec(spec, grouped=grouped)}
+        return data
+
 
 
 class TaskStatusChanged(ReasonedPayload):

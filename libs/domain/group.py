@@ -114,10 +114,12 @@ class GroupSpec(BaseModel):
         return self.template.is_inference
 
     def member_spec(self, rank: int) -> TaskSpec:
-        labels = dict(self.template.labels) | {"heteroflow.rank": str(rank)}
-        if self.static_world:
-            labels["heteroflow.static_world"] = "true"
-        update: dict[str, Any] = {"labels": labels, "name": f"{self.template.name}-{rank}"[:100]}
+        # The rank is the task's own (`Task.rank`); the static world is the platform's mark.
+        platform = self.template.platform.model_copy(update={"static_world": self.static_world})
+        update: dict[str, Any] = {
+            "platform": platform,
+            "name": f"{self.template.name}-{rank}"[:100],
+        }
         if self.is_training and self.shape.per_node_gpu and not self.template.gpu_required:
             update["gpu_required"] = self.shape.per_node_gpu
         return self.template.model_copy(update=update)

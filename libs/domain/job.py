@@ -88,10 +88,12 @@ class Problems:
     def __init__(self) -> None:
         self.items: list[tuple[str, str]] = []
         self.unknown_only = True
+        self.owned_only = True  # every problem is a server-owned field or name (40002)
 
-    def add(self, field: str, message: str, *, unknown: bool = False) -> None:
+    def add(self, field: str, message: str, *, unknown: bool = False, owned: bool = False) -> None:
         self.items.append((field, message))
         self.unknown_only = self.unknown_only and unknown
+        self.owned_only = self.owned_only and owned
 
     def raise_any(self) -> None:
         if not self.items:
@@ -99,6 +101,8 @@ class Problems:
         fields = list(dict.fromkeys(f for f, _ in self.items))
         text = "; ".join(f"{f}: {m}" for f, m in self.items)
         code = Code.UNKNOWN_FIELD if self.unknown_only else Code.INVALID_VALUE
+        if self.owned_only:
+            code = Code.SERVER_OWNED_FIELD
         raise DomainError(code, f"invalid job: {text}", fields)
 
 
@@ -150,7 +154,12 @@ def _parse_node(
         spec = parse_create(task_raw, tenant=tenant, volume_allow_list=allow, defaults=defaults)
     except DomainError as exc:
         for field in exc.fields or ["body"]:
-            problems.add(f"{where}.{field}", exc.message, unknown=exc.code is Code.UNKNOWN_FIELD)
+            problems.add(
+                f"{where}.{field}",
+                exc.message,
+                unknown=exc.code is Code.UNKNOWN_FIELD,
+                owned=exc.code is Code.SERVER_OWNED_FIELD,
+            )
         return None
     if not isinstance(metrics, list) or not all(isinstance(m, str) and m for m in metrics):
         problems.add(f"{where}.metrics", "must be a list of metric names")

@@ -1,9 +1,10 @@
 """A job as its events made it, and the cascade: which tasks become ready, which are skipped.
 
 The job is an aggregate (stream `job-…`). Its tasks are ordinary tasks created when they
-become ready, carrying the job id and their key as labels. The job orchestrator records each
-task's final outcome (`JobNodeSettled`, with the metrics and artifacts the task reported)
-when the task's terminal event arrives, then `advance` decides, from the job alone, which
+become ready, carrying the job id and their key in `spec.platform` (server-owned); the job
+keeps each node's task id. The job orchestrator records each task's final outcome
+(`JobNodeSettled`, with the metrics and artifacts the task reported) when the task's
+terminal event arrives, then `advance` decides, from the job alone, which
 waiting tasks are now ready (created in the same transaction), which can never run (skipped),
 and the job's status. Nothing polls.
 
@@ -25,11 +26,9 @@ from pydantic import BaseModel, ConfigDict
 from .condition import ConditionError, evaluate, parse_condition
 from .events import Payload, ReasonedPayload, register
 from .job import Dependency, DependencyKind, JobSpec
-from .pool import JOB_LABEL
 from .reasons import ReasonCode
 from .task import TaskSpec, TenantId
 
-JOB_KEY_LABEL = "heteroflow.job_key"
 METRICS_MARK = "HF_METRICS "
 ARTIFACT_MARK = "HF_ARTIFACT "
 
@@ -91,6 +90,9 @@ class JobTasksReady(Payload):
 
     job_id: str
     keys: tuple[str, ...]
+    # The id of the task created for each key (empty in events written before it was kept):
+    # the only task whose end settles that node (services/job_orchestrator).
+    task_ids: dict[str, str] = {}
 
 
 class JobNodeSettled(Payload):
@@ -208,7 +210,10 @@ def evolve_job(job: Job | None, event: Payload, at: datetime, version: int) -> J
         raise ValueError(f"{event.type} before job_submitted")
     up: dict[str, Any] = {"version": version, "updated_at": at}
     if isinstance(event, JobTasksReady):
-        ready = {k: {"state": NodeState.CREATED, "reason": ""} for k in event.keys}
+        ready = {
+            k: {"state": NodeState.CREATED, "reason": "", "task_id": event.task_ids.get(k, "")}
+            for k in event.keys
+        }
         up["nodes"] = _set_nodes(job, ready)
     elif isinstance(event, JobNodeSettled):
         settled = {
@@ -366,12 +371,22 @@ def job_status(job: Job, nodes: Mapping[str, JobNode]) -> tuple[JobStatus, str]:
     return JobStatus.SUCCEEDED, "every task completed or was skipped"
 
 
+def with_task_ids(events: list[Payload], ids: Mapping[str, str]) -> list[Payload]:
+    """`advance`'s events with the id chosen for each ready key's task recorded."""
+    return [
+        ev.model_copy(update={"task_ids": {k: ids[k] for k in ev.keys}})
+        if isinstance(ev, JobTasksReady)
+        else ev
+        for ev in events
+    ]
+
+
 def task_spec(job: Job, key: str) -> TaskSpec:
-    """The task to create for `key`: its spec, in the job's queue, labelled with the job."""
+    """The task to create for `key`: its spec, in the job's queue, marked with the job."""
     spec = job.spec.node(key).spec
-    labels = dict(spec.labels) | {JOB_LABEL: job.id, JOB_KEY_LABEL: key}
+    platform = spec.platform.model_copy(update={"job_id": job.id, "job_key": key})
     name = f"{job.spec.name}-{key}"[:100]
-    return spec.model_copy(update={"labels": labels, "queue": job.spec.queue, "name": name})
+    return spec.model_copy(update={"platform": platform, "queue": job.spec.queue, "name": name})
 
 
 def parse_report(output: str) -> tuple[dict[str, float], tuple[str, ...]]:

@@ -26,9 +26,8 @@ from .validation import exactly_bool, exactly_int
 
 NAME_PATTERN = r"^[a-z0-9A-Z][a-zA-Z0-9._-]{0,62}$"
 QUEUE_PRIORITY_MAX = 1000
-# A task created for a job carries the job's id under this label; a queue's
-# max_running_jobs counts distinct values (a task outside any job is a job of its own).
-JOB_LABEL = "heteroflow.job"
+# A task created for a job carries the job's id in `spec.platform.job_id` (server-owned); a
+# queue's max_running_jobs counts distinct values (a task outside any job is a job of its own).
 
 
 def pool_stream(name: str) -> str:

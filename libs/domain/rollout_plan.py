@@ -40,9 +40,9 @@ from .states import TERMINAL, TaskStatus
 from .task import Task, TaskSpec
 
 S = TaskStatus
-# The label that lets the scheduler place a new-generation replica past the tenant's GPU
-# quota, by at most this many cards (the surge replicas' cards; SPEC §5 surge quota).
-SURGE_LABEL = "heteroflow.rollout_surge_cards"
+# A new-generation replica may be placed past the tenant's GPU quota by at most
+# `spec.platform.surge_cards` (the surge replicas' cards; SPEC §5 surge quota): server-owned,
+# set only here, never by a label.
 # Old replicas are ended once their new replica is healthy; these statuses end directly.
 _DRAINABLE = frozenset({S.RUNNING})
 _ENDING = frozenset({S.DRAINING, S.STOPPING})
@@ -89,8 +89,8 @@ def replica_spec(group: Group, template: TaskSpec, rank: int, surge_cards: float
     own variable of the same name in `env` stays."""
     spec = GroupSpec(template=template, shape=group.spec.shape).member_spec(rank)
     if surge_cards > 0:
-        labels = dict(spec.labels) | {SURGE_LABEL: f"{surge_cards:g}"}
-        spec = spec.model_copy(update={"labels": labels})
+        platform = spec.platform.model_copy(update={"surge_cards": surge_cards})
+        spec = spec.model_copy(update={"platform": platform})
     return spec
 
 

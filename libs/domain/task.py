@@ -7,19 +7,27 @@ named, server-owned fields are refused, values are checked, and nothing is silen
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, NewType
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .boost import DEFAULT_MEMORY_MB, boost_memory
 from .errors import Code, DomainError
 from .reasons import ReasonCode
 from .serving import ServingSpec, looks_like_inference
 from .states import TaskStatus
-from .validation import check_task_spec, exactly_bool, is_integer
+from .validation import RESERVED_LABEL_PREFIX, check_task_spec, exactly_bool, is_integer
 
 TaskId = NewType("TaskId", str)
 TenantId = NewType("TenantId", str)
@@ -61,6 +69,56 @@ class Volume(BaseModel):
         return v
 
 
+class Platform(BaseModel):
+    """What the platform records about a task it created for one of its own aggregates
+    (docs/api.md#reserved-names): never sent by a client (`platform` is server-owned), set
+    only where the platform builds the spec (a job's task, a group member, a rollout's
+    replica). Label keys under `heteroflow.` are refused at entry, so no tenant label can
+    stand in for these."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The job (stream `job-…`) and the node of its DAG this task was created for.
+    job_id: str = ""
+    job_key: str = ""
+    # Cards a rolling update's new replica may hold over its tenant's GPU quota.
+    surge_cards: float = Field(default=0.0, ge=0)
+    # A member of a static-world group (training, TP/PP): one rank cannot rejoin alone.
+    static_world: bool = False
+
+
+# The label keys the platform wrote before `Platform` existed (upcast on load, `upcast_spec`).
+LEGACY_JOB_LABEL = "heteroflow.job"
+LEGACY_JOB_KEY_LABEL = "heteroflow.job_key"
+LEGACY_SURGE_LABEL = "heteroflow.rollout_surge_cards"
+LEGACY_STATIC_WORLD_LABEL = "heteroflow.static_world"
+LEGACY_RANK_LABEL = "heteroflow.rank"
+_SURGE_TEXT = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def upcast_spec(spec: Any, *, grouped: bool) -> Any:
+    """A stored spec (a dict) whose labels still carry the platform's legacy keys: those
+    keys removed, their values in `platform` (`grouped`: the task is a group member, the only
+    kind a surge or a static world was ever written for). Anything else is returned as is.
+    Mirrored in SQL by migration 12 (libs/store/migrations.py): keep the two equal."""
+    if not isinstance(spec, dict) or "platform" in spec:
+        return spec
+    labels = spec.get("labels")
+    if not isinstance(labels, dict):
+        return spec
+    surge = labels.get(LEGACY_SURGE_LABEL, "")
+    platform = {
+        "job_id": str(labels.get(LEGACY_JOB_LABEL, "")),
+        "job_key": str(labels.get(LEGACY_JOB_KEY_LABEL, "")),
+        "surge_cards": float(surge)
+        if grouped and isinstance(surge, str) and _SURGE_TEXT.fullmatch(surge)
+        else 0.0,
+        "static_world": grouped and labels.get(LEGACY_STATIC_WORLD_LABEL) == "true",
+    }
+    kept = {k: v for k, v in labels.items() if not str(k).startswith(RESERVED_LABEL_PREFIX)}
+    return spec | {"labels": kept, "platform": platform}
+
+
 class TaskSpec(BaseModel):
     """The user-owned configuration of a task, validated and normalised."""
 
@@ -96,6 +154,8 @@ class TaskSpec(BaseModel):
     oom_memory_limit: int | None = Field(default=None, gt=0)
     # The queue the task waits in ("" = the tenant's default queue, or none: seed 004).
     queue: str = Field(default="", max_length=64)
+    # Server-owned: what the platform records about a task it created (`Platform`).
+    platform: Platform = Platform()
 
     @field_validator("name")
     @classmethod
@@ -151,6 +211,16 @@ class Task(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _upcast(cls, data: Any) -> Any:
+        # A document stored before `Platform`: the platform's labels move into it.
+        spec = data.get("spec") if isinstance(data, dict) else None
+        if isinstance(spec, dict) and "platform" not in spec:
+            grouped = data.get("group_id") is not None
+            return data | {"spec": upcast_spec(spec, grouped=grouped)}
+        return data
+
     id: TaskId
     tenant_id: TenantId
     spec: TaskSpec
@@ -204,7 +274,7 @@ class Task(BaseModel):
 
 
 # Fields a client may send on create. `gpu_count` is the V2 alias of `gpu_required`.
-CREATE_FIELDS: frozenset[str] = frozenset(TaskSpec.model_fields) | {"gpu_count"}
+CREATE_FIELDS: frozenset[str] = frozenset(TaskSpec.model_fields) - {"platform"} | {"gpu_count"}
 
 # Server-owned: set by the platform, never by a create/update request (non-zero -> 40002).
 SERVER_OWNED: frozenset[str] = frozenset(
@@ -243,6 +313,7 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "same_node_id",
         "avoid_node_ids",
         "min_vram_mb",
+        "platform",
     }
 )
 
@@ -540,8 +611,9 @@ def parse_update(
             f"(status: {current.status.value})",
             late,
         )
-    merged = current.spec.model_dump() | data
+    merged = current.spec.model_dump(exclude={"platform"}) | data
     spec = parse_create(merged, tenant=tenant, volume_allow_list=volume_allow_list)
+    spec = spec.model_copy(update={"platform": current.spec.platform})
     # memory_mb may change without being named: the boost follows a new image (`boosted`).
     boost = {"memory_mb"} if spec.memory_mb != current.spec.memory_mb else set()
     changes = {k: v for k, v in spec.model_dump(mode="json").items() if k in data or k in boost}

@@ -195,6 +195,7 @@ def check_task_spec(spec: TaskSpec) -> TaskSpec:
     if sum(len(k) + len(v) for k, v in spec.env.items()) > ENV_TOTAL_MAX:
         _refuse("env", f"env holds more than {ENV_TOTAL_MAX} characters in all")
     _check_map("labels", spec.labels, LABELS_MAX_ENTRIES, LABEL_KEY_MAX, LABEL_VALUE_MAX)
+    check_label_keys(spec.labels)
     if len(spec.anti_affinity) > ANTI_AFFINITY_MAX:
         _refuse("anti_affinity", f"anti_affinity has more than {ANTI_AFFINITY_MAX} keys")
     for i, key in enumerate(spec.anti_affinity):
@@ -203,6 +204,23 @@ def check_task_spec(spec: TaskSpec) -> TaskSpec:
     spec = _checked_volumes(spec)
     check_spec_size(spec.model_dump(mode="json"))
     return spec
+
+
+# Label keys the platform keeps for its own names (docs/api.md#reserved-names), compared
+# case-insensitively: a tenant's label never reads as the platform's.
+RESERVED_LABEL_PREFIX = "heteroflow."
+
+
+def check_label_keys(labels: Mapping[str, str], field: str = "labels") -> None:
+    """40002 naming the first key in the platform's namespace (`heteroflow.`)."""
+    for key in labels:
+        if key.lower().startswith(RESERVED_LABEL_PREFIX):
+            raise DomainError(
+                Code.SERVER_OWNED_FIELD,
+                f"{field} key {key!r} uses the reserved prefix {RESERVED_LABEL_PREFIX} "
+                "(only the platform writes those names)",
+                [f"{field}.{key}"],
+            )
 
 
 def _checked_volumes(spec: TaskSpec) -> TaskSpec:

@@ -46,7 +46,12 @@ APPENDED = Counter("heteroflow_events_appended_total", "Events appended to the s
 
 Clock = Callable[[], datetime]
 Decide = Callable[[Task], Sequence[Payload]]
-NewTask = tuple[TenantId, TaskSpec, str | None, int | None]
+# Tenant, spec, group, rank; and, when the caller records the new task's id in the same
+# transaction (a job's node), that id.
+NewTask = (
+    tuple[TenantId, TaskSpec, str | None, int | None]
+    | tuple[TenantId, TaskSpec, str | None, int | None, TaskId]
+)
 Step = tuple[str, Decide, dict[str, Any] | None]  # task id, its command, the events' metadata
 
 INSERT_EVENT = """
@@ -206,9 +211,9 @@ class EventStore:
         at = self.clock()
         tasks: list[Task] = []
         rows: list[tuple[Any, ...]] = []
-        for tenant_id, spec, group_id, rank in items:
+        for tenant_id, spec, group_id, rank, *chosen in items:
             ev = TaskCreated(
-                task_id=new_task_id(),
+                task_id=chosen[0] if chosen else new_task_id(),
                 tenant_id=tenant_id,
                 spec=spec,
                 group_id=group_id,

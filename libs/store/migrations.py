@@ -257,8 +257,9 @@ MIGRATIONS: list[tuple[int, str]] = [
     (
         9,
         """
-        -- Jobs (SPEC §7): projection of the job-… streams. A job's tasks carry its id as the
-        -- label heteroflow.job; the index finds them for the DAG view.
+        -- Jobs (SPEC §7): projection of the job-… streams. A job's tasks carried its id as
+        -- the label heteroflow.job (since migration 12: spec.platform.job_id); the index
+        -- finds them for the DAG view.
         CREATE TABLE jobs (
             id          text PRIMARY KEY,
             tenant_id   text NOT NULL,
@@ -304,6 +305,53 @@ MIGRATIONS: list[tuple[int, str]] = [
         """
         -- A suspended tenant creates no new work and gets no scale-up (docs/autoscaling.md).
         ALTER TABLE tenants ADD COLUMN suspended boolean NOT NULL DEFAULT false;
+        """,
+    ),
+    (
+        12,
+        r"""
+        -- Reserved names (docs/api.md#reserved-names): the platform's own metadata moves
+        -- from labels under `heteroflow.` into the spec's server-owned `platform`. The same
+        -- upcast as `libs.domain.task.upcast_spec` (replayed events take that one): the
+        -- two must give the same document, or replay reports the rows as different.
+        UPDATE tasks SET doc = jsonb_set(doc, '{spec}', (doc->'spec') || jsonb_build_object(
+            'labels', (SELECT coalesce(jsonb_object_agg(key, value), '{}'::jsonb)
+                       FROM jsonb_each(doc->'spec'->'labels')
+                       WHERE key NOT LIKE 'heteroflow.%'),
+            'platform', jsonb_build_object(
+                'job_id', coalesce(doc->'spec'->'labels'->>'heteroflow.job', ''),
+                'job_key', coalesce(doc->'spec'->'labels'->>'heteroflow.job_key', ''),
+                'surge_cards', CASE
+                    WHEN doc->>'group_id' IS NOT NULL
+                     AND doc->'spec'->'labels'->>'heteroflow.rollout_surge_cards'
+                         ~ '^[0-9]+(\.[0-9]+)?$'
+                    THEN (doc->'spec'->'labels'->>'heteroflow.rollout_surge_cards')::float8
+                    ELSE 0.0 END,
+                'static_world', doc->>'group_id' IS NOT NULL
+                    AND coalesce(doc->'spec'->'labels'->>'heteroflow.static_world', '')
+                        = 'true')))
+        WHERE NOT (doc->'spec' ? 'platform');
+        UPDATE tasks SET labels = doc->'spec'->'labels' WHERE labels <> doc->'spec'->'labels';
+        DROP INDEX IF EXISTS tasks_job;
+        CREATE INDEX tasks_job ON tasks ((doc->'spec'->'platform'->>'job_id'))
+            WHERE doc->'spec'->'platform'->>'job_id' <> '';
+        -- Member templates and a job's task specs gain the default `platform`.
+        UPDATE groups SET doc = jsonb_set(doc, '{spec,template,platform}',
+            '{"job_id": "", "job_key": "", "surge_cards": 0.0, "static_world": false}')
+        WHERE NOT (doc->'spec'->'template' ? 'platform');
+        UPDATE groups SET doc = jsonb_set(jsonb_set(doc, '{rollout,previous,platform}',
+            '{"job_id": "", "job_key": "", "surge_cards": 0.0, "static_world": false}'),
+            '{rollout,target,platform}',
+            '{"job_id": "", "job_key": "", "surge_cards": 0.0, "static_world": false}')
+        WHERE jsonb_typeof(doc->'rollout') = 'object'
+          AND NOT (doc->'rollout'->'previous' ? 'platform');
+        UPDATE jobs SET doc = jsonb_set(doc, '{spec,tasks}', (
+            SELECT coalesce(jsonb_agg(CASE WHEN t->'spec' ? 'platform' THEN t
+                ELSE jsonb_set(t, '{spec,platform}',
+                    '{"job_id": "", "job_key": "", "surge_cards": 0.0, "static_world": false}')
+                END ORDER BY o), '[]')
+            FROM jsonb_array_elements(doc->'spec'->'tasks') WITH ORDINALITY AS e(t, o)))
+        WHERE jsonb_typeof(doc->'spec'->'tasks') = 'array';
         """,
     ),
 ]

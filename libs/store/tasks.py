@@ -214,7 +214,7 @@ async def queue_usage(store: EventStore, queue: str) -> dict[str, float]:
         "   THEN (doc->'spec'->>'gpu_required')::float"
         "   ELSE (doc->'spec'->>'gpu_compute_ratio')::float END)"
         "   FILTER (WHERE status = ANY(%s)), 0) AS gpus,"
-        " count(DISTINCT coalesce(doc->'spec'->'labels'->>'heteroflow.job', id))"
+        " count(DISTINCT coalesce(nullif(doc->'spec'->'platform'->>'job_id', ''), id))"
         "   FILTER (WHERE status = ANY(%s)) AS running_jobs,"
         " count(*) FILTER (WHERE status = 'pending' AND deleted_at IS NULL) AS pending"
         " FROM tasks WHERE doc->'spec'->>'queue' = %s",
@@ -244,11 +244,10 @@ async def tenant_gpus(store: EventStore, tenant_id: str) -> float:
 
 
 async def of_job(store: EventStore, job_id: str) -> list[Task]:
-    """Every task created for a job (label heteroflow.job), deleted ones included."""
+    """Every task created for a job (`spec.platform.job_id`), deleted ones included."""
     found = await rows(
         store,
-        "SELECT doc FROM tasks WHERE labels ? 'heteroflow.job'"
-        " AND labels->>'heteroflow.job' = %s ORDER BY created_at",
+        "SELECT doc FROM tasks WHERE doc->'spec'->'platform'->>'job_id' = %s ORDER BY created_at",
         [job_id],
     )
     return _tasks(found)

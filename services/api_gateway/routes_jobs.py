@@ -20,7 +20,6 @@ from libs.domain.events import Payload
 from libs.domain.job import parse_job
 from libs.domain.job_state import (
     DONE,
-    JOB_KEY_LABEL,
     Job,
     JobDeleted,
     JobStopRequested,
@@ -28,12 +27,13 @@ from libs.domain.job_state import (
     advance,
     evolve_job,
     task_spec,
+    with_task_ids,
 )
 from libs.domain.states import TERMINAL
 from libs.domain.task import Task, TenantId, tenant_allow_list
 from libs.store import jobs as job_rows
 from libs.store import tasks as task_rows
-from libs.store.eventstore import EventStore, NewTask
+from libs.store.eventstore import EventStore, NewTask, new_task_id
 from libs.store.projections import JOBS
 
 from . import request_docs
@@ -77,7 +77,7 @@ def job_view(job: Job, tasks: list[Task] | None = None) -> dict[str, Any]:
         return body
     newest: dict[str, Task] = {}
     for t in tasks:  # created_at order: the last of a key is its task
-        newest[t.spec.labels.get(JOB_KEY_LABEL, "")] = t
+        newest[t.spec.platform.job_key] = t
     nodes = []
     for spec in job.spec.tasks:
         node, task = job.nodes[spec.key], newest.get(spec.key)
@@ -140,9 +140,13 @@ async def create_job(
     def decide(_: Job | None) -> tuple[list[Payload], list[NewTask]]:
         job = evolve_job(None, submitted, store.clock(), 1)
         events, ready = advance(job)
+        ids = {k: new_task_id() for k in ready}  # kept in the job: the tasks that settle it
+        events = with_task_ids(events, ids)
         for ev in events:
             job = evolve_job(job, ev, store.clock(), job.version + 1)
-        tasks: list[NewTask] = [(TenantId(tenant_id), task_spec(job, k), None, None) for k in ready]
+        tasks: list[NewTask] = [
+            (TenantId(tenant_id), task_spec(job, k), None, None, ids[k]) for k in ready
+        ]
         return [submitted, *events], tasks
 
     job, tasks = await store.execute_with_tasks(

@@ -24,20 +24,22 @@ from libs.domain.errors import NotFound
 from libs.domain.events import Payload
 from libs.domain.job_state import (
     DONE,
-    JOB_KEY_LABEL,
     Job,
+    JobNode,
     JobNodeSettled,
     NodeState,
     advance,
     evolve_job,
     parse_report,
     task_spec,
+    with_task_ids,
 )
-from libs.domain.pool import JOB_LABEL
+from libs.domain.task import Task
+from libs.ownership import refuse_foreign
 from libs.periodic import periodic
 from libs.service import ServiceContext
 from libs.store import inbox
-from libs.store.eventstore import EventStore, NewTask
+from libs.store.eventstore import EventStore, NewTask, new_task_id
 from libs.store.projections import JOBS
 
 log = structlog.get_logger(__name__)
@@ -51,6 +53,17 @@ _ENDED = {
     "cancelled": NodeState.STOPPED,
     "stopped": NodeState.STOPPED,
 }
+
+
+def foreign(job: Job, node: JobNode, task: Task) -> str:
+    """Why `task` may not settle `node` of `job` ("" when it may): it must be the job
+    tenant's, and the task the job created for that node (its id in the job's state; a node
+    created before ids were kept is settled by a task of the job's tenant)."""
+    if task.tenant_id != job.tenant_id:
+        return "the task belongs to another tenant"
+    if node.task_id and node.task_id != task.id:
+        return f"the job created {node.task_id} for this node"
+    return ""
 
 
 def outcome_of(envelope: EventEnvelope) -> NodeState | None:
@@ -75,8 +88,8 @@ class Orchestrator:
             task = await self.store.get_task(envelope.payload["task_id"], include_deleted=True)
         except NotFound:
             return
-        job_id = task.spec.labels.get(JOB_LABEL)
-        key = task.spec.labels.get(JOB_KEY_LABEL, "")
+        job_id = task.spec.platform.job_id
+        key = task.spec.platform.job_key
         if not job_id:
             return
         metrics, artifacts = parse_report(task.result)
@@ -89,15 +102,27 @@ class Orchestrator:
             artifacts=artifacts,
         )
 
+        refused: list[str] = []
+
         def decide(job: Job | None) -> tuple[list[Payload], list[NewTask]]:
             node = job.nodes.get(key) if job else None
-            if job is None or node is None or node.state in DONE:
-                return [], []  # unknown, or settled already (idempotent)
+            if job is None or node is None:
+                refused.append("no such job or node")
+                return [], []
+            if why := foreign(job, node, task):
+                refused.append(why)
+                return [], []
+            if node.state in DONE:
+                return [], []  # settled already (idempotent)
             after = evolve_job(job, settled, self.store.clock(), job.version + 1)
             events, ready = advance(after)
+            ids = {k: new_task_id() for k in ready}
+            events = with_task_ids(events, ids)
             for ev in events:
                 after = evolve_job(after, ev, self.store.clock(), after.version + 1)
-            new: list[NewTask] = [(job.tenant_id, task_spec(after, k), None, None) for k in ready]
+            new: list[NewTask] = [
+                (job.tenant_id, task_spec(after, k), None, None, ids[k]) for k in ready
+            ]
             return [settled, *events], new
 
         job, created = await self.store.execute_with_tasks(
@@ -107,6 +132,16 @@ class Orchestrator:
             metadata={"actor": "job_orchestrator"},
             receipt=inbox.Receipt(CONSUMER, envelope.event_id),
         )
+        if refused:
+            refuse_foreign(
+                "job_task",
+                refused[0],
+                job_id=job_id,
+                key=key,
+                task_id=task.id,
+                tenant_id=task.tenant_id,
+            )
+            return
         SETTLED.labels(outcome.value).inc()
         log.info(
             "job_task_settled",

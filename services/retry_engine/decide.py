@@ -54,8 +54,7 @@ def is_static_world_member(task: Task) -> bool:
     """Training and TP/PP group members: one rank cannot rejoin a formed rendezvous alone."""
     if task.group_id is None:
         return False
-    static = task.spec.labels.get("heteroflow.static_world") == "true"
-    return static or task.spec.task_type is TaskType.TRAINING
+    return task.spec.platform.static_world or task.spec.task_type is TaskType.TRAINING
 
 
 def backoff_delay(task: Task, cfg: RetryConfig) -> float:

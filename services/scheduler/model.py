@@ -18,8 +18,7 @@ from types import MappingProxyType
 
 from libs.domain.lending import lendable
 from libs.domain.node import DEFAULT_PORT_RANGE
-from libs.domain.pool import JOB_LABEL, gpu_type_matches
-from libs.domain.rollout_plan import SURGE_LABEL
+from libs.domain.pool import gpu_type_matches
 from libs.domain.states import GPU_HOLDING, TaskStatus
 from libs.domain.task import Task, TaskSpec, TaskType
 
@@ -249,7 +248,7 @@ class Allocation:
             preemptible=task.spec.preemptible,
             anti_affinity=req.anti_affinity,
             queue=task.spec.queue,
-            job=task.spec.labels.get(JOB_LABEL, ""),
+            job=task.spec.platform.job_id,
             lendable=lendable(task),
             borrowed_from=task.borrowed_from,
             ports=tuple(task.ports.values()),
@@ -341,7 +340,7 @@ class PendingTask:
             gang_id=gang_id,
             gang_size=gang_size,
             queue=task.spec.queue,
-            job=task.spec.labels.get(JOB_LABEL, ""),
+            job=task.spec.platform.job_id,
             task_type=task.spec.task_type.value,
             surge_cards=_surge(task),
             master_port=master_port,
@@ -428,8 +427,6 @@ class Plan:
 
 
 def _surge(task: Task) -> float:
-    """The surge allowance the rollout controller gave a new replica (0: none, or garbled)."""
-    try:
-        return max(0.0, float(task.spec.labels.get(SURGE_LABEL, "0")))
-    except ValueError:
-        return 0.0
+    """The surge allowance the rollout controller gave a new replica (0: none). Server-owned
+    (`spec.platform`): no label of the tenant's reads as one."""
+    return task.spec.platform.surge_cards

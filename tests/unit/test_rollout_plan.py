@@ -30,7 +30,6 @@ from libs.domain.rollout_model import (
     RolloutPhaseChanged,
 )
 from libs.domain.rollout_plan import (
-    SURGE_LABEL,
     RolloutPolicy,
     RolloutStep,
     decide_lease,
@@ -397,10 +396,11 @@ def test_new_replicas_keep_the_users_intent_and_carry_the_surge_allowance() -> N
     new = replica_spec(sim.group, r.target, 1, 4)
     assert new.image == "v2" and new.priority == 30 and new.gpu_required == 2
     assert new.env == {"WORLD_SIZE": "mine", "MODEL": "/m"}  # the user's own variable stays
-    assert new.labels["heteroflow.rank"] == "1" and new.labels[SURGE_LABEL] == "4"
+    # The allowance is the platform's (server-owned), never a label a tenant could write.
+    assert new.platform.surge_cards == 4 and new.labels == {}
     sim.step()
     created = [t for t in sim.tasks.values() if t.generation == 1]
-    assert created and all(t.spec.labels[SURGE_LABEL] == "4" for t in created)  # 2 × 2 cards
+    assert created and all(t.spec.platform.surge_cards == 4 for t in created)  # 2 × 2 cards
 
 
 def test_the_rollout_lease_is_taken_renewed_and_recovered_from_a_dead_holder() -> None:
@@ -475,7 +475,7 @@ def test_recreate_stops_the_old_world_before_starting_the_new_one() -> None:
     assert sim.images() == ["v2", "v2"]
     assert sim.most_live == 2  # never both worlds at once
     created = [t for t in sim.tasks.values() if t.generation == 1]
-    assert all(SURGE_LABEL not in t.spec.labels for t in created)  # no surge: nothing overlaps
+    assert all(t.spec.platform.surge_cards == 0 for t in created)  # no surge: nothing overlaps
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Surge quota: a rolling update's new replica may pass the tenant's GPU quota by its
-allowance, no further; other work gets no allowance."""
+allowance, no further; other work gets no allowance, whatever its labels say."""
 
 from __future__ import annotations
 
@@ -7,38 +7,59 @@ from datetime import UTC, datetime
 
 import pytest
 
-from libs.domain.rollout_plan import SURGE_LABEL
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.errors import Code, DomainError
+from libs.domain.task import Platform, Task, TaskId, TaskSpec, TenantId, parse_create
 from services.scheduler.feasibility import Quota, check_quota_floor
 from services.scheduler.model import PendingTask
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+LEGACY_SURGE_LABEL = "heteroflow.rollout_surge_cards"
 
 
-def pending(labels: dict[str, str]) -> PendingTask:
-    spec = TaskSpec(name="r", image="x", gpu_required=1, labels=labels)
+def pending(surge: float = 0.0, labels: dict[str, str] | None = None) -> PendingTask:
+    spec = TaskSpec(
+        name="r",
+        image="x",
+        gpu_required=1,
+        labels=labels or {},
+        platform=Platform(surge_cards=surge),
+    )
     task = Task(id=TaskId("t1"), tenant_id=TenantId("a"), spec=spec, created_at=T0, updated_at=T0)
     return PendingTask.from_task(task)
 
 
 @pytest.mark.parametrize(
-    ("labels", "surge", "ok"),
+    ("surge", "labels", "ok"),
     [
-        ({}, 0.0, False),
-        ({SURGE_LABEL: "1"}, 1.0, True),
-        ({SURGE_LABEL: "garbled"}, 0.0, False),
-        ({SURGE_LABEL: "-3"}, 0.0, False),
+        (0.0, {}, False),
+        (1.0, {}, True),
+        (0.0, {LEGACY_SURGE_LABEL: "4"}, False),
     ],
-    ids=["plain-task-at-quota", "surge-replica", "garbled-label", "negative-label"],
+    ids=["plain-task-at-quota", "surge-replica", "a-label-is-no-allowance"],
 )
-def test_a_tenant_at_full_quota(labels: dict[str, str], surge: float, ok: bool) -> None:
-    task = pending(labels)
+def test_a_tenant_at_full_quota(surge: float, labels: dict[str, str], ok: bool) -> None:
+    task = pending(surge, labels)
     assert task.surge_cards == surge
     verdict = check_quota_floor(task, Quota("a", 2, 2, task.surge_cards))
     assert verdict.ok is ok
 
 
 def test_beyond_the_allowance_is_refused_and_says_so() -> None:
-    task = pending({SURGE_LABEL: "1"})
+    task = pending(1.0)
     verdict = check_quota_floor(task, Quota("a", 2, 2.5, task.surge_cards))
     assert not verdict.ok and "surge allowance of 1" in verdict.message
+
+
+def test_a_tenant_cannot_ask_for_a_surge_allowance() -> None:
+    """The label the scheduler once read is refused at entry (40002 naming it), and the
+    server-owned field cannot be sent either."""
+    body = {"name": "r", "image": "x", "gpu_required": 4, "labels": {LEGACY_SURGE_LABEL: "4"}}
+    with pytest.raises(DomainError) as exc:
+        parse_create(body, tenant=True)
+    assert exc.value.code is Code.SERVER_OWNED_FIELD
+    assert exc.value.fields == [f"labels.{LEGACY_SURGE_LABEL}"]
+    assert LEGACY_SURGE_LABEL in exc.value.message
+    owned = {"name": "r", "image": "x", "platform": {"surge_cards": 4}}
+    with pytest.raises(DomainError) as exc:
+        parse_create(owned, tenant=True)
+    assert exc.value.code is Code.SERVER_OWNED_FIELD and exc.value.fields == ["platform"]

@@ -1,0 +1,210 @@
+"""Reserved names and foreign references over a real store: `heteroflow.` labels refused at
+every entry (400, 40002, naming the key), a job settled only by the task it created, and
+rows stored with the old labels upcast with replay at zero differences."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from libs.domain.commands import decide_transition
+from libs.domain.envelope import EventEnvelope
+from libs.domain.reasons import ReasonCode
+from libs.domain.states import Actor
+from libs.domain.states import TaskStatus as S
+from libs.domain.task import Platform, TaskId, TenantId, parse_create
+from libs.store import tasks as task_rows
+from libs.store.migrations import MIGRATIONS
+from libs.store.replay import rebuild
+from services.job_orchestrator.service import Orchestrator
+
+from .helpers import Api
+
+TASK = {"name": "t", "image": "busybox:latest"}
+SURGE = "heteroflow.rollout_surge_cards"
+
+
+def job_body() -> dict[str, Any]:
+    return {
+        "name": "pipe",
+        "tasks": [
+            {"key": "train", "name": "train", "image": "busybox:latest", "metrics": ["accuracy"]},
+            {"key": "deploy", "name": "deploy", "image": "busybox:latest"},
+        ],
+        "dependencies": [
+            {"task": "deploy", "on": "train", "kind": "condition", "condition": "accuracy > 0.9"}
+        ],
+    }
+
+
+def refusal(r: Any, field: str) -> None:
+    assert r.status_code == 400, r.text
+    assert r.json()["code"] == 40002 and r.json()["fields"] == [field], r.text
+    assert field.rsplit(".", 1)[-1] in r.json()["error"] or "heteroflow." in r.json()["error"]
+
+
+async def test_every_entry_refuses_the_platforms_labels(api: Api) -> None:
+    """The 4-card task under a 2-card quota with the surge label, a plain task claiming a
+    job, a group template, a job's task and an update: each 400 naming the key."""
+    await api.client.put("/api/v1/tenants/acme", json={"gpu_quota": 2}, headers=api.operator)
+    body = TASK | {"gpu_required": 4, "labels": {SURGE: "4"}}
+    refusal(
+        await api.client.post("/api/v1/tasks", json=body, headers=api.tenant), f"labels.{SURGE}"
+    )
+    body = TASK | {"labels": {"heteroflow.job": "job-x"}}
+    refusal(
+        await api.client.post("/api/v1/tasks", json=body, headers=api.tenant),
+        "labels.heteroflow.job",
+    )
+    group = TASK | {"task_count": 2, "labels": {"heteroflow.static_world": "true"}}
+    refusal(
+        await api.client.post("/api/v1/task-groups", json=group, headers=api.tenant),
+        "labels.heteroflow.static_world",
+    )
+    job = {"name": "j", "tasks": [{"key": "a"} | TASK | {"labels": {"heteroflow.job_key": "b"}}]}
+    refusal(
+        await api.client.post("/api/v1/jobs", json=job, headers=api.tenant),
+        "tasks[0].labels.heteroflow.job_key",
+    )
+    created = await api.client.post("/api/v1/tasks", json=TASK, headers=api.tenant)
+    assert created.status_code == 201, created.text
+    update = {"labels": {"heteroflow.job": "job-x"}}
+    refusal(
+        await api.client.put(
+            f"/api/v1/tasks/{created.json()['id']}", json=update, headers=api.tenant
+        ),
+        "labels.heteroflow.job",
+    )
+    owned = TASK | {"platform": {"surge_cards": 4}}
+    r = await api.client.post("/api/v1/tasks", json=owned, headers=api.tenant)
+    assert r.status_code == 400 and r.json()["code"] == 40002 and r.json()["fields"] == ["platform"]
+
+
+async def _end(api: Api, task_id: str, result: str) -> EventEnvelope:
+    for to in (S.SCHEDULED, S.STARTING, S.RUNNING):
+        await api.store.execute(
+            task_id,
+            partial(decide_transition, to=to, actor=Actor.SCHEDULER, reason_code=ReasonCode.PLACED),
+        )
+    await api.store.execute(
+        task_id,
+        partial(
+            decide_transition,
+            to=S.COMPLETED,
+            actor=Actor.AGENT,
+            reason_code=ReasonCode.EXITED,
+            exit_code=0,
+            result=result,
+        ),
+    )
+    last = (await api.store.read_stream(task_id))[-1]
+    return EventEnvelope(
+        event_id=last.event_id,
+        position=last.position,
+        stream_id=last.stream_id,
+        stream_type=last.stream_type,
+        version=last.version,
+        type=last.type,
+        occurred_at=last.occurred_at,
+        payload=last.payload,
+    )
+
+
+def refused_count() -> float:
+    value = REGISTRY.get_sample_value("heteroflow_foreign_references_total", {"kind": "job_task"})
+    return value or 0.0
+
+
+async def test_a_task_claiming_another_tenants_job_is_refused_and_the_job_unchanged(
+    api: Api,
+) -> None:
+    """Tenant B's task that names A's job and node (it cannot through the API; here it is
+    written as if a path had let it) ends with `accuracy 0.99`: A's `train` is not settled,
+    `deploy` is not created, the refusal is counted. Nor does a task of A's own that the
+    job did not create settle it. The task the job created does."""
+    r = await api.client.post("/api/v1/jobs", json=job_body(), headers=api.tenant)
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    train_id = r.json()["tasks"][0]["task"]["id"]
+    before = [e.type for e in await api.store.read_stream(job_id)]
+    forged_spec = parse_create(TASK, tenant=True).model_copy(
+        update={"platform": Platform(job_id=job_id, job_key="train")}
+    )
+    orchestrator = Orchestrator(api.store)
+    count = refused_count()
+    for tenant in ("globex", "acme"):
+        forged = await api.store.create_task(TenantId(tenant), forged_spec)
+        await orchestrator.handle(await _end(api, forged.id, 'HF_METRICS {"accuracy": 0.99}'))
+    assert refused_count() == count + 2
+    assert [e.type for e in await api.store.read_stream(job_id)] == before
+    view = (await api.client.get(f"/api/v1/jobs/{job_id}", headers=api.tenant)).json()
+    nodes = {t["key"]: t for t in view["tasks"]}
+    assert nodes["train"]["state"] == "created" and nodes["deploy"]["task"] is None
+    assert view["status"] == "running"
+
+    await orchestrator.handle(await _end(api, train_id, 'HF_METRICS {"accuracy": 0.95}'))
+    view = (await api.client.get(f"/api/v1/jobs/{job_id}", headers=api.tenant)).json()
+    nodes = {t["key"]: t for t in view["tasks"]}
+    assert nodes["train"]["state"] == "completed" and nodes["train"]["metrics"] == {
+        "accuracy": 0.95
+    }
+    assert nodes["deploy"]["task"] is not None
+    assert refused_count() == count + 2
+    assert (await rebuild(api.store, dry_run=True)).differences == {}
+
+
+async def test_rows_stored_with_the_old_labels_are_upcast_and_replay_agrees(api: Api) -> None:
+    """A job's task and a group written as before `platform` (labels `heteroflow.job`,
+    `heteroflow.job_key`, `heteroflow.rank`, `heteroflow.static_world`, no `platform` in
+    any spec, events and rows alike): migration 12 moves the labels, and replaying the
+    events (upcast on load) gives the same rows."""
+    r = await api.client.post("/api/v1/jobs", json=job_body(), headers=api.tenant)
+    job_id, train_id = r.json()["id"], r.json()["tasks"][0]["task"]["id"]
+    group = TASK | {"task_count": 2, "task_type": "training", "labels": {"team": "x"}}
+    g = await api.client.post("/api/v1/task-groups", json=group, headers=api.tenant)
+    assert g.status_code == 201, g.text
+    old_spec = (
+        "(((doc->'spec') - 'platform') || jsonb_build_object('labels', (doc->'spec'->'labels')"
+        " || CASE WHEN doc->'spec'->'platform'->>'job_id' <> '' THEN jsonb_build_object("
+        "'heteroflow.job', doc->'spec'->'platform'->>'job_id',"
+        " 'heteroflow.job_key', doc->'spec'->'platform'->>'job_key') ELSE '{}' END"
+        " || CASE WHEN doc->>'group_id' IS NOT NULL THEN jsonb_build_object("
+        "'heteroflow.rank', doc->>'rank', 'heteroflow.static_world', 'true') ELSE '{}' END))"
+    )
+    async with api.store.pool.connection() as conn:
+        # The old shape of every task_created payload and task row, of the group and job
+        # documents' specs (their events parse without `platform`: it has a default). The
+        # history is written as the old code wrote it, past the append-only trigger.
+        await conn.execute("ALTER TABLE events DISABLE TRIGGER events_no_update")
+        await conn.execute(
+            f"UPDATE events SET payload = jsonb_set(payload, '{{spec}}',"
+            f" {old_spec.replace('doc', 'payload')}) WHERE type = 'task_created'"
+        )
+        await conn.execute(f"UPDATE tasks SET doc = jsonb_set(doc, '{{spec}}', {old_spec})")
+        await conn.execute("UPDATE tasks SET labels = doc->'spec'->'labels'")
+        await conn.execute("UPDATE groups SET doc = doc #- '{spec,template,platform}'")
+        await conn.execute(
+            "UPDATE jobs SET doc = jsonb_set(doc, '{spec,tasks}', (SELECT jsonb_agg(t #-"
+            " '{spec,platform}') FROM jsonb_array_elements(doc->'spec'->'tasks') t))"
+        )
+        await conn.execute(
+            "UPDATE events SET payload = jsonb_set(payload, '{spec,tasks}', (SELECT"
+            " jsonb_agg(t #- '{spec,platform}') FROM jsonb_array_elements("
+            "payload->'spec'->'tasks') t)) WHERE type = 'job_submitted'"
+        )
+        await conn.execute("ALTER TABLE events ENABLE TRIGGER events_no_update")
+        cur = await conn.execute("SELECT labels FROM tasks WHERE id = %s", [train_id])
+        row = await cur.fetchone()
+        assert row is not None and row[0]["heteroflow.job"] == job_id  # the old shape
+        await conn.execute(dict(MIGRATIONS)[12])
+    assert (await rebuild(api.store, dry_run=True)).differences == {}
+    train = await api.store.get_task(TaskId(train_id))
+    assert train.spec.platform == Platform(job_id=job_id, job_key="train")
+    assert train.spec.labels == {}
+    assert [t.id for t in await task_rows.of_job(api.store, job_id)] == [train_id]
+    members = [t for t in await task_rows.of_group(api.store, g.json()["id"])]
+    assert members and all(
+        m.spec.platform.static_world and m.spec.labels == {"team": "x"} for m in members
+    )
