@@ -59,6 +59,7 @@ class Inventory(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: tuple[GpuInfo, ...] = ()
     runtime: str = ""  # the runtime this node's agent uses: docker, process, simulated
+    isolation: str = ""  # what keeps tenants' networks apart: docker | iptables | none
     # The machine (its /etc/machine-id) and the host ports the scheduler allocates there.
     host_id: str = ""
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE

@@ -431,6 +431,7 @@ async def run_agent(
     runtime: Runtime | None = None,
 ) -> None:
     from .runtimes import choose_runtime_kind, create_runtime
+    from .runtimes.networks import node_isolation
 
     state_dir = settings.resolved_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -453,6 +454,8 @@ async def run_agent(
         detect=settings.detect_nvidia,
         runtime=kind,
     )
+    isolation = await asyncio.to_thread(node_isolation, runtime)
+    detected = detected.model_copy(update={"isolation": isolation})
     agent = Agent(settings, nc, js, runtime, declared(detected, settings))
     try:
         await agent.run(stop)

@@ -102,9 +102,10 @@ class AgentSettings(CommonSettings):
     )
     container_nofile: int = Field(default=16384, ge=64, description="open-files limit (docker)")
     container_isolation: str = Field(
-        default="docker",
-        description="docker | iptables | none: how tenant networks are kept apart; "
-        "iptables when dockerd runs with --iptables=false",
+        default="auto",
+        description="auto | docker | iptables | none: how tenant networks are kept apart; "
+        "auto: docker where dockerd manages iptables, else the agent's own iptables rules, "
+        "else none (reported in the node's inventory)",
     )
     mps_pipe_dir: str = Field(
         default=DEFAULT_MPS_PIPE_DIR,
@@ -183,6 +184,7 @@ def node_inventory(inv: Inventory, address: str) -> NodeInventory:
         cpu_cores=inv.cpu_cores,
         labels=inv.labels,
         runtime=inv.runtime,
+        isolation=inv.isolation,
         gpus=tuple(
             GpuCard(
                 id=g.uuid,

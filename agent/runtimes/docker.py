@@ -336,7 +336,7 @@ class DockerRuntime(Runtime):
         if not self.tenant_networks:
             return {}
         if self._networks is None:
-            self._networks = TenantNetworks(self.client, self.isolation)
+            self._networks = TenantNetworks(self.client, self.isolation, self.installation or "")
         try:
             return {"network": self._networks.ensure(spec.tenant_id)}
         except (RuntimeFault, docker.errors.DockerException) as e:

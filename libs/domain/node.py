@@ -59,6 +59,9 @@ class NodeInventory(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: tuple[GpuCard, ...] = ()
     runtime: str = ""
+    # What keeps tenants' containers from reaching each other (agent/runtimes/networks.py):
+    # docker | iptables | none ("" from agents before it was reported, or runtimes with none).
+    isolation: str = ""
 
 
 class NodeRegistered(Payload):
