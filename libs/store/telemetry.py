@@ -36,28 +36,41 @@ class GpuPoint:
     power_w: float | None
 
 
-async def write(store: EventStore, batch: TelemetryBatch) -> None:
+async def write(store: EventStore, batch: TelemetryBatch) -> list[str]:
     """One row per task and card of every sample; a card shared by several tasks is recorded
-    for each with `shared_by`, so energy can be apportioned later."""
-    params = [
-        (
-            task_id,
-            s.gpu_id,
-            batch.node_id,
-            s.at,
-            s.utilization_pct,
-            s.memory_used_mb,
-            s.memory_total_mb,
-            s.power_w,
-            len(s.task_ids),
-        )
-        for s in batch.samples
-        for task_id in s.task_ids
-    ]
-    if not params:
-        return
+    for each with `shared_by`, so energy can be apportioned later.
+
+    Only for tasks placed on the sending node (`batch.node_id`, which the sink has checked
+    against the subject the agent may publish on): the ids of the others are returned, and
+    nothing of theirs is written (nor counted in `shared_by`)."""
+    named = sorted({t for s in batch.samples for t in s.task_ids})
+    if not named:
+        return []
     async with store.pool.connection() as conn, conn.cursor() as cur:
-        await cur.executemany(INSERT, params)
+        await cur.execute(
+            "SELECT id FROM tasks WHERE id = ANY(%s) AND node_id = %s", (named, batch.node_id)
+        )
+        placed = {r[0] for r in await cur.fetchall()}
+        params = []
+        for s in batch.samples:
+            ours = [t for t in s.task_ids if t in placed]
+            params += [
+                (
+                    task_id,
+                    s.gpu_id,
+                    batch.node_id,
+                    s.at,
+                    s.utilization_pct,
+                    s.memory_used_mb,
+                    s.memory_total_mb,
+                    s.power_w,
+                    len(ours),
+                )
+                for task_id in ours
+            ]
+        if params:
+            await cur.executemany(INSERT, params)
+    return [t for t in named if t not in placed]
 
 
 async def purge(store: EventStore, days: float) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import structlog
 
 from libs.domain.telemetry import TelemetryBatch
+from libs.ownership import refuse_foreign
 from libs.store import telemetry as telemetry_rows
 from libs.store.eventstore import EventStore
 
@@ -26,7 +27,16 @@ class TelemetrySink:
             log.exception("telemetry_rejected", node_id=batch.node_id)
 
     async def write(self, batch: TelemetryBatch) -> None:
-        await telemetry_rows.write(self.store, batch)
+        """Write the samples of tasks placed on the sending node; drop and count the rest."""
+        dropped = await telemetry_rows.write(self.store, batch)
+        if dropped:
+            refuse_foreign(
+                "telemetry",
+                "samples for tasks not placed on the sending node",
+                count=len(dropped),
+                node_id=batch.node_id,
+                task_ids=dropped,
+            )
 
     async def purge(self, days: float) -> int:
         return await telemetry_rows.purge(self.store, days)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
 from libs.domain.telemetry import GpuSample, TelemetryBatch
+from libs.store import telemetry as telemetry_rows
 from services.event_timeline.telemetry import TelemetrySink
 
 from .helpers import Api
@@ -19,6 +21,7 @@ async def test_metrics_and_energy_from_samples(api: Api) -> None:
         "/api/v1/tasks", headers=api.tenant, json={"name": "t", "image": "x", "gpu_required": 1}
     )
     tid = r.json()["id"]
+    await api.place(tid, "n1")  # samples are kept for tasks placed on the sending node only
     now = datetime.now(UTC).replace(microsecond=0)
     samples = tuple(
         GpuSample(
@@ -52,3 +55,36 @@ async def test_declared_cards_report_no_numbers(api: Api) -> None:
     assert body["measured"] is False and body["kwh"] == 0 and "no GPU samples" in body["note"]
     r = await api.client.get(f"/api/v1/tasks/{tid}/gpu-metrics?step=0", headers=api.tenant)
     assert r.status_code == 400 and r.json()["fields"] == ["step"]
+
+
+async def test_samples_for_a_task_on_another_node_are_dropped_and_counted(api: Api) -> None:
+    """An agent's forged 999 W "measured" for a task placed elsewhere (and for one not placed
+    at all) writes nothing for them and is counted; its own task's sample is kept, shared by
+    itself alone."""
+    ids = []
+    for _ in range(3):
+        r = await api.client.post(
+            "/api/v1/tasks", headers=api.tenant, json={"name": "t", "image": "x", "gpu_required": 1}
+        )
+        ids.append(r.json()["id"])
+    ours, elsewhere, unplaced = ids
+    await api.place(ours, "n1")
+    await api.place(elsewhere, "n2")
+    before = REGISTRY.get_sample_value("heteroflow_foreign_references_total", {"kind": "telemetry"})
+    sample = GpuSample(
+        gpu_id="GPU-0",
+        task_ids=(ours, elsewhere, unplaced),
+        utilization_pct=99,
+        memory_used_mb=1000,
+        memory_total_mb=80000,
+        power_w=999.0,
+        at=datetime.now(UTC).replace(microsecond=0),
+    )
+    await TelemetrySink(api.store).write(TelemetryBatch(node_id="n1", samples=(sample,)))
+    after = REGISTRY.get_sample_value("heteroflow_foreign_references_total", {"kind": "telemetry"})
+    assert (after or 0) - (before or 0) == 2
+    for tid in (elsewhere, unplaced):
+        body = (await api.client.get(f"/api/v1/tasks/{tid}/energy", headers=api.tenant)).json()
+        assert body["measured"] is False and "no GPU samples" in body["note"]
+    samples = await telemetry_rows.power(api.store, ours)
+    assert [(s.power_w, s.shared_by) for s in samples] == [(999.0, 1)]
