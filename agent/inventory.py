@@ -60,6 +60,8 @@ class Inventory(BaseModel):
     gpus: tuple[GpuInfo, ...] = ()
     runtime: str = ""  # the runtime this node's agent uses: docker, process, simulated
     isolation: str = ""  # what keeps tenants' networks apart: docker | iptables | none
+    userns_remap: bool = False  # docker: dockerd remaps user namespaces (root is not host root)
+    cgroups: str = ""  # process: how task limits are enforced, v2 | v1 | none
     # The machine (its /etc/machine-id) and the host ports the scheduler allocates there.
     host_id: str = ""
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE

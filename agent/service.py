@@ -445,6 +445,7 @@ async def run_agent(
         state_dir=state_dir,
         docker_options=settings.docker_options()
         | {"installation": settings.installation_id or installation_id(settings.home)},
+        process_options=settings.process_options(),
     )
     detected = await asyncio.to_thread(
         detect_inventory,
@@ -454,6 +455,7 @@ async def run_agent(
         detect=settings.detect_nvidia,
         runtime=kind,
     )
+    detected = detected.model_copy(update=await asyncio.to_thread(runtime.node_facts))
     isolation = await asyncio.to_thread(node_isolation, runtime)
     detected = detected.model_copy(update={"isolation": isolation})
     agent = Agent(settings, nc, js, runtime, declared(detected, settings))

@@ -16,6 +16,7 @@ from libs.config import DEFAULT_VOLUME_ALLOW_LIST, CommonSettings, VolumeAllowLi
 from libs.domain.node import DEFAULT_PORT_RANGE, GpuCard, NodeInventory
 
 from .inventory import Inventory
+from .runtimes.base import KEPT_CAPABILITIES
 from .runtimes.sharing import DEFAULT_MPS_LOG_DIR, DEFAULT_MPS_PIPE_DIR, MpsDaemon
 
 
@@ -92,10 +93,18 @@ class AgentSettings(CommonSettings):
         "<tenant>=/prefix), resolved on the host at every start",
     )
     container_user: str = Field(
-        default="65534:65534", description="uid:gid tenant containers run as (docker)"
+        default="",
+        description="uid:gid forced on tenant containers (docker); unset = the image's user",
     )
     root_tenants: list[str] = Field(
-        default_factory=list, description="tenants whose containers keep the image's user"
+        default_factory=list,
+        description="tenants whose containers keep the image's user where container_user "
+        "forces one",
+    )
+    container_capabilities: list[str] = Field(
+        default_factory=lambda: list(KEPT_CAPABILITIES),
+        description="capabilities a container running as the image's user keeps; every other "
+        "one is dropped (docker; docs/security.md)",
     )
     container_read_only_root: bool = Field(
         default=False, description="read-only root filesystem, tmpfs /tmp (docker)"
@@ -113,16 +122,37 @@ class AgentSettings(CommonSettings):
         "the daemon runs, else started)",
     )
     mps_log_dir: str = Field(default=DEFAULT_MPS_LOG_DIR, description="its log directory")
+    cgroups: str = Field(
+        default="auto",
+        description="auto | v2 | v1 | none: how the process runtime limits a task's memory, "
+        "CPUs and pids (docs/runtimes.md#limits)",
+    )
+    cgroup_parent: str = Field(
+        default="",
+        description="cgroup path under which each process task gets a cgroup; unset = "
+        "<the agent's own cgroup>/heteroflow, else /heteroflow",
+    )
+    process_pids_limit: int = Field(default=4096, ge=16, description="pids per process task")
 
     def docker_options(self) -> dict[str, object]:
         return {
             "owner": self.node_id,
             "user": self.container_user or None,
             "root_tenants": frozenset(self.root_tenants),
+            "capabilities": tuple(
+                c.upper().removeprefix("CAP_") for c in self.container_capabilities
+            ),
             "read_only_root": self.container_read_only_root,
             "nofile": self.container_nofile,
             "isolation": self.container_isolation,
             "mps": MpsDaemon(self.mps_pipe_dir, self.mps_log_dir),
+        }
+
+    def process_options(self) -> dict[str, object]:
+        return {
+            "cgroups": self.cgroups,
+            "cgroup_parent": self.cgroup_parent,
+            "pids_limit": self.process_pids_limit,
         }
 
     def resolved_state_dir(self) -> Path:
@@ -185,6 +215,8 @@ def node_inventory(inv: Inventory, address: str) -> NodeInventory:
         labels=inv.labels,
         runtime=inv.runtime,
         isolation=inv.isolation,
+        userns_remap=inv.userns_remap,
+        cgroups=inv.cgroups,
         gpus=tuple(
             GpuCard(
                 id=g.uuid,

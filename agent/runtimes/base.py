@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -130,6 +130,24 @@ class ExitReport(BaseModel):
         return self.exit_code == 0 and not self.oom_killed and self.error is None
 
 
+# What a container running as the image's user (root in most images) keeps: Docker's default
+# set less NET_RAW (raw sockets: spoofed packets on the tenant network), MKNOD (device nodes),
+# AUDIT_WRITE and SETFCAP (file capabilities). Enough for package managers, chown in
+# entrypoints, dropping to another user, and binding ports below 1024 (docs/security.md).
+KEPT_CAPABILITIES: tuple[str, ...] = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+)
+
+
 class RuntimeFault(Exception):
     """Base of every error a runtime raises on purpose."""
 
@@ -216,6 +234,11 @@ class Runtime(ABC):
         """`host:port` where the attempt's serving port answers ("" when none is declared).
         Runtimes without port mapping (process, simulated) serve on the port itself."""
         return f"{spec.serve_host}:{spec.serve_port}" if spec.serve_port else ""
+
+    def node_facts(self) -> dict[str, Any]:
+        """Inventory fields this runtime knows about its node (`userns_remap`, `cgroups`).
+        Blocking; called once at start-up, in a thread."""
+        return {}
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most runtimes hold nothing
         """Release connections and threads held by the runtime object."""

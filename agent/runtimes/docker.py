@@ -1,13 +1,13 @@
 """The production runtime: one Docker container per attempt, through the docker SDK.
 
 Containers are named `hf-<task_id>-<attempt>` and labelled so a restarted agent can re-adopt
-them. They run unprivileged (`no-new-privileges`, every capability dropped, memory/CPU/pids
-limits, swap disabled, an open-files limit), as a non-root user unless the node's operator
-lets the tenant keep the image's user, optionally on a read-only root filesystem with a
-tmpfs `/tmp`, each tenant on a network of its own (networks.py); they are never
-auto-removed, so their output stays readable after they end; `remove` is a separate verb.
-The SDK blocks, so every call runs in the runtime's own thread pool: a long `wait` or log
-stream never starves the loop's default executor.
+them. They run unprivileged (`no-new-privileges`, Docker's default capabilities less the risky
+ones, memory/CPU/pids limits, swap disabled, an open-files limit), as the image's user unless
+the node's operator forces a uid:gid (then with no capability at all), optionally on a
+read-only root filesystem with a tmpfs `/tmp`, each tenant on a network of its own
+(networks.py); they are never auto-removed, so their output stays readable after they end;
+`remove` is a separate verb. The SDK blocks, so every call runs in the runtime's own thread
+pool: a long `wait` or log stream never starves the loop's default executor.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from .base import (
+    KEPT_CAPABILITIES,
     LABEL_ATTEMPT,
     LABEL_INSTALLATION,
     LABEL_MANAGED,
@@ -133,8 +134,9 @@ class DockerRuntime(Runtime):
         max_threads: int = 64,
         wait_poll_s: float = 5.0,
         owner: str | None = None,
-        user: str | None = "65534:65534",
+        user: str | None = None,
         root_tenants: frozenset[str] = frozenset(),
+        capabilities: Sequence[str] = KEPT_CAPABILITIES,
         read_only_root: bool = False,
         tmp_size_mb: int = 256,
         nofile: int = 16384,
@@ -149,8 +151,10 @@ class DockerRuntime(Runtime):
         the task and zombies are reaped. `wait_poll_s`: how long one blocking wait call lasts
         before it is re-issued, which bounds how long a cancelled `wait` keeps a thread.
         `owner`: only containers labelled `heteroflow.node=<owner>` are listed (re-adopted),
-        so agents sharing one engine never take each other's containers. `user`: uid:gid of
-        tenant containers (None: the image's), except for `root_tenants`. `read_only_root`:
+        so agents sharing one engine never take each other's containers. `user`: a uid:gid forced
+        on tenant containers (None: the image's user), except for `root_tenants`, which keep
+        the image's. `capabilities`: those a container running as the image's user keeps
+        (every other one is dropped; a forced uid keeps none). `read_only_root`:
         the root filesystem read-only, with a `tmp_size_mb` tmpfs on /tmp. `nofile`: the
         open-files limit. `tenant_networks`: one network per tenant, kept apart as
         `isolation` says (networks.py). `installation`: the
@@ -172,6 +176,8 @@ class DockerRuntime(Runtime):
         self.wait_poll_s = wait_poll_s
         self.user = user
         self.root_tenants = root_tenants
+        self.capabilities = tuple(capabilities)
+        self._userns: bool | None = None
         self.read_only_root = read_only_root
         self.tmp_size_mb = tmp_size_mb
         self.nofile = nofile
@@ -220,6 +226,21 @@ class DockerRuntime(Runtime):
         except requests.RequestException as e:  # engine gone (socket refused, reset)
             raise RuntimeFault(f"docker engine unreachable: {e}") from e
 
+    def userns_remap(self) -> bool:
+        """Whether dockerd remaps user namespaces (`--userns-remap`): root in a container is
+        then an unprivileged uid on the host. Blocking; asked once."""
+        if self._userns is None:
+            try:
+                options = self.client.info().get("SecurityOptions") or []
+            except (RuntimeFault, docker.errors.DockerException, requests.RequestException) as e:
+                log.warning("docker info failed; user namespaces reported off", error=str(e))
+                return False
+            self._userns = any("name=userns" in str(o) for o in options)
+        return self._userns
+
+    def node_facts(self) -> dict[str, Any]:
+        return {"userns_remap": self.userns_remap()}
+
     async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._client is not None:
@@ -246,7 +267,7 @@ class DockerRuntime(Runtime):
             "nano_cpus": max(1, round(spec.cpu_cores * 1e9)),
             "pids_limit": self.pids_limit,
             "security_opt": ["no-new-privileges"],
-            "cap_drop": ["ALL"],
+            "cap_drop": ["ALL"],  # _harden adds back the kept ones
             "privileged": False,
             "init": self.init,
             "mounts": [
@@ -319,9 +340,11 @@ class DockerRuntime(Runtime):
         return mig
 
     def _harden(self, spec: RunSpec, kwargs: dict[str, Any]) -> None:
-        """User, root filesystem, open files and network: the node's defaults."""
+        """User, capabilities, root filesystem and open files: the node's defaults."""
         if self.user and spec.tenant_id not in self.root_tenants:
-            kwargs["user"] = self.user
+            kwargs["user"] = self.user  # a forced uid: every capability stays dropped
+        elif self.capabilities:
+            kwargs["cap_add"] = list(self.capabilities)
         if self.read_only_root:
             kwargs["read_only"] = True
             kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={self.tmp_size_mb}m,mode=1777"}

@@ -1,9 +1,10 @@
 """A runtime for hosts with no Docker engine: each attempt is a local `sh -c` process group.
 
-Like Nomad's raw_exec, it isolates nothing; it only limits and supervises. Each attempt lives in
+Like Nomad's raw_exec, it isolates nothing; it only limits (a cgroup per task where the node
+has one it can write, cgroups.py) and supervises. Each attempt lives in
 `<state_dir>/tasks/<task_id>-<attempt>/`:
 
-* `state.json`  who it is (task id, attempt), written by the agent before anything runs;
+* `state.json`  who it is (task id, attempt) and its cgroup, written before anything runs;
 * `pids.json`   the job's and its supervisor's pids with their kernel start times;
 * `output.log`  stdout and stderr interleaved;
 * `exit.json`   how the job ended, written by the supervisor;
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import pwd
@@ -33,6 +35,7 @@ from typing import Any, ClassVar
 
 import structlog
 
+from . import cgroups as cgroups_mod
 from . import process_supervisor
 from .base import (
     OUTPUT_TAIL_LINES,
@@ -133,16 +136,28 @@ class ProcessRuntime(Runtime):
         state_dir: Path | str,
         *,
         run_as: str | None = None,
-        limit_address_space: bool = True,
+        cgroups: str | cgroups_mod.Cgroups = "auto",
+        cgroup_parent: str = "",
+        pids_limit: int = 4096,
         shell: str = "/bin/sh",
         poll_s: float = 0.2,
     ) -> None:
         """`run_as`: a local user the job runs as (the agent must be root); None keeps the
-        agent's user. `limit_address_space`: apply `memory_mb` as RLIMIT_AS (never for GPU
-        work: CUDA and ROCm reserve far more address space than they use)."""
+        agent's user. `cgroups`: auto | v2 | v1 | none, how `memory_mb`, `cpu_cores` and
+        `pids_limit` are enforced (cgroups.py; none: not at all), under `cgroup_parent`."""
         self.tasks_dir = Path(state_dir) / "tasks"
         self.run_as = run_as
-        self.limit_address_space = limit_address_space
+        if isinstance(cgroups, str) and cgroups not in cgroups_mod.MODES:
+            raise ValueError(f"cgroups: {cgroups!r} is not one of {', '.join(cgroups_mod.MODES)}")
+        self._cgroups_wanted = cgroups
+        self._cgroup_parent = cgroup_parent
+        self._cgroups: cgroups_mod.Cgroups | None = None if isinstance(cgroups, str) else cgroups
+        self.pids_limit = pids_limit
+        # Task cgroups of every agent on the host share a parent: this runtime's are told
+        # apart by a digest of its state directory.
+        self._cgroup_suffix = hashlib.sha1(
+            str(self.tasks_dir.resolve()).encode(), usedforsecurity=False
+        ).hexdigest()[:8]
         self.shell = shell
         self.poll_s = poll_s
         self._forker = process_supervisor.Forker(self.tasks_dir.parent / "forker.pyc")
@@ -160,6 +175,19 @@ class ProcessRuntime(Runtime):
     def forker_pid(self) -> int | None:
         """The forker's pid while it runs (benchmarks read its CPU and its children's)."""
         return self._forker.pid
+
+    @property
+    def cgroups(self) -> cgroups_mod.Cgroups:
+        """Where this node makes task cgroups, found on first use (blocking, quick)."""
+        if self._cgroups is None:
+            wanted = self._cgroups_wanted
+            assert isinstance(wanted, str)
+            self._cgroups = cgroups_mod.detect(wanted, self._cgroup_parent)
+            log.info("process task limits", cgroups=self._cgroups.mode)
+        return self._cgroups
+
+    def node_facts(self) -> dict[str, Any]:
+        return {"cgroups": self.cgroups.mode}
 
     def _state(self, d: Path) -> RunState:
         if not (d / "state.json").exists():
@@ -230,6 +258,11 @@ class ProcessRuntime(Runtime):
             raise RuntimeStartError(ErrorKind.INVALID_CONFIG, f"no user {self.run_as}") from e
         return pw.pw_uid, pw.pw_gid
 
+    def _remove_cgroup(self, d: Path) -> None:
+        cgroup = (_read_json(d / "state.json") or {}).get("cgroup")
+        if isinstance(cgroup, dict) and not cgroups_mod.remove(list(cgroup.get("dirs") or [])):
+            log.warning("a task's cgroup could not be removed", dirs=cgroup.get("dirs"))
+
     def _spawn(self, spec: RunSpec, d: Path) -> str:
         """Start the attempt's supervisor; its answer line."""
         uid, gid = self._user()
@@ -237,23 +270,30 @@ class ProcessRuntime(Runtime):
         work.mkdir(parents=True, exist_ok=True)
         if uid >= 0:
             os.chown(work, uid, gid)
-        mem = spec.memory_mb * 1024 * 1024
-        if not self.limit_address_space or spec.gpu_ids:
-            mem = 0
-        _write_json(
-            d / "state.json",
-            {
-                "task_id": spec.task_id,
-                "attempt": spec.attempt,
-                "image": spec.image,
-                "memory_mb": spec.memory_mb,
-                "address_space_limit": mem,
-                "started_at": time.time(),
-            },
+        cgroup = self.cgroups.make(
+            f"{d.name}-{self._cgroup_suffix}",
+            memory_mb=spec.memory_mb,
+            cpu_cores=spec.cpu_cores,
+            pids=self.pids_limit,
         )
+        try:
+            _write_json(
+                d / "state.json",
+                {
+                    "task_id": spec.task_id,
+                    "attempt": spec.attempt,
+                    "image": spec.image,
+                    "memory_mb": spec.memory_mb,
+                    "cgroup": cgroup,
+                    "started_at": time.time(),
+                },
+            )
+        except OSError:
+            cgroups_mod.remove(cgroup["dirs"] if cgroup else [])
+            raise
         request = {
             "dir": str(d),
-            "address_space": mem,
+            "cgroup": cgroup,
             "uid": uid,
             "gid": gid,
             "shell": process_supervisor.resolve_shell(self.shell),
@@ -288,6 +328,7 @@ class ProcessRuntime(Runtime):
         finally:
             self._starting.discard(d.name)
         if not reply or reply[0] != "ok":
+            self._remove_cgroup(d)
             if len(reply) > 2 and reply[1] in {k.value for k in ErrorKind}:
                 kind, msg = ErrorKind(reply[1]), reply[2].strip()
             else:  # the supervisor itself failed: its traceback is in the log
@@ -314,9 +355,13 @@ class ProcessRuntime(Runtime):
                 output_tail=tail,
             )
         code = int(result["exit_code"])
+        self._remove_cgroup(d)  # the supervisor removed it; this is for one that could not
+        # Like a container's OOMKilled: the kernel killed something in the task's cgroup for
+        # memory, and the task failed.
+        oom = bool(code) and int(result.get("oom_kills") or 0) > 0
         return ExitReport(
             exit_code=code,
-            oom_killed=looks_like_cpu_oom(code, tail),
+            oom_killed=oom or looks_like_cpu_oom(code, tail),
             output_tail=tail,
             finished_at=datetime.fromtimestamp(float(result["finished_at"]), UTC),
         )
@@ -376,6 +421,7 @@ class ProcessRuntime(Runtime):
             return
         if self._state(d) in (RunState.RUNNING, RunState.PAUSED):
             await self.stop(handle, grace_s=0)
+        await asyncio.to_thread(self._remove_cgroup, d)
         await asyncio.to_thread(shutil.rmtree, d, True)
 
     # -- observe --------------------------------------------------------------------------

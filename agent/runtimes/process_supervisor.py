@@ -44,10 +44,12 @@ log = structlog.get_logger(__name__)
 # system calls and a little formatting.
 # The job's side of the second fork does what subprocess would: its own group, stdin from
 # /dev/null, stdout to the log (stderr already is), cwd, the signals Python ignores or
-# handles back to default (ignored signals survive exec), limits, user, no other fds; an
-# error before exec goes back through a close-on-exec pipe, so EOF on it means exec worked.
+# handles back to default (ignored signals survive exec), its cgroup (cgroups.py: the agent
+# made it and wrote its limits), user, no other fds; an error before exec goes back through a
+# close-on-exec pipe, so EOF on it means exec worked. When the job ends the supervisor counts
+# the cgroup's OOM kills into exit.json, kills what is left in it and removes it.
 SCRIPT = r"""
-import ctypes, gc, json, os, resource, signal, socket, sys, time
+import ctypes, gc, json, os, signal, socket, sys, time
 
 MAXFD = 1 << 20
 
@@ -79,15 +81,63 @@ def job(req, errpipe):
     os.chdir(req["dir"] + "/work")
     for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
-    mem = req["address_space"]
-    if mem > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    cg = req.get("cgroup")
+    for d in cg["dirs"] if cg else ():
+        fd = os.open(d + "/cgroup.procs", os.O_WRONLY)
+        try:
+            os.write(fd, b"%d" % os.getpid())
+        finally:
+            os.close(fd)
     if req["uid"] >= 0:
         os.setgroups([]); os.setgid(req["gid"]); os.setuid(req["uid"])
     os.closerange(3, errpipe)
     os.closerange(errpipe + 1, MAXFD)
     shell = req["shell"]
     os.execve(shell, [shell, "-c", req["command"]], req["env"])
+
+def read(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536).decode()
+    finally:
+        os.close(fd)
+
+def oom_kills(cg, rc):
+    # v2: memory.events; v1: memory.oom_control (kernels since 4.13 count oom_kill there).
+    try:
+        text = read(cg["memory"] + ("/memory.events" if cg["mode"] == "v2" else
+                                    "/memory.oom_control"))
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    if cg["mode"] == "v1" and rc == -9:  # an older kernel: the limit was hit, the job killed
+        try:
+            return 1 if int(read(cg["memory"] + "/memory.failcnt")) else 0
+        except (OSError, ValueError):
+            return 0
+    return 0
+
+def clear(cg):
+    deadline = time.monotonic() + 5
+    for d in cg["dirs"] if cg else ():
+        while True:
+            try:
+                pids = read(d + "/cgroup.procs").split()
+            except OSError:
+                break  # already gone
+            for p in pids:
+                try: os.kill(int(p), signal.SIGKILL)
+                except OSError: pass
+            try:
+                os.rmdir(d)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break  # the agent's remove tries again
+                time.sleep(0.005)
 
 def supervise(req, reply):
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its own job is waited for below
@@ -122,6 +172,7 @@ def supervise(req, reply):
     os.close(r)
     if err:
         os.waitpid(pid, 0)
+        clear(req.get("cgroup"))
         os.write(1, b"ERR " + err.replace(b"\n", b" ") + b"\n")
         os._exit(127)
     me = os.getpid()
@@ -136,8 +187,11 @@ def supervise(req, reply):
     try: os.killpg(pid, signal.SIGKILL)  # like a container: the rest of the group goes too
     except ProcessLookupError: pass
     code = rc if rc >= 0 else 128 - rc
-    put(d, "exit.json", '{"exit_code": %d, "signal": %s, "finished_at": %.6f}'
-        % (code, -rc if rc < 0 else "null", time.time()))
+    cg = req.get("cgroup")
+    ooms = oom_kills(cg, rc) if cg else 0
+    clear(cg)
+    put(d, "exit.json", '{"exit_code": %d, "signal": %s, "finished_at": %.6f, "oom_kills": %d}'
+        % (code, -rc if rc < 0 else "null", time.time(), ooms))
     os._exit(code)
 
 def reap(_sig=None, _frame=None):

@@ -88,13 +88,14 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
             (
                 n.get("id"),
                 n.get("status"),
+                out.node_runtime(n),
                 out.node_gpus(n),
                 out.mebibytes(inventory.get("memory_mb")),
                 inventory.get("cpu_cores"),
                 n.get("excluded_gpus"),
             )
         )
-    return out.table(("ID", "STATUS", "GPUS", "MEMORY", "CPU", "EXCLUDED"), rows)
+    return out.table(("ID", "STATUS", "RUNTIME", "GPUS", "MEMORY", "CPU", "EXCLUDED"), rows)
 
 
 def cmd_nodes(ctx: Context, args: argparse.Namespace) -> int:

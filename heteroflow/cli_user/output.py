@@ -196,6 +196,19 @@ def node_gpus(node: dict[str, Any]) -> str:
     return ",".join(f"{key}x{n}" for key, n in counts.items()) or "0"
 
 
+def node_runtime(node: dict[str, Any]) -> str:
+    """The node's runtime and how it confines work: `docker+userns`, `process+cgroup-v1`,
+    `process+no-cgroups`."""
+    inventory = node.get("inventory") or {}
+    runtime = str(inventory.get("runtime") or EMPTY)
+    if inventory.get("userns_remap"):
+        return f"{runtime}+userns"
+    cgroups = inventory.get("cgroups")
+    if cgroups == "none":
+        return f"{runtime}+no-cgroups"
+    return f"{runtime}+cgroup-{cgroups}" if cgroups else runtime
+
+
 def mebibytes(value: Any) -> str:
     if not isinstance(value, int | float) or value <= 0:
         return EMPTY

@@ -62,6 +62,8 @@ class NodeInventory(BaseModel):
     # What keeps tenants' containers from reaching each other (agent/runtimes/networks.py):
     # docker | iptables | none ("" from agents before it was reported, or runtimes with none).
     isolation: str = ""
+    userns_remap: bool = False  # docker runtime: dockerd remaps user namespaces
+    cgroups: str = ""  # process runtime: v2 | v1 | none (no memory cap)
 
 
 class NodeRegistered(Payload):

@@ -1,5 +1,6 @@
-"""Hardened tenant containers on a real Docker engine: non-root by default (root only for the
-tenants an operator allows), read-only root with a tmpfs /tmp, an open-files limit, and one
+"""Hardened tenant containers on a real Docker engine: the image's user with Docker's default
+capabilities less the risky ones, a forced uid (with none) where the operator asks, except for
+the tenants allowed the image's, read-only root with a tmpfs /tmp, an open-files limit, and one
 network per tenant that no other tenant's container can reach."""
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import docker
 import docker.errors
 import pytest
 
-from agent.runtimes.base import LABEL_MANAGED, LABEL_TASK_ID, RunSpec, RuntimeFault
+from agent.runtimes.base import (
+    KEPT_CAPABILITIES,
+    LABEL_MANAGED,
+    LABEL_TASK_ID,
+    RunSpec,
+    RuntimeFault,
+)
 from agent.runtimes.docker import DockerRuntime
 from agent.runtimes.networks import CHAIN, bridge_name, network_name, unisolate
 
@@ -78,19 +85,69 @@ async def run(rt: DockerRuntime, s: RunSpec) -> list[str]:
     return list(report.output_tail)
 
 
-async def test_non_root_by_default_and_root_only_for_allowed_tenants(
+def _mask(names: tuple[str, ...]) -> int:
+    bits = {
+        "CHOWN": 0,
+        "DAC_OVERRIDE": 1,
+        "FOWNER": 3,
+        "FSETID": 4,
+        "KILL": 5,
+        "SETGID": 6,
+        "SETUID": 7,
+        "SETPCAP": 8,
+        "NET_BIND_SERVICE": 10,
+        "NET_RAW": 13,
+        "SYS_CHROOT": 18,
+        "MKNOD": 27,
+        "AUDIT_WRITE": 29,
+        "SETFCAP": 31,
+    }
+    return sum(1 << bits[n] for n in names)
+
+
+async def test_the_images_user_by_default_with_the_kept_capabilities(
     make: type[DockerRuntime], engine: docker.DockerClient
 ) -> None:
-    rt = make(root_tenants=frozenset({TENANTS[1]}))
-    h = await rt.start(spec("id -u; id -g"))
-    assert list((await rt.wait(h)).output_tail) == ["65534", "65534"]
+    rt = make()
+    h = await rt.start(
+        spec(
+            "id -u; mkdir -p /www && echo ok > /www/f && cat /www/f; grep CapEff /proc/self/status"
+        )
+    )
+    uid, written, caps = (await rt.wait(h)).output_tail
+    assert (uid, written) == ("0", "ok")  # busybox's user is root: it writes under /
+    assert int(caps.split()[1], 16) == _mask(KEPT_CAPABILITIES)
+    assert _mask(KEPT_CAPABILITIES) & _mask(("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP")) == 0
     host = engine.containers.get(h.id).attrs["HostConfig"]
-    # Everything else stays: no privileges, no capabilities, no new privileges, limits.
-    assert host["CapDrop"] == ["ALL"] and host["Privileged"] is False
-    assert host["SecurityOpt"] == ["no-new-privileges"]
+    # Everything else stays: no privileges, no new privileges, limits.
+    assert host["CapDrop"] == ["ALL"] and sorted(host["CapAdd"]) == sorted(KEPT_CAPABILITIES)
+    assert host["Privileged"] is False and host["SecurityOpt"] == ["no-new-privileges"]
     assert host["PidsLimit"] == 4096 and host["Memory"] == 64 * 1024 * 1024
     assert host["NanoCpus"] == 500_000_000
+    assert not host.get("User") and not engine.containers.get(h.id).attrs["Config"]["User"]
+    # Raw sockets are among what is dropped: ping (ICMP through a raw socket) is refused.
+    assert await run(rt, spec("ping -c 1 -W 1 127.0.0.1 >/dev/null 2>&1 || echo refused")) == [
+        "refused"
+    ]
+
+
+async def test_a_forced_user_applies_except_to_the_tenants_allowed_the_images(
+    make: type[DockerRuntime], engine: docker.DockerClient
+) -> None:
+    rt = make(user="65534:65534", root_tenants=frozenset({TENANTS[1]}))
+    h = await rt.start(spec("id -u; id -g; grep CapEff /proc/self/status"))
+    assert list((await rt.wait(h)).output_tail) == ["65534", "65534", "CapEff:\t0000000000000000"]
+    host = engine.containers.get(h.id).attrs["HostConfig"]
+    assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd")  # a forced uid keeps none
     assert await run(rt, spec("id -u", tenant=TENANTS[1])) == ["0"]
+
+
+async def test_user_namespace_remapping_is_what_the_engine_says(
+    make: type[DockerRuntime], engine: docker.DockerClient
+) -> None:
+    options = engine.info().get("SecurityOptions") or []
+    remapped = any("name=userns" in o for o in options)
+    assert make().node_facts() == {"userns_remap": remapped}
 
 
 async def test_read_only_root_with_a_tmpfs_tmp(

@@ -67,6 +67,25 @@ def test_real_oom_is_retried_with_doubled_memory(cluster: Cluster) -> None:
     assert decided["failure_class"] == "cpu_oom" and "doubled to 64 MB" in decided["reason"]
 
 
+def test_real_oom_on_the_process_runtime_is_retried_with_doubled_memory(cluster: Cluster) -> None:
+    # The same doubling on the process runtime: memory_mb is the task's cgroup limit there,
+    # and the cgroup's OOM kill is what classifies the failure.
+    cluster.start_agent("p1", "process")
+    cluster.wait(lambda: any(n["id"] == "p1" for n in cluster.nodes()), "p1 registered")
+    (node,) = [n for n in cluster.nodes() if n["id"] == "p1"]
+    if node["inventory"]["cgroups"] == "none":
+        pytest.skip("this host has no cgroup the agent can write: process tasks run uncapped")
+    assert node["inventory"]["cgroups"] in ("v1", "v2")
+    t = cluster.create(command=ALLOCATE_20MB, memory_mb=32, retry_delay=0)
+    done = settle(cluster, t["id"])
+    assert done["status"] == "completed", done
+    assert done["memory_mb"] == 64 and done["retry_count"] == 1
+    history = retries(cluster, t["id"])["retries"]
+    assert [(a["memory_mb"], a["status"]) for a in history] == [(32, "failed"), (64, "completed")]
+    (decided,) = decisions(cluster, t["id"])
+    assert decided["failure_class"] == "cpu_oom" and "doubled to 64 MB" in decided["reason"]
+
+
 @requires_docker
 @pytest.mark.docker
 def test_missing_image_fails_once_permanently(cluster: Cluster) -> None:

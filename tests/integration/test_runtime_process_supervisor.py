@@ -85,6 +85,10 @@ async def _until(
         await asyncio.sleep(0.02)
 
 
+def _cgroup_procs(cgroup: str) -> list[str]:
+    return Path(cgroup, "cgroup.procs").read_text().split()
+
+
 def _address_space_limit(pid: int) -> str:
     row = next(r for r in Path(f"/proc/{pid}/limits").read_text().splitlines() if "address" in r)
     return row.split()[3]  # "Max address space  <soft> <hard> bytes"
@@ -101,7 +105,14 @@ async def test_the_jobs_process(runtimes: list[ProcessRuntime], tmp_path: Path) 
     assert os.getpgid(pid) == pid  # a group of its own: signals to it never hit the supervisor
     assert os.getsid(pid) == sup == os.getsid(sup) != os.getsid(0)  # the supervisor's session
     assert _status(pid)["NoNewPrivs"] == "1"
-    assert _address_space_limit(pid) == str(300 * 1024 * 1024)
+    assert _address_space_limit(pid) == "unlimited"  # memory_mb is its cgroup's limit
+    cgroup = json.loads((d / "state.json").read_text())["cgroup"]
+    if rt.cgroups.mode != "none":  # in it (test_runtime_process_cgroups.py has the limits)
+        assert cgroup["mode"] == rt.cgroups.mode
+        procs = _cgroup_procs(cgroup["memory"])
+        assert str(pid) in procs and str(sup) not in procs
+    else:
+        assert cgroup is None
     # Ignored signals survive exec: the job must not inherit Python's ignored SIGPIPE.
     assert int(_status(pid)["SigIgn"], 16) & (1 << (signal.SIGPIPE - 1)) == 0
     log = str(d / "output.log")
@@ -130,8 +141,8 @@ async def test_exit_record_and_signal_forwarding(
     t0 = time.time()
     for h, code, sig in ((trapping, 5, None), (plain, 143, signal.SIGTERM)):
         record = json.loads((rt.tasks_dir / f"{h.task_id}-0" / "exit.json").read_text())
-        assert record.keys() == {"exit_code", "signal", "finished_at"}
-        assert (record["exit_code"], record["signal"]) == (code, sig)
+        assert record.keys() == {"exit_code", "signal", "finished_at", "oom_kills"}
+        assert (record["exit_code"], record["signal"], record["oom_kills"]) == (code, sig, 0)
         assert t0 - 10 < record["finished_at"] <= t0
     pids = _pids(rt, plain)
     assert set(pids) == {"pid", "pid_ticks", "supervisor_pid", "supervisor_ticks"}

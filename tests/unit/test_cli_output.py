@@ -470,13 +470,26 @@ def test_nodes_table() -> None:
             "memory_mb": 65536,
             "cpu_cores": 16.0,
             "gpus": [{"vendor": "nvidia", "model": "L4"}] * 2,
+            "runtime": "docker",
+            "userns_remap": True,
         },
         "excluded_gpus": ["n1-gpu1"],
     }
     assert events.nodes_table([node]).splitlines() == [
-        "ID   STATUS   GPUS          MEMORY   CPU   EXCLUDED",
-        "n1   online   nvidia:L4x2   64GiB    16    n1-gpu1",
+        "ID   STATUS   RUNTIME         GPUS          MEMORY   CPU   EXCLUDED",
+        "n1   online   docker+userns   nvidia:L4x2   64GiB    16    n1-gpu1",
     ]
+
+
+def test_node_runtime_says_how_the_node_confines_work() -> None:
+    def shown(**inventory: object) -> str:
+        return out.node_runtime({"inventory": inventory})
+
+    assert shown(runtime="docker") == "docker"
+    assert shown(runtime="docker", userns_remap=True) == "docker+userns"
+    assert shown(runtime="process", cgroups="v1") == "process+cgroup-v1"
+    assert shown(runtime="process", cgroups="v2") == "process+cgroup-v2"
+    assert shown(runtime="process", cgroups="none") == "process+no-cgroups"
 
 
 def test_group_views_show_every_scalar_field_and_members_by_rank() -> None:

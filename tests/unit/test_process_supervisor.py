@@ -19,7 +19,7 @@ def test_the_forker_imports_only_at_its_start() -> None:
         for n in ast.walk(f)
     )
     top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
-    assert top == {"ctypes", "gc", "json", "os", "resource", "signal", "socket", "sys", "time"}
+    assert top == {"ctypes", "gc", "json", "os", "signal", "socket", "sys", "time"}
 
 
 def test_the_compiled_forker_is_for_this_interpreter() -> None:
