@@ -1,0 +1,140 @@
+"""Members that reach each other, and ports the platform allocates (docs/groups.md).
+
+Two agents on this one machine stand for two hosts. A training group's rank 0 listens with
+`nc -l -p $MASTER_PORT` and rank 1 connects to `$MASTER_ADDR $MASTER_PORT`: on the docker
+runtime both run host-networked, MASTER_ADDR is the address rank 0's node advertises and
+MASTER_PORT one the scheduler allocated on its host, so two groups at once never share one.
+On the process runtime two serving replicas on one node each listen on their own `$PORT`,
+and the router reaches both.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from . import web
+from .cluster import Cluster
+from .conftest import requires_docker
+from .test_e2e_serving import call, ready_replicas, serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# Rank 0 serves one connection; rank 1 dials until rank 0 listens (it may start first).
+RENDEZVOUS = (
+    'echo "rank $RANK master $MASTER_ADDR:$MASTER_PORT"; '
+    'if [ "$RANK" = 0 ]; then exec nc -l -p "$MASTER_PORT"; fi; '
+    "for i in $(seq 1 150); do "
+    'echo "hello from rank $RANK" | nc "$MASTER_ADDR" "$MASTER_PORT" && exit 0; sleep 0.2; '
+    "done; exit 1"
+)
+
+
+def create_group(cluster: Cluster, **body: Any) -> dict[str, Any]:
+    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def get_group(cluster: Cluster, group_id: str) -> dict[str, Any]:
+    r = web.get(f"{cluster.url}/api/v1/task-groups/{group_id}", headers=cluster.tenant)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def logs(cluster: Cluster, task_id: str) -> list[str]:
+    r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant)
+    assert r.status_code == 200, r.text
+    return list(r.json()["logs"])
+
+
+def master_of(cluster: Cluster, task_id: str) -> tuple[str, int]:
+    line = next(x for x in logs(cluster, task_id) if x.startswith("rank "))
+    host, _, port = line.split()[-1].rpartition(":")
+    return host, int(port)
+
+
+@requires_docker
+@pytest.mark.docker
+def test_two_training_groups_rendezvous_across_two_docker_nodes_at_once(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("d1", "docker")
+    cluster.start_agent("d2", "docker")
+    advertised = {n["id"]: n["inventory"]["address"] for n in cluster.nodes()}
+    assert {n["inventory"]["host_id"] for n in cluster.nodes()} != {""}
+    groups = [
+        create_group(
+            cluster,
+            name=f"nc-{i}",
+            image="busybox:latest",
+            task_type="training",
+            task_count=2,
+            command=RENDEZVOUS,
+            cpu_cores=0.25,
+            memory_mb=128,
+        )
+        for i in (1, 2)
+    ]
+    cluster.wait(
+        lambda: all(
+            get_group(cluster, g["id"])["status"] in ("completed", "failed", "stopped")
+            for g in groups
+        ),
+        "both groups ended",
+        90,
+    )
+    ports = set()
+    for g in groups:
+        view = get_group(cluster, g["id"])
+        members = {t["rank"]: t for t in view["tasks"]}
+        out = {r: logs(cluster, t["id"]) for r, t in members.items()}
+        assert view["status"] == "completed", (view["status"], out)
+        assert len({t["node_id"] for t in members.values()}) == 2
+        assert "hello from rank 1" in out[0], out
+        # Every member was told rank 0's node address (reachable from the other node, not
+        # its own loopback) and the port allocated on that host.
+        masters = {master_of(cluster, t["id"]) for t in members.values()}
+        assert len(masters) == 1, masters
+        ((addr, port),) = masters
+        assert addr == advertised[members[0]["node_id"]] and not addr.startswith("127."), addr
+        assert 20000 <= port <= 32000, port
+        ports.add(port)
+    assert len(ports) == 2, f"the two groups shared a master port: {ports}"
+
+
+def test_two_serving_replicas_on_one_process_node_each_serve_on_their_port(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("p1", "process")
+    command = (
+        'mkdir -p www && echo ok > www/healthz && echo "$HETEROFLOW_TASK_ID" > www/id && '
+        f'exec {sys.executable} -m http.server "$PORT" --bind 0.0.0.0 -d www'
+    )
+    g = create_group(
+        cluster,
+        name="httpd",
+        image="python:3.11",
+        task_type="inference",
+        task_count=2,
+        command=command,
+        serving={"port": 8000, "health_path": "/healthz"},
+        cpu_cores=0.25,
+        memory_mb=256,
+    )
+    cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
+    members = get_group(cluster, g["id"])["tasks"]
+    assert {t["node_id"] for t in members} == {"p1"}
+    addresses = {rep["address"] for rep in serving(cluster, g["id"])["replicas"]}
+    ports = {int(a.rpartition(":")[2]) for a in addresses}
+    # Each replica holds a port of its own from the node's range, not the declared 8000.
+    assert len(ports) == 2 and all(20000 <= p <= 32000 for p in ports), addresses
+    seen: set[str] = set()
+    for _ in range(20):
+        r = call(cluster, g["id"], "id")
+        assert r.status_code == 200, r.text
+        assert r.text.strip() == r.headers["x-heteroflow-replica"]
+        seen.add(r.text.strip())
+    assert seen == {t["id"] for t in members}, seen
