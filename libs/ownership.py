@@ -7,10 +7,14 @@ calls `refuse_foreign`, which logs it and counts it by kind.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
 from prometheus_client import Counter
+
+from libs.domain.group import Group
+from libs.domain.task import Task
 
 log = structlog.get_logger(__name__)
 
@@ -25,3 +29,27 @@ def refuse_foreign(kind: str, why: str, *, count: int = 1, **fields: Any) -> Non
     """Log and count refused references (`kind`: job_task, group_member, telemetry)."""
     FOREIGN_REFERENCES.labels(kind).inc(count)
     log.warning("foreign_reference_refused", kind=kind, why=why, count=count, **fields)
+
+
+def own_members(group: Group, tasks: Sequence[Task]) -> list[Task]:
+    """The tasks the platform created for `group`: of its tenant, naming it, of a generation
+    it has reached (the current one, or its rollout's). Any other is refused (logged and
+    counted as `group_member`), so no controller acts on it or counts it a member."""
+    top = max(group.generation, group.rollout.generation if group.rollout else 0)
+    ours: list[Task] = []
+    foreign: list[str] = []
+    for t in tasks:
+        mine = t.tenant_id == group.tenant_id and t.group_id == group.id and t.generation <= top
+        if mine:
+            ours.append(t)
+        else:
+            foreign.append(t.id)
+    if foreign:
+        refuse_foreign(
+            "group_member",
+            "tasks claiming a group they were not created for",
+            count=len(foreign),
+            group_id=group.id,
+            task_ids=foreign,
+        )
+    return ours

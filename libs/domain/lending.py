@@ -158,10 +158,19 @@ def may_borrow(task_type: TaskType | str, tenant_id: str, lender_tenant_id: str)
 
 
 def decide_lend(
-    lender: Task, borrower_id: str, node_id: str, gpu_ids: tuple[str, ...]
+    lender: Task,
+    borrower_id: str,
+    node_id: str,
+    gpu_ids: tuple[str, ...],
+    borrower_tenant_id: str = "",
 ) -> list[Payload]:
     """Lend `gpu_ids` of `lender` to `borrower_id`; Conflict when it is no longer lendable
-    (woken, stopped, already lent since the scheduler looked)."""
+    (woken, stopped, already lent since the scheduler looked). A card is lent within its
+    tenant only: a borrower of another tenant is refused (FORBIDDEN), nothing recorded."""
+    if borrower_tenant_id and borrower_tenant_id != lender.tenant_id:
+        raise DomainError(
+            Code.FORBIDDEN, f"task {lender.id} lends its card within its own tenant only"
+        )
     if not lendable(lender) or lender.node_id != node_id or not set(gpu_ids) <= set(lender.gpu_ids):
         raise Conflict(f"task {lender.id} is no longer lendable (status {lender.status.value})")
     return [

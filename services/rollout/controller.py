@@ -43,6 +43,7 @@ from libs.domain.rollout_plan import (
 from libs.domain.router_figures import RouterFigures
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TenantId
+from libs.ownership import own_members
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
@@ -124,7 +125,9 @@ class RolloutController(Controller):
         r = group.rollout
         if not ours or r is None or r.phase not in ACTIVE:
             return 1 if events else 0
-        tasks = await task_rows.of_group(self.store, group.id, include_deleted=False)
+        tasks = own_members(
+            group, await task_rows.of_group(self.store, group.id, include_deleted=False)
+        )
         new = [t for t in tasks if t.generation == r.generation]
         healthy = await self.probe.healthy(new)
         step = plan_rollout(group, tasks, now, healthy, self._drained(group, tasks), self.policy)

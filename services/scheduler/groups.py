@@ -24,6 +24,7 @@ from libs.domain.group_control import GroupActions, GroupPolicy, decide_group
 from libs.domain.reasons import INFRASTRUCTURE_REASONS, ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskSpec
+from libs.ownership import own_members
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
@@ -105,7 +106,7 @@ class GroupController(Controller):
         return sum(acted for _, acted in done)
 
     async def reconcile(self, group: Group, *, allow_rebuild: bool = True) -> int:
-        tasks = await load_group_tasks(self.store, group.id)
+        tasks = own_members(group, await load_group_tasks(self.store, group.id))
         now = self.clock()
         plan = decide_group(
             group, tasks, now, self.policy, is_infra_failure, allow_rebuild=allow_rebuild

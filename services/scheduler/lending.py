@@ -14,10 +14,11 @@ from functools import partial
 
 import structlog
 
-from libs.domain.errors import DomainError
+from libs.domain.errors import Code, DomainError
 from libs.domain.lending import decide_borrow, decide_lend, decide_return
 from libs.domain.states import GPU_HOLDING
 from libs.domain.task import Task
+from libs.ownership import refuse_foreign
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 from libs.store.fencing import Fence
@@ -39,11 +40,17 @@ async def lend(store: EventStore, loans: Sequence[Loan], fence: Fence | None) ->
                     borrower_id=loan.borrower_task_id,
                     node_id=loan.node_id,
                     gpu_ids=loan.gpu_ids,
+                    borrower_tenant_id=loan.borrower_tenant_id,
                 ),
                 fence=fence,
             )
         except DomainError as exc:
-            log.info("loan_refused", lender=loan.lender_task_id, error=exc.message)
+            if exc.code is Code.FORBIDDEN:
+                refuse_foreign(
+                    "loan", exc.message, lender=loan.lender_task_id, borrower=loan.borrower_task_id
+                )
+            else:
+                log.info("loan_refused", lender=loan.lender_task_id, error=exc.message)
             continue
         try:
             borrower = await store.execute(

@@ -35,6 +35,7 @@ class Loan:
     node_id: str
     gpu_ids: tuple[str, ...]
     gpu_label: str = ""
+    borrower_tenant_id: str = ""  # checked against the lender's when the loan commits
 
 
 def plan_loans(
@@ -59,7 +60,14 @@ def plan_loans(
                 continue
             cards = _cards(task, lender, node)
             loans.append(
-                Loan(task.task_id, lender.task_id, node.id, cards, gpu_label(node.gpus, cards))
+                Loan(
+                    task.task_id,
+                    lender.task_id,
+                    node.id,
+                    cards,
+                    gpu_label(node.gpus, cards),
+                    borrower_tenant_id=task.tenant_id,
+                )
             )
             held.setdefault(node.id, []).append(_as_allocation(task, node.id, cards))
             lenders.remove(lender)
