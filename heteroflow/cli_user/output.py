@@ -198,9 +198,11 @@ def node_gpus(node: dict[str, Any]) -> str:
 
 def node_runtime(node: dict[str, Any]) -> str:
     """The node's runtime and how it confines work: `docker+userns`, `process+cgroup-v1`,
-    `process+no-cgroups`."""
+    `process+no-cgroups`, `docker+no-isolation` (tenants' containers can reach each other)."""
     inventory = node.get("inventory") or {}
     runtime = str(inventory.get("runtime") or EMPTY)
+    if runtime == "docker" and inventory.get("isolation") == "none":
+        runtime += "+no-isolation"
     if inventory.get("userns_remap"):
         return f"{runtime}+userns"
     cgroups = inventory.get("cgroups")

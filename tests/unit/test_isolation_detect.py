@@ -17,6 +17,7 @@ from agent.runtimes.networks import (
     network_name,
     node_isolation,
 )
+from heteroflow.cli_user import events
 
 FAKE = """#!/bin/sh
 # Stand-in iptables: MODE says what this node's iptables allows; every call is logged.
@@ -141,3 +142,16 @@ def test_tenant_networks_carry_the_installation() -> None:
     assert bridge_name("acme", "i1") != bridge_name("acme", "i2")
     assert len(bridge_name("acme", "0123456789abcdef")) <= 15  # a Linux interface name
     assert network_name("acme") == "hf-tenant-acme"  # a runtime given no installation
+
+
+def test_heteroflow_nodes_shows_a_docker_node_without_isolation() -> None:
+    def row(**inventory: object) -> str:
+        node = {"id": "n1", "status": "online", "inventory": {"memory_mb": 1024} | inventory}
+        return events.nodes_table([node]).splitlines()[1]
+
+    assert "docker+no-isolation " in row(runtime="docker", isolation="none")
+    assert "docker+no-isolation+userns" in row(
+        runtime="docker", isolation="none", userns_remap=True
+    )
+    assert "no-isolation" not in row(runtime="docker", isolation="iptables")
+    assert "no-isolation" not in row(runtime="process", isolation="none", cgroups="v2")
