@@ -108,7 +108,7 @@ def _v2_parent(mount: Path, own: str, configured: str) -> Path | None:
 def _v1_parent(mount: Path, own: str, configured: str) -> Path | None:
     for parent in _parents(mount, own, configured):
         try:
-            parent.mkdir(exist_ok=True)
+            parent.mkdir(parents=True, exist_ok=True)
             probe = parent / f"probe-{os.getpid()}"
             probe.mkdir(exist_ok=True)
             probe.rmdir()
