@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
+from agent.inventory import Inventory
+from agent.launch import run_spec
 from libs.domain.events import TaskStatusChanged, evolve_task
 from libs.domain.group import GroupShape, GroupSpec, group_env
+from libs.domain.protocol import CommandKind, NodeCommand, TaskRunSpec
 from libs.domain.reasons import ReasonCode
+from libs.domain.serving import ServingSpec
 from libs.domain.states import TaskStatus
-from libs.domain.task import ServingSpec, Task, TaskId, TaskSpec, TaskType, TenantId
+from libs.domain.task import Task, TaskId, TaskSpec, TaskType, TenantId
 from services.scheduler.model import Allocation, ClusterSnapshot, Node, PendingTask, Requirement
 from services.scheduler.planner import plan
 
@@ -19,7 +24,7 @@ S = TaskStatus
 GB = 1024
 
 
-def node(node_id: str, host: str = "m", address: str = "10.0.0.1", **kw: object) -> Node:
+def node(node_id: str, host: str = "m", address: str = "10.0.0.1", **kw: Any) -> Node:
     return replace(Node(node_id, True, 64 * GB, 32), host_id=host, address=address, **kw)
 
 
@@ -209,3 +214,35 @@ def test_master_port_is_the_allocated_one_else_the_pinned_one() -> None:
     pinned = spec.model_copy(update={"shape": GroupShape(task_count=2, master_port=29600)})
     assert group_env(pinned, 1, "10.0.0.1", 2, "")["MASTER_PORT"] == "29600"
     assert group_env(spec, 1, "10.0.0.1", 2, "")["MASTER_PORT"] == "29500"
+
+
+def _start(spec: TaskSpec, **run: Any) -> NodeCommand:
+    return NodeCommand(
+        kind=CommandKind.START,
+        node_id="n1",
+        task_id="t1",
+        attempt=0,
+        status=S.SCHEDULED,
+        run=TaskRunSpec(spec=spec, tenant_id="acme", **run),
+    )
+
+
+def test_the_agent_gives_the_task_its_allocated_port_and_network() -> None:
+    inventory = Inventory(node_id="n1", hostname="h", memory_mb=4096, cpu_cores=2)
+    serving = ServingSpec(port=8000, health_path="/healthz")
+    spec = TaskSpec(name="r", image="busybox", serving=serving, env={"PORT": "9"})
+    # Allocated (process runtime, host network): PORT and the served port are that one.
+    run, _ = run_spec(_start(spec, serve_port=21234), inventory, "n1", "10.0.0.1", "process")
+    assert (run.serve_port, run.env["PORT"], run.host_network) == (21234, "21234", False)
+    # Mapped by docker: the declared port, and a PORT of the task's own is kept.
+    run, _ = run_spec(_start(spec), inventory, "n1", "10.0.0.1", "docker")
+    assert (run.serve_port, run.env["PORT"]) == (8000, "9")
+    plain = spec.model_copy(update={"env": {}})
+    assert run_spec(_start(plain), inventory, "n1", "h", "docker")[0].env["PORT"] == "8000"
+    # A static-world member: the host's network.
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "23000"}
+    member = spec.model_copy(update={"serving": None, "env": {}})
+    run, _ = run_spec(
+        _start(member, host_network=True, group_env=env), inventory, "n1", "h", "docker"
+    )
+    assert run.host_network and run.env["MASTER_PORT"] == "23000" and "PORT" not in run.env
