@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from libs.config import GatewaySettings
 from libs.domain import validation as v
 from libs.domain.group import GroupShape, Parallelism
-from libs.domain.job import MAX_TASKS, JobSpec
+from libs.domain.job import KEY_PATTERN, MAX_TASKS, JobSpec
 from libs.domain.pool import PoolSpec, QueueSpec
 from libs.domain.rollout_model import RolloutRequest
 from libs.domain.states import TaskStatus
@@ -81,6 +81,15 @@ def env_key_pattern() -> str:
     return rf"^(?!{reserved})[^=\x00]+$"
 
 
+def label_key_pattern() -> str:
+    """Not empty, no NUL, not in the platform's namespace (`heteroflow.`, any case)."""
+    reserved = "".join(
+        f"[{c.upper()}{c.lower()}]" if c.isalpha() else re.escape(c)
+        for c in v.RESERVED_LABEL_PREFIX
+    )
+    return rf"^(?!{reserved})[^\x00]+$"
+
+
 def _string_map(entries: int, key_max: int, value_max: int, key_pattern: str) -> dict[str, Any]:
     return {
         "type": "object",
@@ -112,6 +121,9 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
     """`TaskSpec`'s schema, with the parser's further rules (see the module docstring)."""
     schema = model_schema(TaskSpec)
     props = schema["properties"]
+    # Server-owned (set only where the platform builds a spec; sent non-empty: 40002).
+    props.pop("platform")
+    schema["$defs"].pop("Platform")
     for prop in props.values():
         prop.pop("title", None)
     props["name"] |= {"pattern": NOT_BLANK, "maxLength": NAME_MAX}
@@ -134,7 +146,10 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
     }
     props["env"] = _env()
     props["labels"] = _string_map(
-        v.LABELS_MAX_ENTRIES, v.LABEL_KEY_MAX, v.LABEL_VALUE_MAX, _NO_NUL.replace("*", "+")
+        v.LABELS_MAX_ENTRIES, v.LABEL_KEY_MAX, v.LABEL_VALUE_MAX, label_key_pattern()
+    )
+    props["labels"]["description"] = (
+        f"keys starting {v.RESERVED_LABEL_PREFIX} (any case) are the platform's: refused, 40002"
     )
     short = {"type": "string", "maxLength": v.SHORT_TEXT_MAX}
     props["anti_affinity"] = {
@@ -272,11 +287,36 @@ def group_create(settings: GatewaySettings) -> dict[str, Any]:
 
 
 def job_create(settings: GatewaySettings) -> dict[str, Any]:
+    """`JobSpec`'s schema with each task as the parser takes it (libs/domain/job.py): a
+    task create body (no `queue`: a job's tasks run in the job's queue) with `key` and
+    `metrics` beside its fields, not a `{key, spec}` pair."""
     schema = model_schema(JobSpec)
     task = task_fields(settings)
-    schema["$defs"].update(task.pop("$defs", {}))
-    schema["$defs"]["TaskSpec"] = task
-    schema["properties"]["tasks"] |= {"minItems": 1, "maxItems": MAX_TASKS}
+    defs = schema["$defs"]
+    for name in ("JobNodeSpec", "TaskSpec", "Platform"):
+        defs.pop(name, None)
+    defs.update(task.pop("$defs", {}))
+    task["properties"].pop("queue")
+    task["properties"] |= {
+        "key": {
+            "type": "string",
+            "pattern": KEY_PATTERN,
+            "description": "unique in the job; dependencies name tasks by it",
+        },
+        "metrics": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "default": [],
+            "description": "the metric names it reports (a condition may read only these)",
+        },
+    }
+    task["required"] = sorted({*task.get("required", []), "key"})
+    schema["properties"]["tasks"] = {
+        "type": "array",
+        "items": task,
+        "minItems": 1,
+        "maxItems": MAX_TASKS,
+    }
     return schema
 
 
