@@ -12,15 +12,19 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
 
+from libs.store import groups as group_rows
+
 from . import web
 from .cluster import Cluster
 from .conftest import requires_docker
+from .helpers import Api
 
-pytestmark = [pytest.mark.integration, pytest.mark.docker, requires_docker]
+pytestmark = pytest.mark.integration
 
 TENANT = "default"  # the tenant `heteroflow up` makes
 BASE = Path("/tmp/heteroflow")
@@ -54,6 +58,8 @@ def refused_by_the_node(cluster: Cluster, host: Path) -> str:
     return str(done["error"])
 
 
+@pytest.mark.docker
+@requires_docker
 def test_symlinks_in_a_tenants_directory_do_not_leave_it(
     cluster: Cluster, dirs: tuple[Path, Path]
 ) -> None:
@@ -97,6 +103,8 @@ def test_symlinks_in_a_tenants_directory_do_not_leave_it(
     assert [(m["Source"], m["Destination"]) for m in mounts] == [(str(mine / "real"), "/work")]
 
 
+@pytest.mark.docker
+@requires_docker
 @pytest.mark.cluster_env(HETEROFLOW_VOLUME_ALLOW_LIST=f'["{BASE}"]')
 def test_the_node_keeps_a_tenant_out_of_another_tenants_directory(
     cluster: Cluster, dirs: tuple[Path, Path]
@@ -112,3 +120,48 @@ def test_the_node_keeps_a_tenant_out_of_another_tenants_directory(
     # Its own directory still runs.
     t = cluster.create(command="cat /work/in.txt", volumes=vol(mine / "real"), max_retries=0)
     assert cluster.wait_status(t["id"], "completed", "failed")["status"] == "completed"
+
+
+async def test_every_create_and_update_applies_the_tenants_part_of_the_list(api: Api) -> None:
+    # The in-process gateway, its list made per tenant; `api.tenant` is tenant acme.
+    api.settings.volume_allow_list = ["/data/{tenant}", "globex=/srv/globex"]
+    theirs = [{"host_path": "/data/globex/set", "container_path": "/work"}]
+    mine = [{"host_path": "/data/acme/set", "container_path": "/work"}]
+    task = {"name": "t", "image": "busybox:latest"}
+    group = {"name": "web", "image": "busybox:latest", "task_count": 1}
+    job_task: dict[str, Any] = {"key": "a", "name": "a", "image": "busybox:latest"}
+
+    async def post(path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        return await api.client.post(path, json=body, headers=headers)
+
+    def refused(r: Any, field: str = "volumes.0.host_path") -> bool:
+        return bool(r.status_code == 400 and field in r.json()["fields"] and "/data/acme" in r.text)
+
+    assert refused(await post("/api/v1/tasks", task | {"volumes": theirs}, api.tenant))
+    srv = [{"host_path": "/srv/globex/x", "container_path": "/work"}]
+    assert refused(await post("/api/v1/tasks", task | {"volumes": srv}, api.tenant))
+    assert (
+        await post("/api/v1/tasks", task | {"volumes": srv}, api.other_tenant)
+    ).status_code == 201
+    r = await post("/api/v1/task-groups", group | {"volumes": theirs}, api.tenant)
+    assert refused(r), r.text
+    job_theirs = {"name": "j", "tasks": [job_task | {"volumes": theirs}]}
+    r = await post("/api/v1/jobs", job_theirs, api.tenant)
+    assert r.status_code == 400 and "/data/globex/set" in r.text, r.text
+
+    created = await post("/api/v1/tasks", task | {"volumes": mine}, api.tenant)
+    assert created.status_code == 201, created.text
+    r = await api.client.put(
+        f"/api/v1/tasks/{created.json()['id']}", json={"volumes": theirs}, headers=api.tenant
+    )
+    assert refused(r), r.text
+
+    made = await post("/api/v1/task-groups", group | {"volumes": mine}, api.tenant)
+    assert made.status_code == 201, made.text
+    gid = made.json()["id"]
+    r = await post(f"/api/v1/task-groups/{gid}/rollout", {"volumes": theirs}, api.tenant)
+    assert refused(r), r.text
+    stored = await group_rows.get(api.store, gid)
+    assert stored is not None and stored.rollout is None  # nothing started
+    r = await post(f"/api/v1/task-groups/{gid}/rollout", {"volumes": mine}, api.tenant)
+    assert r.status_code == 202, r.text
