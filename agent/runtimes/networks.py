@@ -123,8 +123,12 @@ def node_isolation(runtime: object) -> str:
         return ""
     if not getattr(runtime, "tenant_networks", True):
         return "none"
-    client = runtime.client  # type: ignore[attr-defined]
-    isolation, why = detect_isolation(client, str(getattr(runtime, "isolation", "auto")))
+    try:
+        client = runtime.client  # type: ignore[attr-defined]
+        isolation, why = detect_isolation(client, str(getattr(runtime, "isolation", "auto")))
+    except (RuntimeFault, docker.errors.DockerException, OSError) as exc:
+        # No engine to look at yet: nothing is known to keep tenants apart.
+        isolation, why = "none", f"the engine did not answer: {exc}"
     log_at = log.warning if isolation == "none" else log.info
     log_at("tenant_isolation", isolation=isolation, why=why)
     return isolation

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from agent.runtimes.base import RuntimeFault
 from agent.runtimes.networks import (
     CHAIN,
     bridge_name,
@@ -134,6 +135,13 @@ def test_what_the_inventory_says_for_each_runtime() -> None:
     assert node_isolation(Runtime("docker", tenant_networks=False)) == "none"
     engine = Client(Net("bridge", "docker0"))
     assert node_isolation(Runtime("docker", client=engine, isolation="iptables")) == "iptables"
+
+    class Down(Runtime):
+        @property
+        def client(self) -> Any:
+            raise RuntimeFault("docker engine unavailable")
+
+    assert node_isolation(Down("docker", isolation="auto")) == "none"
 
 
 def test_tenant_networks_carry_the_installation() -> None:
