@@ -200,3 +200,26 @@ def test_a_prefix_that_is_itself_a_symlink_is_the_operators_choice(tree: Path) -
 def test_a_path_not_there_yet_is_left_to_the_runtime(tree: Path) -> None:
     got, why = checked(run(tree, f"{tree}/acme/new/dir"), allow(tree))
     assert why is None and got.volumes[0].host_path == f"{tree}/acme/new/dir"
+
+
+@pytest.mark.parametrize(
+    ("path", "documented", "for_acme"),
+    [
+        ("/data/acme/x", True, True),
+        ("/data/globex/x", True, False),  # the document is every caller's: 400 for acme
+        ("/srv/x", True, True),
+        ("/data", False, False),
+        ("/data/{tenant}/x", False, False),
+        ("/srvx", False, False),
+    ],
+)
+def test_the_documents_pattern_covers_every_tenants_part(
+    path: str, documented: bool, for_acme: bool
+) -> None:
+    import re
+
+    from services.api_gateway.request_docs import host_path_pattern
+
+    entries = ["/data/{tenant}", "acme=/srv"]
+    assert bool(re.fullmatch(host_path_pattern(entries), path)) is documented
+    assert host_path_allowed(path, tenant_allow_list(entries, "acme")) is for_acme
