@@ -138,3 +138,31 @@ def test_two_serving_replicas_on_one_process_node_each_serve_on_their_port(
         assert r.text.strip() == r.headers["x-heteroflow-replica"]
         seen.add(r.text.strip())
     assert seen == {t["id"] for t in members}, seen
+
+
+def test_a_pinned_master_port_held_on_the_host_waits_until_it_is_released(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("q1", "process")
+    cluster.start_agent("q2", "process")
+    body = {
+        "image": "python:3.11",
+        "task_type": "training",
+        "task_count": 2,
+        "master_port": 29611,
+        "cpu_cores": 0.25,
+        "memory_mb": 128,
+    }
+    first = create_group(cluster, name="holder", command="sleep 300", **body)
+    cluster.wait(lambda: get_group(cluster, first["id"])["status"] == "running", "holder runs")
+    second = create_group(cluster, name="waiter", command='echo "port $MASTER_PORT"', **body)
+    rank0 = next(t["id"] for t in second["tasks"] if t["rank"] == 0)
+    cluster.wait(
+        lambda: cluster.task(rank0)["pending_reason_code"] == "port_taken", "port_taken", 30
+    )
+    assert "master_port 29611" in cluster.task(rank0)["pending_reason"]
+    assert cluster.task(rank0)["status"] == "pending"
+    r = web.post(f"{cluster.url}/api/v1/task-groups/{first['id']}/stop", headers=cluster.tenant)
+    assert r.status_code in (200, 202), r.text
+    cluster.wait(lambda: get_group(cluster, second["id"])["status"] == "completed", "waiter", 60)
+    assert "port 29611" in logs(cluster, rank0)
