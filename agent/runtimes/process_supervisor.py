@@ -121,7 +121,10 @@ def oom_kills(cg, rc):
     return 0
 
 def clear(cg):
+    # Right after the job is reaped the kernel may still count it in its cgroup (EBUSY):
+    # retry soon first, then less often.
     deadline = time.monotonic() + 5
+    pause = 0.0002
     for d in cg["dirs"] if cg else ():
         while True:
             try:
@@ -137,7 +140,8 @@ def clear(cg):
             except OSError:
                 if time.monotonic() > deadline:
                     break  # the agent's remove tries again
-                time.sleep(0.005)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
 
 def supervise(req, reply):
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its own job is waited for below

@@ -27,7 +27,7 @@ HTTPD = (
     "exec httpd -f -p 8000 -h /tmp/www"
 )
 # A fake engine: answers every path with 200 "ok <path>", records /sleep and /wake_up calls
-# in /tmp/calls (tenant containers run as a non-root user: / is not theirs), drops the
+# in /tmp/calls (writable whatever uid the node forces on containers), drops the
 # connection without an answer on /boom, and streams three Server-Sent Events one second
 # apart on /events.
 ENGINE = r"""cat > /tmp/h <<'EOF'
