@@ -133,10 +133,11 @@ def write_tiny_llama(path: Path, seed: int) -> Path:
 
 def llama_server_command(model: str, alias: str, port: str = "$PORT") -> str:
     """The replica's command on the process runtime: the venv's llama.cpp server on the
-    allocated port, one thread (the test machine has two cores)."""
+    allocated port of every address (the router reaches it at the node's advertised
+    address), one thread (the test machine has two cores)."""
     return (
         f"exec {PYTHON} -m llama_cpp.server --model {model} --model_alias {alias} "
-        f"--host 127.0.0.1 --port {port} --n_ctx {N_CTX} --n_threads 1 --n_batch 64"
+        f"--host 0.0.0.0 --port {port} --n_ctx {N_CTX} --n_threads 1 --n_batch 64"
     )
 
 
