@@ -10,13 +10,14 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
 from libs.config import DEFAULT_VOLUME_ALLOW_LIST, CommonSettings, VolumeAllowList
 from libs.domain.node import DEFAULT_PORT_RANGE, GpuCard, NodeInventory
 
 from .inventory import Inventory
-from .runtimes.base import KEPT_CAPABILITIES
+from .runtimes.base import KEPT_CAPABILITIES, LINUX_CAPABILITIES
+from .runtimes.cgroups import MODES as CGROUP_MODES
 from .runtimes.sharing import DEFAULT_MPS_LOG_DIR, DEFAULT_MPS_PIPE_DIR, MpsDaemon
 
 
@@ -134,14 +135,28 @@ class AgentSettings(CommonSettings):
     )
     process_pids_limit: int = Field(default=4096, ge=16, description="pids per process task")
 
+    @field_validator("container_capabilities")
+    @classmethod
+    def _known_capabilities(cls, value: list[str]) -> list[str]:
+        names = [c.strip().upper().removeprefix("CAP_") for c in value]
+        unknown = [c for c in names if c not in LINUX_CAPABILITIES]
+        if unknown:
+            raise ValueError(f"container_capabilities: unknown capability {', '.join(unknown)}")
+        return names
+
+    @field_validator("cgroups")
+    @classmethod
+    def _cgroup_mode(cls, value: str) -> str:
+        if value not in CGROUP_MODES:
+            raise ValueError(f"cgroups: {value!r} is not one of {', '.join(CGROUP_MODES)}")
+        return value
+
     def docker_options(self) -> dict[str, object]:
         return {
             "owner": self.node_id,
             "user": self.container_user or None,
             "root_tenants": frozenset(self.root_tenants),
-            "capabilities": tuple(
-                c.upper().removeprefix("CAP_") for c in self.container_capabilities
-            ),
+            "capabilities": tuple(self.container_capabilities),
             "read_only_root": self.container_read_only_root,
             "nofile": self.container_nofile,
             "isolation": self.container_isolation,

@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings
 
 from agent.inventory import Inventory
 from agent.retention import Retention
-from agent.runtimes.base import Handle
+from agent.runtimes.base import KEPT_CAPABILITIES, Handle
 from agent.settings import AgentSettings, declared, default_address, node_inventory
 from heteroflow.cli import _apply_resource_options, build_parser
 from heteroflow.platform import PlatformSettings
@@ -72,6 +72,33 @@ def test_the_agent_reports_its_machine_address_and_port_range() -> None:
     assert AgentSettings(node_id="n").address == default_address()
     with pytest.raises(ValueError, match="HETEROFLOW_PORT_RANGE"):
         declared(inv, AgentSettings(node_id="n", port_range="30000-20000"))
+
+
+def test_containers_keep_the_images_user_unless_the_operator_forces_one() -> None:
+    opts = AgentSettings(node_id="n").docker_options()
+    assert opts["user"] is None and opts["capabilities"] == KEPT_CAPABILITIES
+    forced = AgentSettings(
+        node_id="n",
+        container_user="1000:1000",
+        root_tenants=["ops"],
+        container_capabilities=["cap_chown", " NET_BIND_SERVICE"],
+    ).docker_options()
+    assert (forced["user"], forced["root_tenants"]) == ("1000:1000", frozenset({"ops"}))
+    assert forced["capabilities"] == ("CHOWN", "NET_BIND_SERVICE")
+    with pytest.raises(ValueError, match="container_capabilities: unknown capability FLY"):
+        AgentSettings(node_id="n", container_capabilities=["CHOWN", "FLY"])
+
+
+def test_process_limits_settings_and_what_the_inventory_says() -> None:
+    s = AgentSettings(node_id="n", cgroups="v1", cgroup_parent="/hf", process_pids_limit=512)
+    assert s.process_options() == {"cgroups": "v1", "cgroup_parent": "/hf", "pids_limit": 512}
+    with pytest.raises(ValueError, match="cgroups: 'v3' is not one of auto, v2, v1, none"):
+        AgentSettings(node_id="n", cgroups="v3")
+    inv = Inventory(
+        node_id="n", hostname="h", memory_mb=1, cpu_cores=1, userns_remap=True, cgroups="none"
+    )
+    got = node_inventory(inv, "10.0.0.1")
+    assert (got.userns_remap, got.cgroups) == (True, "none")
 
 
 def handle(task: str, attempt: int = 0) -> Handle:
