@@ -76,63 +76,69 @@ def coordinator(cluster: Cluster, task_id: str) -> str:
     return lines[0].split()[1]
 
 
+def two_worlds(cluster: Cluster, **body: Any) -> list[dict[str, Any]]:
+    """Two such groups at once on the same two nodes; both settled."""
+    groups = [create_group(cluster, name=f"jax-{i}", **body) for i in (1, 2)]
+    cluster.wait(
+        lambda: all(settled(cluster, g["id"]) for g in groups), "both JAX groups settled", 150
+    )
+    return groups
+
+
+def assert_worlds(cluster: Cluster, groups: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Each world gathered [1.0, 2.0] around one coordinator of its own, at an address of
+    rank 0's node that is not loopback (rank 1 runs on another node)."""
+    worlds, coordinators = [], set()
+    for g in groups:
+        members = assert_gathered(cluster, g["id"])
+        seen = {coordinator(cluster, t["id"]) for t in members}
+        assert len(seen) == 1, f"the members of one world were told different masters: {seen}"
+        addr = next(iter(seen)).rpartition(":")[0]
+        assert addr and not addr.startswith("127."), addr
+        coordinators |= seen
+        worlds.append(members)
+    assert len(coordinators) == 2, f"the two worlds shared a coordinator: {coordinators}"
+    return worlds
+
+
 @requires_docker
 @pytest.mark.docker
 @pytest.mark.cluster_env(**ALLOW)
-def test_jax_two_node_allgather_in_containers(cluster: Cluster) -> None:
+def test_two_jax_worlds_at_once_in_containers_on_two_agents(cluster: Cluster) -> None:
     missing = python_image_missing()
     if missing:
         pytest.skip(missing)
     cluster.start_agent("d1", "docker")
     cluster.start_agent("d2", "docker")
-    g = create_group(
+    groups = two_worlds(
         cluster,
-        name="jax-docker",
         image=PYTHON_IMAGE,
         command=allgather_command("python3"),
         env={"PYTHONPATH": "/opt/jax", "HOME": "/tmp"},
         volumes=[{"host_path": str(JAX_DIR), "container_path": "/opt/jax", "read_only": True}],
     )
-    cluster.wait(lambda: settled(cluster, g["id"]), "the JAX group settled", 150)
-    members = assert_gathered(cluster, g["id"])
-    # Rank 1 dialled an address of rank 0's node, not its own loopback.
-    addr = coordinator(cluster, members[1]["id"]).rpartition(":")[0]
-    assert addr and not addr.startswith("127."), addr
+    assert_worlds(cluster, groups)
 
 
 @pytest.mark.cluster_env(**ALLOW)
-def test_two_jax_groups_at_once_on_the_process_runtime_at_2048_mb(cluster: Cluster) -> None:
+def test_two_jax_worlds_at_once_on_the_process_runtime_at_2048_mb(cluster: Cluster) -> None:
     cluster.start_agent("p1", "process")
     cluster.start_agent("p2", "process")
-    groups = [
-        create_group(
-            cluster,
-            name=f"jax-{i}",
-            image="python:3.11",
-            command=allgather_command(PYTHON),
-            env={"PYTHONPATH": str(JAX_DIR)},
-            memory_mb=2048,
-        )
-        for i in (1, 2)
-    ]
-    for g in groups:
-        assert {cluster.task(t["id"])["memory_mb"] for t in g["tasks"]} == {2048}
-    cluster.wait(
-        lambda: all(settled(cluster, g["id"]) for g in groups), "both JAX groups settled", 150
+    groups = two_worlds(
+        cluster,
+        image="python:3.11",
+        command=allgather_command(PYTHON),
+        env={"PYTHONPATH": str(JAX_DIR)},
+        memory_mb=2048,
     )
     # memory_mb bounds memory through the task's cgroup where the node has one, never the
     # address space (XLA reserves far more of it than it uses).
     cgroups = {n["id"]: n["inventory"].get("cgroups", "") for n in cluster.nodes()}
-    coordinators = set()
-    for g in groups:
-        members = assert_gathered(cluster, g["id"])
+    for members in assert_worlds(cluster, groups):
         for t in members:
+            assert cluster.task(t["id"])["memory_mb"] == 2048
             out = logs(cluster, t["id"])
             assert "address-space unlimited" in out, out[:5]
             if cgroups[t["node_id"]] in ("v1", "v2"):
                 (caps,) = [x.split()[1:] for x in out if x.startswith("memory-cap ")]
                 assert str(2048 * 1024 * 1024) in caps, (cgroups, caps)
-        seen = {coordinator(cluster, t["id"]) for t in members}
-        assert len(seen) == 1, f"the members of one world were told different masters: {seen}"
-        coordinators |= seen
-    assert len(coordinators) == 2, f"the two worlds shared a coordinator: {coordinators}"
