@@ -81,23 +81,29 @@ def _parents(mount: Path, own: str, configured: str) -> list[Path]:
     return list(dict.fromkeys([_under(mount, own) / "heteroflow", mount / "heteroflow"]))
 
 
+def _enable(d: Path) -> None:
+    """Enable memory, cpu and pids for `d`'s children, each on its own: cpu can be refused
+    (realtime threads outside the root) while memory works. Only memory is required."""
+    available = (d / "cgroup.controllers").read_text().split()
+    enabled = (d / "cgroup.subtree_control").read_text().split()
+    for controller in ("memory", "cpu", "pids"):
+        if controller in available and controller not in enabled:
+            try:
+                _write(d / "cgroup.subtree_control", f"+{controller}")
+            except OSError:
+                if controller == "memory":
+                    raise
+
+
 def _v2_parent(mount: Path, own: str, configured: str) -> Path | None:
     """A parent under which task cgroups get the memory controller, or None."""
     for parent in _parents(mount, own, configured):
         try:
             if "memory" not in (parent.parent / "cgroup.controllers").read_text().split():
                 continue
-            wanted = [
-                c
-                for c in ("memory", "cpu", "pids")
-                if c in (parent.parent / "cgroup.controllers").read_text().split()
-            ]
-            enabled = (parent.parent / "cgroup.subtree_control").read_text().split()
-            missing = [c for c in wanted if c not in enabled]
-            if missing:
-                _write(parent.parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
+            _enable(parent.parent)
             parent.mkdir(exist_ok=True)
-            _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+            _enable(parent)
             if "memory" in (parent / "cgroup.subtree_control").read_text().split():
                 return parent
         except OSError as e:

@@ -93,3 +93,63 @@ def test_a_failed_limit_leaves_no_cgroup_behind(tmp_path: Path) -> None:
     made = ok.make("v-0", memory_mb=64, cpu_cores=1, pids=0)
     assert made == {"mode": "v1", "dirs": [str(parent / "v-0")], "memory": str(parent / "v-0")}
     assert (parent / "v-0/memory.limit_in_bytes").read_text() == str(64 << 20)
+
+
+class FakeKernel:
+    """Writes to `cgroup.subtree_control` as the kernel takes them (`+name` adds a controller
+    the cgroup has; `busy` cgroups refuse, as one with processes of its own does), and the
+    refused controllers (cpu with realtime threads outside the root)."""
+
+    def __init__(self, busy: set[Path], refused: set[str]) -> None:
+        self.busy, self.refused = busy, refused
+
+    def write(self, path: Path, value: str) -> None:
+        if path.name != "cgroup.subtree_control":
+            path.write_text(value)
+            return
+        name = value.removeprefix("+")
+        if path.parent in self.busy or name in self.refused:
+            raise OSError(16, "Device or resource busy")
+        enabled = path.read_text().split()
+        path.write_text(" ".join([*enabled, name]))
+
+
+def _v2_tree(root: Path, own: str, controllers: str = "cpu memory pids") -> None:
+    for d in (root, root / own, root / own / "heteroflow", root / "heteroflow"):
+        d.mkdir(parents=True, exist_ok=True)
+        # a child's controllers are what its parent enables; stand them in up front
+        (d / "cgroup.controllers").write_text(controllers)
+        (d / "cgroup.subtree_control").write_text("")
+
+
+def test_v2_a_delegated_own_cgroup_then_the_top(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _v2_tree(tmp_path, "svc")
+    mounts = f"cgroup2 {tmp_path} cgroup2 rw 0 0\n"
+    kernel = FakeKernel(busy=set(), refused={"cpu"})
+    monkeypatch.setattr(cgroups, "_write", kernel.write)
+    found = cgroups.detect("auto", mounts=mounts, own="0::/svc\n")
+    assert (found.mode, found.v2) == ("v2", tmp_path / "svc/heteroflow")
+    # cpu refused, memory and pids enabled for the tasks
+    assert (tmp_path / "svc/heteroflow/cgroup.subtree_control").read_text().split() == [
+        "memory",
+        "pids",
+    ]
+    # The agent's own cgroup holds its processes and had nothing enabled: the top instead.
+    _v2_tree(tmp_path / "b", "svc")
+    kernel.busy = {tmp_path / "b/svc"}
+    found = cgroups.detect("v2", mounts=f"cgroup2 {tmp_path / 'b'} cgroup2 rw 0 0\n", own="0::/svc")
+    assert found.v2 == tmp_path / "b/heteroflow"
+    made = found.make("t-0", memory_mb=64, cpu_cores=1.5, pids=0)
+    assert made is not None and made["memory"] == str(tmp_path / "b/heteroflow/t-0")
+    assert (tmp_path / "b/heteroflow/t-0/memory.max").read_text() == str(64 << 20)
+    # Nothing can be enabled anywhere: none.
+    _v2_tree(tmp_path / "c", "svc")
+    kernel.busy = {tmp_path / "c", tmp_path / "c/svc"}
+    assert (
+        cgroups.detect(
+            "auto", mounts=f"cgroup2 {tmp_path / 'c'} cgroup2 rw 0 0\n", own="0::/svc"
+        ).mode
+        == "none"
+    )
