@@ -201,6 +201,13 @@ def check_task_spec(spec: TaskSpec) -> TaskSpec:
     for i, key in enumerate(spec.anti_affinity):
         if len(key) > SHORT_TEXT_MAX:
             _refuse(f"anti_affinity.{i}", f"anti_affinity key is longer than {SHORT_TEXT_MAX}")
+        if key.lower().startswith(RESERVED_LABEL_PREFIX):
+            # The scheduler spreads a training group's members by `heteroflow.training-group:`.
+            raise DomainError(
+                Code.SERVER_OWNED_FIELD,
+                f"anti_affinity key {key!r} uses the reserved prefix {RESERVED_LABEL_PREFIX}",
+                [f"anti_affinity.{i}"],
+            )
     spec = _checked_volumes(spec)
     check_spec_size(spec.model_dump(mode="json"))
     return spec

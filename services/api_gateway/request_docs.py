@@ -24,6 +24,7 @@ from libs.domain.group import GroupShape, Parallelism
 from libs.domain.job import KEY_PATTERN, MAX_TASKS, JobSpec
 from libs.domain.pool import PoolSpec, QueueSpec
 from libs.domain.rollout_model import RolloutRequest
+from libs.domain.serving import _PATH as SERVING_PATH
 from libs.domain.states import TaskStatus
 from libs.domain.task import (
     NAME_MAX,
@@ -37,7 +38,8 @@ from libs.domain.windows import DAYS, ScheduleWindow
 
 from .schemas import model_schema
 
-NOT_BLANK = r"\S"
+# Some character Python does not strip (`\s` of JSON schema lacks \x1c-\x1f and \x85).
+NOT_BLANK = r"[^\s\x1c-\x1f\x85]"
 # One path segment with a name: not empty, not `.`, not `..`.
 _NAME = r"(?:[^/.\x00][^/\x00]*|\.[^/.\x00][^/\x00]*|\.\.[^/\x00]+)"
 # Any segment but `..` (normpath drops `.` and empty ones).
@@ -130,10 +132,12 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
     # null, like an omitted image: a plain process (NULLABLE in libs/domain/task.py).
     props["image"] = {
         "anyOf": [
-            {"type": "string", "pattern": image_pattern(), "maxLength": v.IMAGE_MAX},
+            {"type": "string", "pattern": image_pattern(), "maxLength": v.IMAGE_NAME_MAX},
             {"type": "null"},
         ],
         "default": "",
+        "description": f"an OCI reference; its repository name at most {v.IMAGE_NAME_MAX} "
+        f"characters (the server takes up to {v.IMAGE_MAX} with a tag or digest)",
     }
     for field in v.UNBOUNDED_INTS:
         _bound(props[field], v.INT_FIELD_MAX)
@@ -151,12 +155,18 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
     props["labels"]["description"] = (
         f"keys starting {v.RESERVED_LABEL_PREFIX} (any case) are the platform's: refused, 40002"
     )
-    short = {"type": "string", "maxLength": v.SHORT_TEXT_MAX}
+    short = {
+        "type": "string",
+        "maxLength": v.SHORT_TEXT_MAX,
+        "pattern": label_key_pattern().replace("+$", "*$"),
+    }
     props["anti_affinity"] = {
         "anyOf": [short, {"type": "array", "maxItems": v.ANTI_AFFINITY_MAX, "items": short}]
     }
     props["volumes"] |= {"maxItems": v.VOLUMES_MAX}
-    props["gpu_count"] = props["gpu_required"] | {"description": "V2 alias of gpu_required"}
+    props["gpu_count"] = props["gpu_required"] | {
+        "description": "V2 alias of gpu_required (send one of the two)"
+    }
     volume = schema["$defs"]["Volume"]["properties"]
     volume["host_path"] |= {
         "maxLength": v.PATH_MAX,
@@ -164,10 +174,14 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
         "description": "under one of " + ", ".join(settings.volume_allow_list),
     }
     volume["container_path"] |= {"maxLength": v.PATH_MAX, "pattern": container_path_pattern()}
-    # A fraction (gpu_memory_mb / gpu_compute_ratio) excludes whole cards.
-    schema["not"] = {
-        "required": ["gpu_required"],
-        "properties": {"gpu_required": {"minimum": 1}},
+    # The serving paths: empty, or an absolute URL path (libs/domain/serving.py).
+    url_path = {"pattern": f"^(?:{SERVING_PATH.pattern.strip('^$')})?$"}
+    for field in ("health_path", "metrics_path"):
+        schema["$defs"]["ServingSpec"]["properties"][field] |= url_path
+    # A fraction (gpu_memory_mb / gpu_compute_ratio) excludes whole cards (either name of
+    # them); the alias and its field are not sent together (the server takes them when
+    # they agree).
+    fraction = {
         "anyOf": [
             {"required": ["gpu_memory_mb"], "properties": {"gpu_memory_mb": {"minimum": 1}}},
             {
@@ -176,7 +190,40 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
             },
         ],
     }
+    cards = {
+        "anyOf": [
+            {"required": [f], "properties": {f: {"minimum": 1}}}
+            for f in ("gpu_required", "gpu_count")
+        ]
+    }
+    schema["not"] = {
+        "anyOf": [{"required": ["gpu_count", "gpu_required"]}, {"allOf": [cards, fraction]}]
+    }
+    return no_nul(schema)
+
+
+def no_nul(schema: dict[str, Any]) -> dict[str, Any]:
+    """Every string of `schema` (nested ones too) without NUL, which the server refuses in
+    any string of a body (`validation.check_json_document`)."""
+    _no_nul(schema)
     return schema
+
+
+def _no_nul(schema: Any) -> None:
+    if isinstance(schema, list):
+        for item in schema:
+            _no_nul(item)
+    elif isinstance(schema, dict):
+        kind = schema.get("type")
+        if (kind == "string" or (isinstance(kind, list) and "string" in kind)) and not (
+            "enum" in schema or "const" in schema or "\\x00" in schema.get("pattern", "")
+        ):
+            if "pattern" in schema:
+                schema["allOf"] = [*schema.get("allOf", []), {"pattern": _NO_NUL}]
+            else:
+                schema["pattern"] = _NO_NUL
+        for value in schema.values():
+            _no_nul(value)
 
 
 def _bound(prop: dict[str, Any], maximum: int) -> None:
@@ -297,6 +344,7 @@ def job_create(settings: GatewaySettings) -> dict[str, Any]:
         defs.pop(name, None)
     defs.update(task.pop("$defs", {}))
     task["properties"].pop("queue")
+    schema["properties"]["name"] |= {"pattern": NOT_BLANK}
     task["properties"] |= {
         "key": {
             "type": "string",
@@ -317,7 +365,7 @@ def job_create(settings: GatewaySettings) -> dict[str, Any]:
         "minItems": 1,
         "maxItems": MAX_TASKS,
     }
-    return schema
+    return no_nul(schema)
 
 
 def rollout(settings: GatewaySettings) -> dict[str, Any]:

@@ -3,8 +3,9 @@ the document the gateway serves (schemathesis' positive generation) are accepted
 
 References the document cannot express are left out of the generated bodies: `queue` (it
 must name an existing queue) and `dependencies` (they name the job's own keys); a job is
-one task, so keys are unique. Everything else about the task (its fields, `key`,
-`metrics`) is as generated.
+one task, so keys are unique, and mounts one volume at most (two container paths that
+normalise to one mount point are refused, which a schema cannot say). Everything else
+about the task (its fields, `key`, `metrics`) is as generated.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def _job_operation(doc: dict[str, Any]) -> Any:
         schema["properties"].pop(reference, None)
     schema["additionalProperties"] = False
     schema["properties"]["tasks"]["maxItems"] = 1
+    schema["properties"]["tasks"]["items"]["properties"]["volumes"]["maxItems"] = 1
     # Only the operation under test, so loading the document does no more than it needs.
     doc["paths"] = {"/api/v1/jobs": {"post": doc["paths"]["/api/v1/jobs"]["post"]}}
     return schemathesis.openapi.from_dict(doc)["/api/v1/jobs"]["POST"]
@@ -69,4 +71,4 @@ async def test_generated_job_bodies_are_accepted(api: Api) -> None:
         r = await api.client.post("/api/v1/jobs", json=body, headers=api.tenant)
         if r.status_code != 201:
             refused.append((body, r.status_code, r.text))
-    assert not refused, refused[:3]
+    assert not refused, "\n".join(sorted({text for _, _, text in refused}))

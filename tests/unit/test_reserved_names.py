@@ -211,3 +211,11 @@ def test_only_the_task_the_job_created_settles_its_node() -> None:
     # A node created before ids were kept: a task of the job's tenant only.
     assert foreign(job, JobNode(key="k"), other) == ""
     assert foreign(job, JobNode(key="k"), task_of(spec, tenant="b")) != ""
+
+
+def test_anti_affinity_keys_in_the_namespace_are_refused() -> None:
+    """The scheduler spreads a training group's members with its own key
+    (`heteroflow.training-group:<id>`): a tenant's key may not be one."""
+    body = TASK | {"anti_affinity": ["web", "heteroflow.training-group:grp-1"]}
+    err = refused(parse_create, body, tenant=True)
+    assert err.code is Code.SERVER_OWNED_FIELD and err.fields == ["anti_affinity.1"]
