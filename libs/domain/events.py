@@ -71,7 +71,6 @@ class TaskCreated(Payload):
         return data
 
 
-
 class TaskStatusChanged(ReasonedPayload):
     """One accepted transition with whatever the transition carries (placement, result, ...).
 
