@@ -19,17 +19,20 @@ JAX_VERSION="${HF_JAX_VERSION:-0.10.2}"
 quiet() { grep -v '^WARNING: Location' >&2 || true; }
 status=0
 
-mkdir -p "$CACHE/wheels" || { echo "real-workloads: cannot write $CACHE" >&2; exit 1; }
+# llama.cpp is compiled for this CPU's instruction set: its wheel is kept per set of CPU
+# flags, so a cache that moves to another machine is rebuilt, not run into SIGILL.
+WHEELS="$CACHE/wheels/cpu-$(grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-12)"
+mkdir -p "$WHEELS" || { echo "real-workloads: cannot write $CACHE" >&2; exit 1; }
 
 # llama.cpp's server
-wheel="$(ls "$CACHE/wheels/llama_cpp_python-$LLAMA_VERSION"-*.whl 2>/dev/null | head -n 1)"
+wheel="$(ls "$WHEELS/llama_cpp_python-$LLAMA_VERSION"-*.whl 2>/dev/null | head -n 1)"
 if [[ -z "$wheel" ]]; then
     started=$SECONDS
     # One compile job per core. pip writes the wheel whole at the end: a failed build
     # leaves nothing in the cache.
-    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "${PIP[@]}" wheel --no-deps -w "$CACHE/wheels" \
+    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "${PIP[@]}" wheel --no-deps -w "$WHEELS" \
         "llama-cpp-python==$LLAMA_VERSION" 2> >(quiet) >/dev/null
-    wheel="$(ls "$CACHE/wheels/llama_cpp_python-$LLAMA_VERSION"-*.whl 2>/dev/null | head -n 1)"
+    wheel="$(ls "$WHEELS/llama_cpp_python-$LLAMA_VERSION"-*.whl 2>/dev/null | head -n 1)"
     echo "real-workloads: llama-cpp-python $LLAMA_VERSION built in $((SECONDS - started)) s"
 fi
 if [[ -n "$wheel" ]]; then
