@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,19 +225,27 @@ def detect(
     return Cgroups()
 
 
-def remove(dirs: list[str]) -> bool:
-    """Kill what is left in each cgroup and remove it; True when all are gone."""
+def remove(dirs: list[str], within_s: float = 2.0) -> bool:
+    """Kill what is left in each cgroup and remove it (killed processes take a moment to
+    leave it); True when all are gone."""
+    deadline = time.monotonic() + within_s
     gone = True
     for d in dirs:
         path = Path(d)
-        if not path.exists():
-            continue
-        with contextlib.suppress(OSError):
-            for pid in (path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    os.kill(int(pid), 9)
-        try:
-            path.rmdir()
-        except OSError:
-            gone = False
+        pause = 0.0002
+        while path.exists():
+            with contextlib.suppress(OSError):
+                for pid in (path / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        os.kill(int(pid), 9)
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    gone = False
+                    break
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
     return gone

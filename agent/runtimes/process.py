@@ -187,7 +187,27 @@ class ProcessRuntime(Runtime):
         return self._cgroups
 
     def node_facts(self) -> dict[str, Any]:
+        self._sweep_cgroups()
         return {"cgroups": self.cgroups.mode}
+
+    def _sweep_cgroups(self) -> None:
+        """At start-up: remove this runtime's task cgroups whose attempt has ended or is gone
+        (a supervisor killed before it could remove its own)."""
+        cg = self.cgroups
+        suffix = f"-{self._cgroup_suffix}"
+        parents = [cg.v2] if cg.v2 is not None else list(cg.v1.values())
+        swept = 0
+        for parent in dict.fromkeys(parents):
+            for child in parent.glob(f"*{suffix}"):
+                d = self.tasks_dir / child.name.removesuffix(suffix)
+                if d.name in self._starting or self._state(d) not in (
+                    RunState.EXITED,
+                    RunState.MISSING,
+                ):
+                    continue
+                swept += cgroups_mod.remove([str(child)])
+        if swept:
+            log.info("left-over task cgroups removed", count=swept)
 
     def _state(self, d: Path) -> RunState:
         if not (d / "state.json").exists():

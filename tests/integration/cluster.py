@@ -199,6 +199,13 @@ class Cluster:
             if any(str(self.root) in part for part in (proc.info["cmdline"] or [])):
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
+        # The process tasks' cgroups, which their killed supervisors could not remove.
+        from agent.runtimes.cgroups import remove as remove_cgroups
+
+        for state in self.root.glob("agents/*/tasks/*/state.json"):
+            with contextlib.suppress(OSError, ValueError):
+                cgroup = json.loads(state.read_text()).get("cgroup") or {}
+                remove_cgroups(list(cgroup.get("dirs") or []))
         try:
             import docker
 

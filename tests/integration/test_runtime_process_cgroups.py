@@ -6,6 +6,7 @@ says `none`, which the last test checks on every host)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.runtimes import cgroups
-from agent.runtimes.base import RunSpec
+from agent.runtimes.base import RunSpec, RunState
 from agent.runtimes.process import ProcessRuntime
 
 pytestmark = [
@@ -139,3 +140,30 @@ def test_a_host_with_no_writable_hierarchy_is_none(tmp_path: Path) -> None:
     assert found.mode == "none"
     with pytest.raises(ValueError, match="HETEROFLOW_CGROUPS"):
         cgroups.detect("v3")
+
+
+async def test_a_restarted_agent_removes_the_cgroups_dead_supervisors_left(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    import json
+    import os
+    import signal
+
+    killed = spec("exec sleep 30", memory_mb=64)
+    running = spec("exec sleep 30", memory_mb=64)
+    hk, hr = await rt.start(killed), await rt.start(running)
+    pids = json.loads((rt.tasks_dir / f"{killed.task_id}-0" / "pids.json").read_text())
+    for pid in (pids["supervisor_pid"], pids["pid"]):  # as `kill -9` of both would
+        os.kill(pid, signal.SIGKILL)
+    left = Path(str(_cgroup(rt, killed)["memory"]))
+    kept = Path(str(_cgroup(rt, running)["memory"]))
+    deadline = asyncio.get_running_loop().time() + 5
+    while await rt.inspect(hk) is not RunState.EXITED:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.02)
+    assert _exists(left)  # nobody removed it: its supervisor is dead
+    again = ProcessRuntime(tmp_path / "state", poll_s=0.05)  # the agent, restarted
+    assert again.node_facts()["cgroups"] == rt.cgroups.mode
+    assert not _exists(left) and _exists(kept)  # the running task's stays
+    await rt.remove(hr)
+    assert not _exists(kept)
