@@ -53,6 +53,7 @@ from .base import (
     split_output,
 )
 from .networks import TenantNetworks
+from .networks import prune as networks_prune
 from .sharing import GOLD, SILVER, MigInstance, MpsDaemon, choose_mig, mig_instances, mps_env
 
 log = structlog.get_logger(__name__)
@@ -242,6 +243,18 @@ class DockerRuntime(Runtime):
         return {"userns_remap": self.userns_remap()}
 
     async def close(self) -> None:
+        if self._networks is not None and self.installation:
+            # Tenant networks outlive nothing that is gone: the engine's address pools are
+            # finite (about 30 bridges by default), and each installation has its own.
+            try:
+                await asyncio.wait_for(
+                    self._run(
+                        networks_prune, self.client, self.installation, self._networks.isolation
+                    ),
+                    timeout=10.0,
+                )
+            except (TimeoutError, RuntimeFault, docker.errors.DockerException) as exc:
+                log.warning("tenant_networks_not_pruned", error=str(exc))
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._client is not None:
             self._client.close()

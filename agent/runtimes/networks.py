@@ -184,6 +184,36 @@ class TenantNetworks:
             raise RuntimeFault(f"cannot create network {name}: {exc}") from exc
 
 
+def prune(client: docker.DockerClient, installation: str, isolation: str = "") -> list[str]:
+    """Remove this installation's tenant networks that no container uses any more (and,
+    with `isolation="iptables"`, their rules); returns the names removed. A network still in
+    use, or removed meanwhile by another agent sharing the engine, is left alone. Without an
+    installation nothing is removed (the networks of unnamed installations are shared).
+    Blocking."""
+    if not installation:
+        return []
+    labels = [f"{LABEL_MANAGED}=true", f"{LABEL_INSTALLATION}={installation}"]
+    removed: list[str] = []
+    for net in client.api.networks(filters={"label": labels}):
+        name = str(net.get("Name") or "")
+        try:
+            detail = client.api.inspect_network(net["Id"])
+            if detail.get("Containers"):
+                continue
+            client.api.remove_network(net["Id"])
+        except docker.errors.APIError as exc:
+            if exc.status_code not in (403, 404, 409):  # in use, gone: nothing to do
+                log.warning("tenant_network_not_removed", network=name, error=str(exc))
+            continue
+        removed.append(name)
+        tenant = str((net.get("Labels") or {}).get(LABEL_TENANT) or "")
+        if isolation == "iptables" and shutil.which("iptables"):
+            unisolate(bridge_name(tenant, installation))
+    if removed:
+        log.info("tenant_networks_removed", networks=removed)
+    return removed
+
+
 def _iptables(*args: str) -> bool:
     exe = shutil.which("iptables")
     if exe is None:

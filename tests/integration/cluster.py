@@ -217,10 +217,18 @@ class Cluster:
             # The low-level list: `containers.list` inspects each container it lists and
             # fails on one that another test removed meanwhile (the engine is shared), which
             # skipped this whole cleanup and left this test's containers behind.
+            installations: set[str] = set()
             for c in client.api.containers(all=True, filters={"label": "heteroflow.managed"}):
-                if (c.get("Labels") or {}).get("heteroflow.task_id") in ids:
+                labels = c.get("Labels") or {}
+                if labels.get("heteroflow.task_id") in ids:
+                    installations.add(str(labels.get("heteroflow.installation") or ""))
                     with contextlib.suppress(docker.errors.NotFound):
                         client.api.remove_container(c["Id"], force=True)
+            # Their tenant networks: the engine has room for about 30 bridges.
+            from agent.runtimes.networks import prune as prune_networks
+
+            for installation in installations - {""}:
+                prune_networks(client, installation, "iptables")
         except Exception:  # noqa: BLE001 - no engine, nothing to clean
             pass
 

@@ -1,0 +1,74 @@
+"""Tenant networks do not outlive their containers: the engine's address pools hold about
+30 bridges, so an installation's networks that no container uses are removed when its agent
+stops (and by `prune`), while one still in use is kept."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+import docker
+import docker.errors
+import pytest
+
+from agent.runtimes.base import LABEL_MANAGED, RunSpec
+from agent.runtimes.docker import DockerRuntime
+from agent.runtimes.networks import network_name, prune
+
+from .conftest import requires_docker
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker, requires_docker]
+
+
+def _names(client: docker.DockerClient) -> set[str]:
+    return {str(n["Name"]) for n in client.api.networks()}
+
+
+async def test_unused_tenant_networks_are_removed_and_used_ones_kept() -> None:
+    run = uuid.uuid4().hex[:8]
+    installation, other = f"p{run}", f"q{run}"
+    client = docker.from_env()
+    runtime = DockerRuntime(wait_poll_s=0.5, isolation="none", installation=installation)
+    bystander = DockerRuntime(wait_poll_s=0.5, isolation="none", installation=other)
+    busy, idle = f"busy{run}", f"idle{run}"
+    try:
+        for tenant in (busy, idle):
+            spec = RunSpec(
+                task_id=f"t-{tenant}",
+                attempt=1,
+                tenant_id=tenant,
+                image="busybox:latest",
+                command="sleep 60" if tenant == busy else "true",
+            )
+            handle = await runtime.start(spec)
+            if tenant == idle:
+                await runtime.wait(handle)
+                await runtime.remove(handle)
+        await bystander.start(
+            RunSpec(
+                task_id=f"t-{other}",
+                attempt=1,
+                tenant_id=idle,
+                image="busybox:latest",
+                command="true",
+            )
+        )
+        before = _names(client)
+        assert {network_name(busy, installation), network_name(idle, installation)} <= before
+        await runtime.close()
+        after = _names(client)
+        # The idle tenant's network is gone, the busy one's kept, the other installation's
+        # untouched (its container has exited but still references it).
+        assert network_name(idle, installation) not in after
+        assert network_name(busy, installation) in after
+        assert network_name(idle, other) in after
+        assert prune(client, "") == []  # no installation: nothing is removed
+    finally:
+        for c in client.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"}):
+            if run in str((c.get("Labels") or {}).get("heteroflow.task_id", "")):
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.api.remove_container(c["Id"], force=True)
+        assert network_name(busy, installation) in prune(client, installation)
+        assert network_name(idle, other) in prune(client, other)
+        await bystander.close()
+        client.close()
