@@ -354,6 +354,22 @@ MIGRATIONS: list[tuple[int, str]] = [
         WHERE jsonb_typeof(doc->'spec'->'tasks') = 'array';
         """,
     ),
+    (
+        13,
+        """
+        -- Fields added with their defaults (a replayed row has them; a stored one must too,
+        -- or replay reports it as different): a task's allocated host ports (docs/groups.md)
+        -- and what a node's inventory says of its address space, isolation, user namespaces
+        -- and cgroups (docs/runtimes.md). Values already present win over the defaults.
+        UPDATE tasks SET doc = doc || '{"ports": {}}'::jsonb WHERE NOT (doc ? 'ports');
+        UPDATE nodes SET doc = jsonb_set(doc, '{inventory}',
+            '{"host_id": "", "port_range": [20000, 32000], "isolation": "",
+              "userns_remap": false, "cgroups": ""}'::jsonb || (doc->'inventory'))
+        WHERE jsonb_typeof(doc->'inventory') = 'object'
+          AND NOT (doc->'inventory' ?& ARRAY['host_id', 'port_range', 'isolation',
+                                              'userns_remap', 'cgroups']);
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).
