@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from libs.domain.node import NodeInventory, NodeRegistered
-from libs.store.projections import NODES
 from libs.store.migrations import MIGRATIONS
+from libs.store.projections import NODES
 from libs.store.replay import rebuild
 
 from .helpers import AGENT_NODE, Api
