@@ -198,6 +198,9 @@ async def test_gpu_utilization_is_the_mean_over_the_groups_cards(api: Api) -> No
     cfg = {"metric": "gpu_utilization", "target": 50, "max_replicas": 8}
     gid = await make_group(api, cfg)
     members = [t["id"] for t in (await view(api, gid))["tasks"]]
+    # Telemetry is kept only for tasks placed on the node that sends it.
+    for tid in members:
+        await api.place(tid, "n1")
     at = now()
     samples = [
         GpuSample(

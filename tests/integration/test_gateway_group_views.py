@@ -112,6 +112,7 @@ async def test_group_stats_count_the_tenants_groups_by_status(api: Api) -> None:
 async def test_group_gpu_metrics_and_energy_cover_every_member(api: Api) -> None:
     g = await make_group(api)
     t0, t1 = (t["id"] for t in sorted(g["tasks"], key=lambda t: t["rank"]))
+    await api.place(t0, "n1")  # telemetry is kept only for tasks placed on the sending node
     now = datetime.now(UTC).replace(microsecond=0)
     samples = tuple(
         GpuSample(
