@@ -63,7 +63,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 hold(20000.0)
-HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+HTTPServer(("0.0.0.0", port), Handler).serve_forever()
 """
 
 
@@ -81,10 +81,12 @@ def start_node(cluster: Cluster) -> Path:
 def create_engine(cluster: Cluster, vram: Path, mode: str) -> dict[str, Any]:
     script = cluster.root / "engine.py"
     script.write_text(ENGINE)
+    # The declared port; on the process runtime the replica listens on the port the
+    # platform allocated for it (`PORT`), on the node's advertised address.
     port = free_port()
     return cluster.create(
         name=f"engine-{mode}",
-        command=f"exec {sys.executable} {script} {port} {vram} {CARD} {mode}",
+        command=f'exec {sys.executable} {script} "$PORT" {vram} {CARD} {mode}',
         task_type="inference",
         serving={"port": port, "health_path": "/healthz"},
         gpu_required=1,
