@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import math
 import re
+import threading
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -185,6 +186,7 @@ class DockerRuntime(Runtime):
         self.isolation = isolation
         self.tenant_networks = tenant_networks
         self._networks: TenantNetworks | None = None
+        self._networks_lock = threading.Lock()
         self._max_threads = max_threads
         self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="hf-docker")
 
@@ -371,9 +373,12 @@ class DockerRuntime(Runtime):
             return {"network_mode": "host", "ports": None}
         if not self.tenant_networks:
             return {}
-        if self._networks is None:
-            self._networks = TenantNetworks(self.client, self.isolation, self.installation or "")
         try:
+            with self._networks_lock:  # one TenantNetworks (and one lock) for every start
+                if self._networks is None:
+                    self._networks = TenantNetworks(
+                        self.client, self.isolation, self.installation or ""
+                    )
             return {"network": self._networks.ensure(spec.tenant_id)}
         except (RuntimeFault, docker.errors.DockerException) as e:
             # Never start a tenant's container outside its network: the start fails instead.

@@ -181,6 +181,10 @@ class TenantNetworks:
         except docker.errors.APIError as exc:
             if exc.status_code == 409:  # another agent on this engine made it first
                 return self.client.networks.get(name)
+            # Made by another agent meanwhile, refused as a bridge name already taken.
+            for net in self.client.networks.list(names=[name]):
+                if net.name == name:
+                    return net
             raise RuntimeFault(f"cannot create network {name}: {exc}") from exc
 
 

@@ -187,7 +187,11 @@ def test_a_canary_then_a_full_rollout_under_load_fails_no_request(cluster: Clust
     ]
     assert {call(cluster, gid, "version").text.strip() for _ in range(12)} == {"v2"}
     tasks = all_tasks(cluster, gid)
-    assert {t["status"] for t in tasks if t["generation"] == 0} == {"cancelled"}
+    assert {t["status"] for t in tasks if t["generation"] == 0} == {"cancelled"}, [
+        {k: t.get(k) for k in ("status", "exit_code", "error", "status_reason", "node_id")}
+        for t in tasks
+        if t["generation"] == 0 and t["status"] != "cancelled"
+    ]
     assert sorted(t["rank"] for t in tasks if t["status"] == "running") == [0, 1, 2]
     kinds = timeline_kinds(cluster, gid)
     for kind in ("rollout_started", "rollout_batch", "rollout_drain", "rollout_completed"):

@@ -72,3 +72,38 @@ async def test_unused_tenant_networks_are_removed_and_used_ones_kept() -> None:
         assert network_name(idle, other) in prune(client, other)
         await bystander.close()
         client.close()
+
+
+async def test_concurrent_first_starts_of_a_tenant_share_one_network() -> None:
+    """The first starts of a new runtime arrive together (a group's replicas): they make one
+    network between them, none fails on a network made meanwhile (with isolation `auto`,
+    found at start-up, each once built its own and raced to create it)."""
+    import asyncio
+
+    run = uuid.uuid4().hex[:8]
+    installation, tenant = f"c{run}", f"t{run}"
+    client = docker.from_env()
+    runtime = DockerRuntime(wait_poll_s=0.5, isolation="auto", installation=installation)
+    try:
+        specs = [
+            RunSpec(
+                task_id=f"c{run}-{i}",
+                attempt=1,
+                tenant_id=tenant,
+                image="busybox:latest",
+                command="true",
+            )
+            for i in range(4)
+        ]
+        handles = await asyncio.gather(*(runtime.start(s) for s in specs))
+        assert len(handles) == 4
+        names = [n for n in _names(client) if n == network_name(tenant, installation)]
+        assert names == [network_name(tenant, installation)]
+    finally:
+        for c in client.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"}):
+            if str((c.get("Labels") or {}).get("heteroflow.task_id", "")).startswith(f"c{run}"):
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.api.remove_container(c["Id"], force=True)
+        await runtime.close()
+        assert network_name(tenant, installation) not in _names(client)
+        client.close()
