@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from .reasons import REASON_SCHEMA_VERSION, ReasonCode, upcast_reason
 from .states import TaskStatus
-from .task import Task, TaskId, TaskSpec, TenantId, upcast_spec
+from .task import Task, TaskId, TaskSpec, TenantId, upcast_task_doc
 
 
 class Payload(BaseModel):
@@ -64,11 +64,7 @@ class TaskCreated(Payload):
     @classmethod
     def _upcast(cls, data: Any) -> Any:
         # Stored before `Platform`: the platform's labels move into the spec's `platform`.
-        spec = data.get("spec") if isinstance(data, dict) else None
-        if isinstance(spec, dict) and "platform" not in spec:
-            grouped = data.get("group_id") is not None
-            return data | {"spec": upcast_spec(spec, grouped=grouped)}
-        return data
+        return upcast_task_doc(data)
 
 
 class TaskStatusChanged(ReasonedPayload):

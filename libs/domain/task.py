@@ -119,6 +119,16 @@ def upcast_spec(spec: Any, *, grouped: bool) -> Any:
     return spec | {"labels": kept, "platform": platform}
 
 
+def upcast_task_doc(data: Any) -> Any:
+    """A stored task document or `task_created` payload (a dict holding `spec` and
+    `group_id`) written before `Platform`: its spec upcast (`upcast_spec`). Anything else is
+    returned as is."""
+    spec = data.get("spec") if isinstance(data, dict) else None
+    if isinstance(spec, dict) and "platform" not in spec:
+        return data | {"spec": upcast_spec(spec, grouped=data.get("group_id") is not None)}
+    return data
+
+
 class TaskSpec(BaseModel):
     """The user-owned configuration of a task, validated and normalised."""
 
@@ -215,11 +225,7 @@ class Task(BaseModel):
     @classmethod
     def _upcast(cls, data: Any) -> Any:
         # A document stored before `Platform`: the platform's labels move into it.
-        spec = data.get("spec") if isinstance(data, dict) else None
-        if isinstance(spec, dict) and "platform" not in spec:
-            grouped = data.get("group_id") is not None
-            return data | {"spec": upcast_spec(spec, grouped=grouped)}
-        return data
+        return upcast_task_doc(data)
 
     id: TaskId
     tenant_id: TenantId
