@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import httpx
 
 from libs.config import GatewaySettings
+from libs.domain.commands import decide_transition
+from libs.domain.envelope import EventEnvelope
+from libs.domain.reasons import ReasonCode
+from libs.domain.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 
 
@@ -36,3 +41,26 @@ AGENT_NODE = "n1"
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+async def complete(store: EventStore, task_id: str, result: str) -> EventEnvelope:
+    """Walk a pending task to `completed` with `result`, as the scheduler and its agent
+    would, and return its last event as the bus delivers it (the job orchestrator's input)."""
+    for to in (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING):
+        await store.execute(
+            task_id,
+            partial(decide_transition, to=to, actor=Actor.SCHEDULER, reason_code=ReasonCode.PLACED),
+        )
+    await store.execute(
+        task_id,
+        partial(
+            decide_transition,
+            to=TaskStatus.COMPLETED,
+            actor=Actor.AGENT,
+            reason_code=ReasonCode.EXITED,
+            exit_code=0,
+            result=result,
+        ),
+    )
+    last = (await store.read_stream(task_id))[-1]
+    return EventEnvelope.model_validate(last.envelope())

@@ -3,19 +3,13 @@ submission, the DAG view, stop and delete, tenant isolation, and replay."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
-from libs.domain.commands import decide_transition
-from libs.domain.envelope import EventEnvelope
-from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor
-from libs.domain.states import TaskStatus as S
 from libs.store import tasks as task_rows
 from libs.store.replay import rebuild
 from services.job_orchestrator.service import Orchestrator
 
-from .helpers import Api
+from .helpers import Api, complete
 
 
 def body(**extra: Any) -> dict[str, Any]:
@@ -103,34 +97,7 @@ async def test_the_cascade_runs_once_per_event(api: Api) -> None:
     r = await api.client.post("/api/v1/jobs", json=body(), headers=api.tenant)
     job_id = r.json()["id"]
     prep_id = r.json()["tasks"][0]["task"]["id"]
-    path = (S.SCHEDULED, S.STARTING, S.RUNNING)
-    for to in path:
-        await api.store.execute(
-            prep_id,
-            partial(decide_transition, to=to, actor=Actor.SCHEDULER, reason_code=ReasonCode.PLACED),
-        )
-    await api.store.execute(
-        prep_id,
-        partial(
-            decide_transition,
-            to=S.COMPLETED,
-            actor=Actor.AGENT,
-            reason_code=ReasonCode.EXITED,
-            exit_code=0,
-            result='HF_METRICS {"rows": 12}',
-        ),
-    )
-    last = (await api.store.read_stream(prep_id))[-1]
-    envelope = EventEnvelope(
-        event_id=last.event_id,
-        position=last.position,
-        stream_id=last.stream_id,
-        stream_type=last.stream_type,
-        version=last.version,
-        type=last.type,
-        occurred_at=last.occurred_at,
-        payload=last.payload,
-    )
+    envelope = await complete(api.store, prep_id, 'HF_METRICS {"rows": 12}')
     orchestrator = Orchestrator(api.store)
     await orchestrator.handle(envelope)
     await orchestrator.handle(envelope)  # redelivered

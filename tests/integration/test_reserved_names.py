@@ -4,23 +4,17 @@ rows stored with the old labels upcast with replay at zero differences."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from prometheus_client import REGISTRY
 
-from libs.domain.commands import decide_transition
-from libs.domain.envelope import EventEnvelope
-from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor
-from libs.domain.states import TaskStatus as S
 from libs.domain.task import Platform, TaskId, TenantId, parse_create
 from libs.store import tasks as task_rows
 from libs.store.migrations import MIGRATIONS
 from libs.store.replay import rebuild
 from services.job_orchestrator.service import Orchestrator
 
-from .helpers import Api
+from .helpers import Api, complete
 
 TASK = {"name": "t", "image": "busybox:latest"}
 SURGE = "heteroflow.rollout_surge_cards"
@@ -82,36 +76,6 @@ async def test_every_entry_refuses_the_platforms_labels(api: Api) -> None:
     assert r.status_code == 400 and r.json()["code"] == 40002 and r.json()["fields"] == ["platform"]
 
 
-async def _end(api: Api, task_id: str, result: str) -> EventEnvelope:
-    for to in (S.SCHEDULED, S.STARTING, S.RUNNING):
-        await api.store.execute(
-            task_id,
-            partial(decide_transition, to=to, actor=Actor.SCHEDULER, reason_code=ReasonCode.PLACED),
-        )
-    await api.store.execute(
-        task_id,
-        partial(
-            decide_transition,
-            to=S.COMPLETED,
-            actor=Actor.AGENT,
-            reason_code=ReasonCode.EXITED,
-            exit_code=0,
-            result=result,
-        ),
-    )
-    last = (await api.store.read_stream(task_id))[-1]
-    return EventEnvelope(
-        event_id=last.event_id,
-        position=last.position,
-        stream_id=last.stream_id,
-        stream_type=last.stream_type,
-        version=last.version,
-        type=last.type,
-        occurred_at=last.occurred_at,
-        payload=last.payload,
-    )
-
-
 def refused_count() -> float:
     value = REGISTRY.get_sample_value("heteroflow_foreign_references_total", {"kind": "job_task"})
     return value or 0.0
@@ -136,7 +100,9 @@ async def test_a_task_claiming_another_tenants_job_is_refused_and_the_job_unchan
     count = refused_count()
     for tenant in ("globex", "acme"):
         forged = await api.store.create_task(TenantId(tenant), forged_spec)
-        await orchestrator.handle(await _end(api, forged.id, 'HF_METRICS {"accuracy": 0.99}'))
+        await orchestrator.handle(
+            await complete(api.store, forged.id, 'HF_METRICS {"accuracy": 0.99}')
+        )
     assert refused_count() == count + 2
     assert [e.type for e in await api.store.read_stream(job_id)] == before
     view = (await api.client.get(f"/api/v1/jobs/{job_id}", headers=api.tenant)).json()
@@ -144,7 +110,7 @@ async def test_a_task_claiming_another_tenants_job_is_refused_and_the_job_unchan
     assert nodes["train"]["state"] == "created" and nodes["deploy"]["task"] is None
     assert view["status"] == "running"
 
-    await orchestrator.handle(await _end(api, train_id, 'HF_METRICS {"accuracy": 0.95}'))
+    await orchestrator.handle(await complete(api.store, train_id, 'HF_METRICS {"accuracy": 0.95}'))
     view = (await api.client.get(f"/api/v1/jobs/{job_id}", headers=api.tenant)).json()
     nodes = {t["key"]: t for t in view["tasks"]}
     assert nodes["train"]["state"] == "completed" and nodes["train"]["metrics"] == {
