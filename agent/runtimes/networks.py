@@ -60,16 +60,6 @@ def bridge_name(tenant_id: str, installation: str = "") -> str:
     return BRIDGE_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:11]
 
 
-def _run_iptables(exe: str, *args: str) -> bool:
-    try:
-        done = subprocess.run(
-            [exe, "-w", *args], capture_output=True, text=True, check=False, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
-
-
 def _default_bridge(client: docker.DockerClient) -> str | None:
     """The interface of the engine's default `bridge` network, None when it has none."""
     try:
@@ -90,10 +80,9 @@ def detect_isolation(
     the operator says; `auto` looks at this node (module docstring). Blocking."""
     if configured != "auto":
         return configured, "configured"
-    exe = shutil.which("iptables")
-    if exe is None:
+    if shutil.which("iptables") is None:
         return "none", "no iptables binary on this node"
-    if not _run_iptables(exe, "-S", "FORWARD"):
+    if not _iptables("-S", "FORWARD"):
         return "none", "iptables refused to list FORWARD (no permission)"
     bridge = _default_bridge(client)
     if bridge is not None and not os.path.exists(os.path.join(sys_net, bridge)):
@@ -101,13 +90,9 @@ def detect_isolation(
             f"the engine's bridge {bridge} is not in this network namespace (an agent in a "
             "container of its own): its rules can be neither seen nor added"
         )
-    if any(_run_iptables(exe, "-S", chain) for chain in DOCKER_CHAINS):
+    if any(_iptables("-S", chain) for chain in DOCKER_CHAINS):
         return "docker", "dockerd manages iptables"
-    chain = _run_iptables(exe, "-S", CHAIN) or _run_iptables(exe, "-N", CHAIN)
-    jump = _run_iptables(exe, "-C", "FORWARD", "-j", CHAIN) or _run_iptables(
-        exe, "-I", "FORWARD", "1", "-j", CHAIN
-    )
-    if chain and jump:
+    if _chain_jumped():
         return "iptables", "dockerd does not manage iptables: the agent's own rules"
     return "none", "iptables refused the agent's chain or its FORWARD jump"
 
@@ -219,11 +204,24 @@ def prune(client: docker.DockerClient, installation: str, isolation: str = "") -
 
 
 def _iptables(*args: str) -> bool:
+    """`iptables -w <args>` (waiting for the xtables lock); True when it succeeded."""
     exe = shutil.which("iptables")
     if exe is None:
         raise RuntimeFault("container_isolation=iptables but no iptables binary on this node")
-    done = subprocess.run([exe, "-w", *args], capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(
+            [exe, "-w", *args], capture_output=True, text=True, check=False, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
     return done.returncode == 0
+
+
+def _chain_jumped() -> bool:
+    """The agent's chain exists and FORWARD jumps to it first (idempotent; the jump cannot
+    exist without the chain)."""
+    _iptables("-N", CHAIN)  # fails harmlessly when it exists
+    return _iptables("-C", "FORWARD", "-j", CHAIN) or _iptables("-I", "FORWARD", "1", "-j", CHAIN)
 
 
 def bridge_rules(bridge: str) -> list[tuple[str, ...]]:
@@ -239,10 +237,7 @@ def bridge_rules(bridge: str) -> list[tuple[str, ...]]:
 
 def isolate(bridge: str) -> None:
     """Keep `bridge`'s traffic on `bridge` (idempotent)."""
-    _iptables("-N", CHAIN)  # fails harmlessly when it exists
-    if not _iptables("-C", "FORWARD", "-j", CHAIN) and not _iptables(
-        "-I", "FORWARD", "1", "-j", CHAIN
-    ):
+    if not _chain_jumped():
         raise RuntimeFault("iptables refused the FORWARD jump")
     for rule in bridge_rules(bridge):
         if not _iptables("-C", CHAIN, *rule) and not _iptables("-A", CHAIN, *rule):
