@@ -28,10 +28,6 @@ from libs.domain.validation import image_reference_error, normalise_container_pa
 from .runtimes.base import RunSpec, VolumeMount
 
 
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
 def resolve_host_path(host_path: str, prefixes: Iterable[str]) -> tuple[str, str | None]:
     """(the real path on this host, why it is refused or None).
 
@@ -44,7 +40,7 @@ def resolve_host_path(host_path: str, prefixes: Iterable[str]) -> tuple[str, str
     if not host_path_allowed(host_path, allow):
         return host_path, f"is not under this node's allow-list ({listed})"
     real = os.path.realpath(host_path)
-    if any(_under(real, os.path.realpath(p)) for p in allow):
+    if host_path_allowed(real, [os.path.realpath(p) for p in allow]):
         return real, None
     return real, f"resolves to {real!r} on this node, outside its allow-list ({listed})"
 
