@@ -13,7 +13,7 @@ from libs.domain.errors import Code, DomainError
 from libs.domain.events import TaskCreated, evolve_task
 from libs.domain.group import parse_group
 from libs.domain.job import parse_job
-from libs.domain.job_state import JobNode, JobSubmitted, evolve_job, task_spec
+from libs.domain.job_state import Job, JobNode, JobSubmitted, evolve_job, task_spec
 from libs.domain.rollout import parse_rollout
 from libs.domain.task import (
     Platform,
@@ -103,20 +103,17 @@ def test_a_rollout_cannot_set_labels() -> None:
     assert err.code is Code.UNKNOWN_FIELD and err.fields == ["labels"]
 
 
+def job_a() -> Job:
+    """Tenant a's job `job-a` of one task, key `k`, as submitted."""
+    spec = parse_job({"name": "j", "tasks": [{"key": "k"} | TASK]}, tenant=True)
+    return evolve_job(None, JobSubmitted(job_id="job-a", tenant_id=TenantId("a"), spec=spec), T0, 1)
+
+
 def test_the_platform_writes_its_metadata_to_platform_not_labels() -> None:
     group = parse_group(TASK | {"task_count": 2, "task_type": "training"}, tenant=True)
     member = group.member_spec(1)
     assert member.labels == {} and member.platform.static_world
-    job = evolve_job(
-        None,
-        JobSubmitted(
-            job_id="job-a",
-            tenant_id=TenantId("a"),
-            spec=parse_job({"name": "j", "tasks": [{"key": "k"} | TASK]}, tenant=True),
-        ),
-        T0,
-        1,
-    )
+    job = job_a()
     spec = task_spec(job, "k")
     assert spec.labels == {} and spec.platform == Platform(job_id="job-a", job_key="k")
 
@@ -191,16 +188,7 @@ def test_stored_events_and_documents_are_upcast(
 
 
 def test_only_the_task_the_job_created_settles_its_node() -> None:
-    job = evolve_job(
-        None,
-        JobSubmitted(
-            job_id="job-a",
-            tenant_id=TenantId("a"),
-            spec=parse_job({"name": "j", "tasks": [{"key": "k"} | TASK]}, tenant=True),
-        ),
-        T0,
-        1,
-    )
+    job = job_a()
     spec = task_spec(job, "k")
     ours = task_of(spec)
     node = JobNode(key="k", task_id="t1")
