@@ -172,37 +172,25 @@ def _task() -> Task:
     )
 
 
+def moved(task: Task, to: TaskStatus, actor: str, code: ReasonCode, **kw: Any) -> Task:
+    event = TaskStatusChanged(
+        task_id=task.id,
+        from_status=task.status,
+        to_status=to,
+        actor=actor,
+        reason_code=code,
+        **kw,
+    )
+    return evolve_task(task, event, NOW, task.version + 1)
+
+
 def test_ports_are_part_of_the_placement_event_and_leave_with_it() -> None:
-    task = _task()
-    placed = evolve_task(
-        task,
-        TaskStatusChanged(
-            task_id=task.id,
-            from_status=S.PENDING,
-            to_status=S.SCHEDULED,
-            actor="scheduler",
-            reason_code=ReasonCode.PLACED,
-            node_id="a",
-            ports={"serve": 21000},
-        ),
-        NOW,
-        2,
+    placed = moved(
+        _task(), S.SCHEDULED, "scheduler", ReasonCode.PLACED, node_id="a", ports={"serve": 21000}
     )
     assert placed.ports == {"serve": 21000}
     assert Allocation.from_task(placed, {}).ports == (21000,)
-    requeued = evolve_task(
-        placed,
-        TaskStatusChanged(
-            task_id=task.id,
-            from_status=S.SCHEDULED,
-            to_status=S.PENDING,
-            actor="agent",
-            reason_code=ReasonCode.PREEMPTED,
-            clear_placement=True,
-        ),
-        NOW,
-        3,
-    )
+    requeued = moved(placed, S.PENDING, "agent", ReasonCode.PREEMPTED, clear_placement=True)
     assert requeued.ports == {}
 
 
