@@ -142,6 +142,21 @@ class Cluster:
         assert r.status_code == 200, r.text
         return dict(r.json())
 
+    def create_group(self, **body: Any) -> dict[str, Any]:
+        r = web.post(f"{self.url}/api/v1/task-groups", json=body, headers=self.tenant)
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
+    def group(self, group_id: str) -> dict[str, Any]:
+        r = web.get(f"{self.url}/api/v1/task-groups/{group_id}", headers=self.tenant)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def logs(self, task_id: str) -> list[str]:
+        r = web.get(f"{self.url}/api/v1/tasks/{task_id}/logs", headers=self.tenant)
+        assert r.status_code == 200, r.text
+        return list(r.json()["logs"])
+
     def wait(self, cond: Callable[[], bool], what: str, timeout: float = 30.0) -> float:
         started = time.monotonic()
         while time.monotonic() - started < timeout:

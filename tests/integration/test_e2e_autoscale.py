@@ -22,7 +22,7 @@ from . import web
 from .cluster import Cluster
 from .conftest import requires_docker
 from .test_cli import hf
-from .test_e2e_serving import HTTPD, SERVING, group, ready_replicas
+from .test_e2e_serving import HTTPD, SERVING, ready_replicas
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker, requires_docker]
 
@@ -49,7 +49,7 @@ def events(cluster: Cluster, gid: str, kind: str) -> list[tuple[dict[str, Any], 
 
 def live(cluster: Cluster, gid: str) -> list[dict[str, Any]]:
     ended = {"completed", "failed", "cancelled", "stopped"}
-    return [t for t in group(cluster, gid)["tasks"] if t["status"] not in ended]
+    return [t for t in cluster.group(gid)["tasks"] if t["status"] not in ended]
 
 
 class Load:
@@ -124,7 +124,7 @@ def test_load_grows_replicas_they_shrink_after_it_and_come_back_from_zero(
     )
 
     with Load(cluster, gid) as load:
-        cluster.wait(lambda: group(cluster, gid)["replicas"] == 3, "grown to max_replicas", 40)
+        cluster.wait(lambda: cluster.group(gid)["replicas"] == 3, "grown to max_replicas", 40)
         cluster.wait(lambda: len(ready_replicas(cluster, gid)) == 3, "three ready", 40)
     assert load.sent > 0
     decided = events(cluster, gid, "group_autoscale_decided")
@@ -134,7 +134,7 @@ def test_load_grows_replicas_they_shrink_after_it_and_come_back_from_zero(
     assert took <= 2 * INTERVAL_S + 0.5, f"{took:.1f} s from qps above target to 3 replicas"
 
     # load stopped: the sliding window empties, and after the down cooldown they shrink
-    cluster.wait(lambda: group(cluster, gid)["replicas"] == 1, "shrunk to min_replicas", 40)
+    cluster.wait(lambda: cluster.group(gid)["replicas"] == 1, "shrunk to min_replicas", 40)
     cluster.wait(lambda: len(live(cluster, gid)) == 1, "removed replicas ended", 30)
     assert [(t["rank"], t["id"]) for t in live(cluster, gid)] == [(0, rank0)]
     scales = events(cluster, gid, "group_scaled")

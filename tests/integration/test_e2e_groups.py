@@ -24,15 +24,7 @@ ENV_PROBE = (
 
 def create_group(cluster: Cluster, **body: Any) -> dict[str, Any]:
     body = {"name": "grp", "image": "busybox:latest"} | body
-    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-def get_group(cluster: Cluster, group_id: str) -> dict[str, Any]:
-    r = web.get(f"{cluster.url}/api/v1/task-groups/{group_id}", headers=cluster.tenant)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
+    return cluster.create_group(**body)
 
 
 def group_payloads(cluster: Cluster, group_id: str, event_type: str) -> list[dict[str, Any]]:
@@ -52,12 +44,6 @@ def recoveries(cluster: Cluster, group_id: str) -> list[str]:
     return [p["kind"] for p in group_payloads(cluster, group_id, "group_recovery")]
 
 
-def logs(cluster: Cluster, task_id: str) -> list[str]:
-    r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant)
-    assert r.status_code == 200, r.text
-    return list(r.json()["logs"])
-
-
 def test_training_group_is_a_gang_with_consistent_env(cluster: Cluster) -> None:
     cluster.start_agent(
         "a", "process", HETEROFLOW_DECLARED_GPUS="nvidia:A100:81920", HETEROFLOW_ADDRESS="10.1.0.1"
@@ -73,21 +59,21 @@ def test_training_group_is_a_gang_with_consistent_env(cluster: Cluster) -> None:
     )
     # One node with one card: the world cannot form, so neither member runs.
     cluster.wait(
-        lambda: all(t["pending_reason"] for t in get_group(cluster, g["id"])["tasks"]),
+        lambda: all(t["pending_reason"] for t in cluster.group(g["id"])["tasks"]),
         "both members explain why they wait",
     )
-    assert {t["status"] for t in get_group(cluster, g["id"])["tasks"]} == {"pending"}
+    assert {t["status"] for t in cluster.group(g["id"])["tasks"]} == {"pending"}
     cluster.start_agent(
         "b", "process", HETEROFLOW_DECLARED_GPUS="nvidia:A100:81920", HETEROFLOW_ADDRESS="10.1.0.2"
     )
     cluster.wait(
-        lambda: get_group(cluster, g["id"])["status"] == "completed", "group completed", timeout=40
+        lambda: cluster.group(g["id"])["status"] == "completed", "group completed", timeout=40
     )
-    members = get_group(cluster, g["id"])["tasks"]
+    members = cluster.group(g["id"])["tasks"]
     rank0_node = next(t["node_id"] for t in members if t["rank"] == 0)
     master = {"a": "10.1.0.1", "b": "10.1.0.2"}[rank0_node]
     for t in members:
-        (line,) = [x for x in logs(cluster, t["id"]) if x.startswith("WORLD_SIZE")]
+        (line,) = [x for x in cluster.logs(t["id"]) if x.startswith("WORLD_SIZE")]
         assert line == (
             f"WORLD_SIZE=2 NNODES=2 NODE_RANK={t['rank']} LOCAL_WORLD_SIZE=1 "
             f"MASTER_ADDR={master} MASTER_PORT=4000 DIST_BACKEND=nccl "
@@ -100,17 +86,17 @@ def test_killing_one_replica_heals_only_that_rank(cluster: Cluster) -> None:
     cluster.start_agent("a", "process")
     cluster.start_agent("b", "process")
     g = create_group(cluster, task_count=2, parallelism="split", command="sleep 300")
-    cluster.wait(lambda: get_group(cluster, g["id"])["status"] == "running", "group running")
-    members = {t["rank"]: t for t in get_group(cluster, g["id"])["tasks"]}
+    cluster.wait(lambda: cluster.group(g["id"])["status"] == "running", "group running")
+    members = {t["rank"]: t for t in cluster.group(g["id"])["tasks"]}
     victim, healthy = members[0], members[1]
     os.kill(int(victim["container_id"]), signal.SIGKILL)
 
     def replaced() -> bool:
-        now = {t["rank"]: t for t in get_group(cluster, g["id"])["tasks"]}
+        now = {t["rank"]: t for t in cluster.group(g["id"])["tasks"]}
         return bool(now[0]["id"] != victim["id"] and now[0]["status"] == "running")
 
     cluster.wait(replaced, "a new running task for rank 0", timeout=40)
-    after = get_group(cluster, g["id"])
+    after = cluster.group(g["id"])
     assert after["status"] == "running" and after["replacements"] == 1
     assert victim["id"] in after["superseded_tasks"]
     untouched = cluster.task(healthy["id"])
@@ -128,10 +114,8 @@ def test_static_world_member_failure_fails_group_and_stops_the_rest(cluster: Clu
         task_type="training",
         command='if [ "$NODE_RANK" = 1 ]; then sleep 2; exit 3; fi; sleep 300',
     )
-    cluster.wait(
-        lambda: get_group(cluster, g["id"])["status"] == "failed", "group failed", timeout=40
-    )
-    members = {t["rank"]: t for t in get_group(cluster, g["id"])["tasks"]}
+    cluster.wait(lambda: cluster.group(g["id"])["status"] == "failed", "group failed", timeout=40)
+    members = {t["rank"]: t for t in cluster.group(g["id"])["tasks"]}
     assert members[1]["status"] == "failed" and members[1]["retry_count"] == 0
     cluster.wait(lambda: cluster.task(members[0]["id"])["status"] == "stopped", "rank 0 stopped")
     assert "group_restart" not in recoveries(cluster, g["id"]), "a user error vetoes restarts"
@@ -149,7 +133,7 @@ def test_startup_infra_failure_restarts_whole_group_at_most_twice(cluster: Clust
     )
 
     def settled() -> bool:
-        group = get_group(cluster, g["id"])
+        group = cluster.group(g["id"])
         return (
             group["restarts"] == 2
             and group["status"] == "failed"
@@ -157,7 +141,7 @@ def test_startup_infra_failure_restarts_whole_group_at_most_twice(cluster: Clust
         )
 
     cluster.wait(settled, "two restarts, then failed", timeout=60)
-    group = get_group(cluster, g["id"])
+    group = cluster.group(g["id"])
     assert len(group["superseded_tasks"]) == 4, "two earlier worlds of two members"
     kinds = recoveries(cluster, g["id"])
     assert kinds.count("group_restart") == 2
@@ -170,11 +154,11 @@ def test_inference_group_rebuilt_at_priority_100_at_most_five_times(cluster: Clu
     g = create_group(cluster, task_count=1, task_type="inference", command="exit 1")
 
     def settled() -> bool:
-        group = get_group(cluster, g["id"])
+        group = cluster.group(g["id"])
         return bool(group["rebuilds"] == 5 and group["status"] == "failed")
 
     cluster.wait(settled, "five rebuilds then failed", timeout=90)
-    group = get_group(cluster, g["id"])
+    group = cluster.group(g["id"])
     assert len(group["superseded_tasks"]) == 5
     assert group["tasks"][0]["priority"] == 100
     assert recoveries(cluster, g["id"]).count("inference_rebuild") == 5
@@ -232,8 +216,8 @@ def test_crash_looping_replica_is_bounded_then_the_group_fails(cluster: Cluster)
     g = create_group(
         cluster, task_count=2, parallelism="split", command='[ "$RANK" = 0 ] && exit 1; sleep 300'
     )
-    cluster.wait(lambda: get_group(cluster, g["id"])["status"] == "failed", "group failed", 60)
-    after = get_group(cluster, g["id"])
+    cluster.wait(lambda: cluster.group(g["id"])["status"] == "failed", "group failed", 60)
+    after = cluster.group(g["id"])
     assert after["reason_code"] == "crash_loop" and "rank 0 failed 3 times" in after["reason"]
     assert after["replacements"] == 2, "two restarts, then the cap"
     rank0 = [t for t in after["tasks"] if t["rank"] == 0]

@@ -20,7 +20,7 @@ import pytest
 from . import web
 from .cluster import Cluster
 from .test_e2e_rollout import FAST, all_tasks, live_by_generation, phase_is, rollout
-from .test_e2e_serving import group, ready_replicas, serving, timeline_kinds
+from .test_e2e_serving import ready_replicas, serving, timeline_kinds
 from .workloads import llama_server_command, requires_llama_server, write_tiny_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, requires_llama_server]
@@ -105,18 +105,12 @@ class Load:
         self.thread.join(90)
 
 
-def task_logs(cluster: Cluster, task_id: str) -> list[str]:
-    r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant)
-    assert r.status_code == 200, r.text
-    return list(r.json()["logs"])
-
-
 def explain(cluster: Cluster, gid: str) -> str:
     """What the router and each replica say: for a failure's message."""
     lines = [f"serving: {serving(cluster, gid)}"]
     for t in all_tasks(cluster, gid):
         lines.append(f"--- {t['id']} ({t['status']}, serve_address {t.get('serve_address')})")
-        lines += task_logs(cluster, t["id"])[-12:]
+        lines += cluster.logs(t["id"])[-12:]
     return "\n".join(lines)
 
 
@@ -155,7 +149,7 @@ def test_llama_cpp_behind_the_router_two_replicas_rollout_sleep_and_wake(
     view = serving(cluster, gid)
     addresses = {rep["address"] for rep in view["replicas"]}
     assert len(addresses) == 2, view["replicas"]
-    members = group(cluster, gid)["tasks"]
+    members = cluster.group(gid)["tasks"]
     assert {t["node_id"] for t in members} == {"lp1"}
     # The agent's engine profile recognised llama.cpp (no card: no vendor part).
     assert {cluster.task(t["id"])["engine"] for t in members} == {"llama.cpp"}
@@ -167,8 +161,8 @@ def test_llama_cpp_behind_the_router_two_replicas_rollout_sleep_and_wake(
     assert all(tokens > 0 for _, tokens in answers), answers
     # Each replica's own server log shows the requests it answered.
     for t in members:
-        served = [x for x in task_logs(cluster, t["id"]) if "POST /v1/completions" in x]
-        assert served, task_logs(cluster, t["id"])[-20:]
+        served = [x for x in cluster.logs(t["id"]) if "POST /v1/completions" in x]
+        assert served, cluster.logs(t["id"])[-20:]
     assert served_model(cluster, gid) == "tiny-a"
 
     # Streamed: Server-Sent Events through the router, several pieces.
@@ -198,11 +192,11 @@ def test_llama_cpp_behind_the_router_two_replicas_rollout_sleep_and_wake(
     assert r.status_code == 200, r.text
 
     def asleep() -> bool:
-        g = group(cluster, gid)
+        g = cluster.group(gid)
         return g["status"] == "sleeping" and all(t["status"] == "sleeping" for t in g["tasks"])
 
     cluster.wait(asleep, "the idle group asleep", 60)
-    sleepers = group(cluster, gid)["tasks"]
+    sleepers = cluster.group(gid)["tasks"]
     started = time.monotonic()
     events = stream(cluster, gid)
     assert streamed(events), events

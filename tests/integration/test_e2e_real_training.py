@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from . import web
 from .cluster import Cluster
 from .conftest import requires_docker
 from .workloads import (
@@ -35,32 +34,18 @@ GATHERED = re.compile(r"^allgather \[1\.0, 2\.0\] rank (\d)$")
 
 def create_group(cluster: Cluster, **body: Any) -> dict[str, Any]:
     body = {"task_type": "training", "task_count": 2, "cpu_cores": 0.5} | body
-    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-def get_group(cluster: Cluster, group_id: str) -> dict[str, Any]:
-    r = web.get(f"{cluster.url}/api/v1/task-groups/{group_id}", headers=cluster.tenant)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def logs(cluster: Cluster, task_id: str) -> list[str]:
-    r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant)
-    assert r.status_code == 200, r.text
-    return list(r.json()["logs"])
+    return cluster.create_group(**body)
 
 
 def settled(cluster: Cluster, group_id: str) -> bool:
-    return get_group(cluster, group_id)["status"] in ("completed", "failed", "stopped")
+    return cluster.group(group_id)["status"] in ("completed", "failed", "stopped")
 
 
 def assert_gathered(cluster: Cluster, group_id: str) -> list[dict[str, Any]]:
     """Both ranks completed, on two nodes, each having printed the gathered [1.0, 2.0]."""
-    g = get_group(cluster, group_id)
+    g = cluster.group(group_id)
     members = g["tasks"]
-    out = {t["rank"]: logs(cluster, t["id"]) for t in members}
+    out = {t["rank"]: cluster.logs(t["id"]) for t in members}
     assert g["status"] == "completed", (g["status"], g.get("reason"), out)
     for t in members:
         gathered = [m.group(1) for line in out[t["rank"]] if (m := GATHERED.match(line))]
@@ -71,8 +56,8 @@ def assert_gathered(cluster: Cluster, group_id: str) -> list[dict[str, Any]]:
 
 def coordinator(cluster: Cluster, task_id: str) -> str:
     """MASTER_ADDR:MASTER_PORT as the member saw them (its first line)."""
-    lines = [x for x in logs(cluster, task_id) if x.startswith("coordinator ")]
-    assert lines, logs(cluster, task_id)[-15:]
+    lines = [x for x in cluster.logs(task_id) if x.startswith("coordinator ")]
+    assert lines, cluster.logs(task_id)[-15:]
     return lines[0].split()[1]
 
 
@@ -137,7 +122,7 @@ def test_two_jax_worlds_at_once_on_the_process_runtime_at_2048_mb(cluster: Clust
     for members in assert_worlds(cluster, groups):
         for t in members:
             assert cluster.task(t["id"])["memory_mb"] == 2048
-            out = logs(cluster, t["id"])
+            out = cluster.logs(t["id"])
             assert "address-space unlimited" in out, out[:5]
             if cgroups[t["node_id"]] in ("v1", "v2"):
                 (caps,) = [x.split()[1:] for x in out if x.startswith("memory-cap ")]

@@ -11,7 +11,6 @@ and the router reaches both.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import pytest
 
@@ -32,26 +31,8 @@ RENDEZVOUS = (
 )
 
 
-def create_group(cluster: Cluster, **body: Any) -> dict[str, Any]:
-    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-def get_group(cluster: Cluster, group_id: str) -> dict[str, Any]:
-    r = web.get(f"{cluster.url}/api/v1/task-groups/{group_id}", headers=cluster.tenant)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def logs(cluster: Cluster, task_id: str) -> list[str]:
-    r = web.get(f"{cluster.url}/api/v1/tasks/{task_id}/logs", headers=cluster.tenant)
-    assert r.status_code == 200, r.text
-    return list(r.json()["logs"])
-
-
 def master_of(cluster: Cluster, task_id: str) -> tuple[str, int]:
-    line = next(x for x in logs(cluster, task_id) if x.startswith("rank "))
+    line = next(x for x in cluster.logs(task_id) if x.startswith("rank "))
     host, _, port = line.split()[-1].rpartition(":")
     return host, int(port)
 
@@ -66,8 +47,7 @@ def test_two_training_groups_rendezvous_across_two_docker_nodes_at_once(
     advertised = {n["id"]: n["inventory"]["address"] for n in cluster.nodes()}
     assert {n["inventory"]["host_id"] for n in cluster.nodes()} != {""}
     groups = [
-        create_group(
-            cluster,
+        cluster.create_group(
             name=f"nc-{i}",
             image="busybox:latest",
             task_type="training",
@@ -80,17 +60,16 @@ def test_two_training_groups_rendezvous_across_two_docker_nodes_at_once(
     ]
     cluster.wait(
         lambda: all(
-            get_group(cluster, g["id"])["status"] in ("completed", "failed", "stopped")
-            for g in groups
+            cluster.group(g["id"])["status"] in ("completed", "failed", "stopped") for g in groups
         ),
         "both groups ended",
         90,
     )
     ports = set()
     for g in groups:
-        view = get_group(cluster, g["id"])
+        view = cluster.group(g["id"])
         members = {t["rank"]: t for t in view["tasks"]}
-        out = {r: logs(cluster, t["id"]) for r, t in members.items()}
+        out = {r: cluster.logs(t["id"]) for r, t in members.items()}
         assert view["status"] == "completed", (view["status"], out)
         assert len({t["node_id"] for t in members.values()}) == 2
         assert "hello from rank 1" in out[0], out
@@ -113,8 +92,7 @@ def test_two_serving_replicas_on_one_process_node_each_serve_on_their_port(
         'mkdir -p www && echo ok > www/healthz && echo "$HETEROFLOW_TASK_ID" > www/id && '
         f'exec {sys.executable} -m http.server "$PORT" --bind 0.0.0.0 -d www'
     )
-    g = create_group(
-        cluster,
+    g = cluster.create_group(
         name="httpd",
         image="python:3.11",
         task_type="inference",
@@ -125,7 +103,7 @@ def test_two_serving_replicas_on_one_process_node_each_serve_on_their_port(
         memory_mb=256,
     )
     cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
-    members = get_group(cluster, g["id"])["tasks"]
+    members = cluster.group(g["id"])["tasks"]
     assert {t["node_id"] for t in members} == {"p1"}
     addresses = {rep["address"] for rep in serving(cluster, g["id"])["replicas"]}
     ports = {int(a.rpartition(":")[2]) for a in addresses}
@@ -153,9 +131,9 @@ def test_a_pinned_master_port_held_on_the_host_waits_until_it_is_released(
         "cpu_cores": 0.25,
         "memory_mb": 128,
     }
-    first = create_group(cluster, name="holder", command="sleep 300", **body)
-    cluster.wait(lambda: get_group(cluster, first["id"])["status"] == "running", "holder runs")
-    second = create_group(cluster, name="waiter", command='echo "port $MASTER_PORT"', **body)
+    first = cluster.create_group(name="holder", command="sleep 300", **body)
+    cluster.wait(lambda: cluster.group(first["id"])["status"] == "running", "holder runs")
+    second = cluster.create_group(name="waiter", command='echo "port $MASTER_PORT"', **body)
     rank0 = next(t["id"] for t in second["tasks"] if t["rank"] == 0)
     cluster.wait(
         lambda: cluster.task(rank0)["pending_reason_code"] == "port_taken", "port_taken", 30
@@ -164,5 +142,5 @@ def test_a_pinned_master_port_held_on_the_host_waits_until_it_is_released(
     assert cluster.task(rank0)["status"] == "pending"
     r = web.post(f"{cluster.url}/api/v1/task-groups/{first['id']}/stop", headers=cluster.tenant)
     assert r.status_code in (200, 202), r.text
-    cluster.wait(lambda: get_group(cluster, second["id"])["status"] == "completed", "waiter", 60)
-    assert "port 29611" in logs(cluster, rank0)
+    cluster.wait(lambda: cluster.group(second["id"])["status"] == "completed", "waiter", 60)
+    assert "port 29611" in cluster.logs(rank0)

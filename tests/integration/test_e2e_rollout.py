@@ -27,7 +27,6 @@ from .conftest import requires_docker
 from .test_e2e_serving import (
     call,
     create_group,
-    group,
     ready_replicas,
     serving,
     timeline_kinds,
@@ -206,7 +205,7 @@ def test_a_rollout_whose_health_never_passes_rolls_back_and_v1_keeps_serving(
     g = versioned_group(cluster, 2)
     gid = g["id"]
     cluster.wait(lambda: len(ready_replicas(cluster, gid)) == 2, "two ready replicas", 60)
-    v1 = {t["id"] for t in group(cluster, gid)["tasks"]}
+    v1 = {t["id"] for t in cluster.group(gid)["tasks"]}
     with Load(cluster, gid) as load:
         rollout(cluster, gid, env={"VERSION": "v2", "BROKEN": "yes"}, health_timeout_s=3)
         cluster.wait(lambda: phase_is(cluster, gid, "failed", "completed"), "the rollback", 60)
@@ -223,7 +222,7 @@ def test_a_rollout_whose_health_never_passes_rolls_back_and_v1_keeps_serving(
     assert new and all(t["status"] in TERMINAL for t in new)
     assert "rollout_rollback" in timeline_kinds(cluster, gid)
     # Seed 000: the old configuration serves again, and the group is failed with the reason.
-    seen = group(cluster, gid)
+    seen = cluster.group(gid)
     assert (seen["status"], seen["reason_code"]) == ("failed", "rollout_batch_failed"), seen
 
 
@@ -251,7 +250,7 @@ def test_a_tenant_at_full_quota_completes_a_rollout_with_max_surge_1(cluster: Cl
     assert r.status_code == 200, r.text
     cluster.wait(lambda: live_by_generation(cluster, gid) == {0: 2}, "two replicas", 30)
     cluster.wait(
-        lambda: all(t["status"] == "running" for t in group(cluster, gid)["tasks"]), "running", 30
+        lambda: all(t["status"] == "running" for t in cluster.group(gid)["tasks"]), "running", 30
     )
     url = f"{cluster.url}/api/v1/task-groups/{gid}/rollout"
     r = web.post(url, json={"env": {"VERSION": "v2"}, "max_surge": 3}, headers=cluster.tenant)
@@ -289,7 +288,7 @@ def test_recreate_stops_the_old_training_world_before_starting_the_new_one(
     assert r.status_code == 201, r.text
     gid = r.json()["id"]
     cluster.wait(
-        lambda: all(t["status"] == "running" for t in group(cluster, gid)["tasks"]), "running", 60
+        lambda: all(t["status"] == "running" for t in cluster.group(gid)["tasks"]), "running", 60
     )
     url = f"{cluster.url}/api/v1/task-groups/{gid}/rollout"
     r = web.post(url, json={"env": {"VERSION": "v2"}}, headers=cluster.tenant)
@@ -341,7 +340,7 @@ def test_a_killed_rollout_service_is_recovered_and_a_new_rollout_succeeds(
         view = rollout(cluster, gid)
         assert view["reason_code"] == "rollout_holder_lost", view
         assert "stopped renewing" in view["reason"] and "submit a new rollout" in view["reason"]
-        seen = group(cluster, gid)  # the group itself is failed with the reason
+        seen = cluster.group(gid)  # the group itself is failed with the reason
         assert (seen["status"], seen["reason_code"]) == ("failed", "rollout_holder_lost"), seen
         again = rollout(cluster, gid, env={"VERSION": "v3"})
         assert again["generation"] == 2
@@ -349,7 +348,7 @@ def test_a_killed_rollout_service_is_recovered_and_a_new_rollout_succeeds(
         assert rollout(cluster, gid)["phase"] == "completed"
         assert live_by_generation(cluster, gid) == {2: 2}
         cluster.wait(lambda: call(cluster, gid, "version").text.strip() == "v3", "v3 serving", 10)
-        cluster.wait(lambda: group(cluster, gid)["status"] == "running", "group running", 30)
+        cluster.wait(lambda: cluster.group(gid)["status"] == "running", "group running", 30)
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

@@ -57,15 +57,7 @@ def create_group(cluster: Cluster, **body: Any) -> dict[str, Any]:
         "command": HTTPD,
         "serving": SERVING,
     } | body
-    r = web.post(f"{cluster.url}/api/v1/task-groups", json=body, headers=cluster.tenant)
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-def group(cluster: Cluster, group_id: str) -> dict[str, Any]:
-    r = web.get(f"{cluster.url}/api/v1/task-groups/{group_id}", headers=cluster.tenant)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
+    return cluster.create_group(**body)
 
 
 def serving(cluster: Cluster, group_id: str) -> dict[str, Any]:
@@ -133,13 +125,13 @@ def test_requests_reach_both_replicas_and_survive_a_killed_one(cluster: Cluster)
     exported = web.get(f"{cluster.url}/metrics").text
     assert f'heteroflow_serve_requests_total{{status="200",target="{g["id"]}"}} 20.0' in exported
 
-    victim = next(t for t in group(cluster, g["id"])["tasks"] if t["rank"] == 0)
+    victim = next(t for t in cluster.group(g["id"])["tasks"] if t["rank"] == 0)
     docker.from_env().containers.get(victim["container_id"]).kill()
     failures, served = 0, 0
     deadline = time.monotonic() + 60
 
     def healed() -> bool:
-        members = group(cluster, g["id"])["tasks"]
+        members = cluster.group(g["id"])["tasks"]
         return (
             victim["id"] not in {t["id"] for t in members}
             and len(ready_replicas(cluster, g["id"])) == 2
@@ -222,7 +214,7 @@ def test_router_refusals_name_what_is_wrong(cluster: Cluster) -> None:
 
 
 def group_sleeping(cluster: Cluster, group_id: str) -> bool:
-    g = group(cluster, group_id)
+    g = cluster.group(group_id)
     return g["status"] == "sleeping" and all(t["status"] == "sleeping" for t in g["tasks"])
 
 
@@ -235,7 +227,7 @@ def test_idle_group_sleeps_and_a_request_wakes_it(cluster: Cluster) -> None:
     cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
     assert call(cluster, g["id"], "index.html").status_code == 200
     cluster.wait(lambda: group_sleeping(cluster, g["id"]), "idle group asleep", 30)
-    members = group(cluster, g["id"])["tasks"]
+    members = cluster.group(g["id"])["tasks"]
     client = docker.from_env()
     # busybox httpd has no /sleep endpoint: the agent froze the containers instead.
     cluster.wait(
@@ -292,12 +284,12 @@ def test_frozen_replica_is_declared_dead_and_rebuilt_an_idle_one_is_not(
     cluster.start_agent("sv1", "docker")
     g = create_group(cluster, task_count=2)
     cluster.wait(lambda: len(ready_replicas(cluster, g["id"])) == 2, "two ready replicas", 60)
-    members = {t["rank"]: t for t in group(cluster, g["id"])["tasks"]}
+    members = {t["rank"]: t for t in cluster.group(g["id"])["tasks"]}
     frozen, idle = members[0], members[1]
     docker.from_env().containers.get(frozen["container_id"]).pause()  # behind its back
 
     def rebuilt() -> bool:
-        now = {t["rank"]: t for t in group(cluster, g["id"])["tasks"]}
+        now = {t["rank"]: t for t in cluster.group(g["id"])["tasks"]}
         return bool(now[0]["id"] != frozen["id"] and now[0]["status"] == "running")
 
     cluster.wait(rebuilt, "rank 0 declared dead and replaced", 60)
