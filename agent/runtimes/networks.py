@@ -100,7 +100,9 @@ def detect_isolation(
 def node_isolation(runtime: object) -> str:
     """What keeps tenants' work apart on this node, for its inventory: `docker`, `iptables`
     or `none` for the docker runtime; `none` for the process runtime (tasks share the host's
-    network); "" for a runtime that runs nothing. Blocking."""
+    network); "" for a runtime that runs nothing. The docker runtime keeps what was found
+    (`auto` is looked at once, here): its tenant networks are kept apart as the inventory
+    says. Blocking."""
     name = getattr(runtime, "name", "")
     if name == "process":
         return "none"
@@ -114,6 +116,8 @@ def node_isolation(runtime: object) -> str:
     except (RuntimeFault, docker.errors.DockerException, OSError) as exc:
         # No engine to look at yet: nothing is known to keep tenants apart.
         isolation, why = "none", f"the engine did not answer: {exc}"
+    else:
+        runtime.isolation = isolation  # type: ignore[attr-defined]
     log_at = log.warning if isolation == "none" else log.info
     log_at("tenant_isolation", isolation=isolation, why=why)
     return isolation

@@ -13,6 +13,7 @@ import pytest
 from agent.runtimes.base import RuntimeFault
 from agent.runtimes.networks import (
     CHAIN,
+    TenantNetworks,
     bridge_name,
     detect_isolation,
     network_name,
@@ -122,6 +123,36 @@ def test_a_configured_isolation_is_taken_as_said(node: Any) -> None:
     for mode in ("docker", "iptables", "none"):
         assert detect_isolation(ENGINE, mode, sys_net=sys_net)[0] == mode
     assert log.read_text() == ""
+
+
+class FakeDocker:
+    name = "docker"
+    tenant_networks = True
+
+    def __init__(self, isolation: str, client: Any = None) -> None:
+        self.isolation, self._client = isolation, client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            raise RuntimeFault("docker engine unavailable")
+        return self._client
+
+
+def test_the_docker_runtime_keeps_what_its_inventory_says(node: Any) -> None:
+    # Found once at start-up: the runtime's tenant networks then use the found isolation
+    # instead of looking again at the first start (an engine with no default bridge: the
+    # namespace check does not apply).
+    _, log = node("plain")
+    rt = FakeDocker("auto", Client())
+    assert node_isolation(rt) == "iptables"
+    assert rt.isolation == "iptables"
+    calls = log.read_text()
+    assert TenantNetworks(Client(), rt.isolation).isolation == "iptables"
+    assert log.read_text() == calls  # nothing looked at again
+    down = FakeDocker("auto")
+    assert node_isolation(down) == "none"
+    assert down.isolation == "auto"  # not known: the first start looks for itself
 
 
 def test_what_the_inventory_says_for_each_runtime() -> None:
