@@ -17,10 +17,28 @@ from libs.domain.telemetry import TelemetryBatch
 from .eventstore import EventStore
 from .pool import rows
 
-INSERT = """
-INSERT INTO gpu_samples (task_id, gpu_id, node_id, at, utilization_pct, memory_used_mb,
-                         memory_total_mb, power_w, shared_by)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING
+# One statement per batch: the samples' rows for tasks placed on the sending node are
+# written (`shared_by`: how many of those share the card in that sample), and the ids of the
+# tasks named but not placed there come back.
+WRITE = """
+WITH sample AS (
+    SELECT * FROM unnest(%(n)s::int[], %(task_id)s::text[], %(gpu_id)s::text[],
+                         %(at)s::timestamptz[], %(util)s::real[], %(used)s::real[],
+                         %(total)s::real[], %(power)s::real[])
+        AS s(n, task_id, gpu_id, at, utilization_pct, memory_used_mb, memory_total_mb, power_w)
+), placed AS (
+    SELECT sample.* FROM sample JOIN tasks ON tasks.id = sample.task_id
+    WHERE tasks.node_id = %(node_id)s
+), written AS (
+    INSERT INTO gpu_samples (task_id, gpu_id, node_id, at, utilization_pct, memory_used_mb,
+                             memory_total_mb, power_w, shared_by)
+    SELECT task_id, gpu_id, %(node_id)s, at, utilization_pct, memory_used_mb,
+           memory_total_mb, power_w, count(*) OVER (PARTITION BY n)
+    FROM placed
+    ON CONFLICT DO NOTHING
+)
+SELECT DISTINCT task_id FROM sample
+WHERE task_id NOT IN (SELECT task_id FROM placed) ORDER BY task_id
 """
 
 
@@ -42,35 +60,24 @@ async def write(store: EventStore, batch: TelemetryBatch) -> list[str]:
 
     Only for tasks placed on the sending node (`batch.node_id`, which the sink has checked
     against the subject the agent may publish on): the ids of the others are returned, and
-    nothing of theirs is written (nor counted in `shared_by`)."""
-    named = sorted({t for s in batch.samples for t in s.task_ids})
-    if not named:
+    nothing of theirs is written (nor counted in `shared_by`). One statement (`WRITE`)."""
+    rows_of = [(n, s, t) for n, s in enumerate(batch.samples) for t in s.task_ids]
+    if not rows_of:
         return []
+    params = {
+        "n": [n for n, _, _ in rows_of],
+        "task_id": [t for _, _, t in rows_of],
+        "gpu_id": [s.gpu_id for _, s, _ in rows_of],
+        "at": [s.at for _, s, _ in rows_of],
+        "util": [s.utilization_pct for _, s, _ in rows_of],
+        "used": [s.memory_used_mb for _, s, _ in rows_of],
+        "total": [s.memory_total_mb for _, s, _ in rows_of],
+        "power": [s.power_w for _, s, _ in rows_of],
+        "node_id": batch.node_id,
+    }
     async with store.pool.connection() as conn, conn.cursor() as cur:
-        await cur.execute(
-            "SELECT id FROM tasks WHERE id = ANY(%s) AND node_id = %s", (named, batch.node_id)
-        )
-        placed = {r[0] for r in await cur.fetchall()}
-        params = []
-        for s in batch.samples:
-            ours = [t for t in s.task_ids if t in placed]
-            params += [
-                (
-                    task_id,
-                    s.gpu_id,
-                    batch.node_id,
-                    s.at,
-                    s.utilization_pct,
-                    s.memory_used_mb,
-                    s.memory_total_mb,
-                    s.power_w,
-                    len(ours),
-                )
-                for task_id in ours
-            ]
-        if params:
-            await cur.executemany(INSERT, params)
-    return [t for t in named if t not in placed]
+        await cur.execute(WRITE, params)
+        return [r[0] for r in await cur.fetchall()]
 
 
 async def purge(store: EventStore, days: float) -> int:
