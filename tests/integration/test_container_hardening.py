@@ -150,6 +150,21 @@ async def test_user_namespace_remapping_is_what_the_engine_says(
     assert make().node_facts() == {"userns_remap": remapped}
 
 
+def test_a_remapping_engine_is_reported_and_asked_once() -> None:
+    # This engine does not remap (CI): an engine that says so stands in for one that does.
+    class Remapping:
+        asked = 0
+
+        def info(self) -> dict[str, object]:
+            self.asked += 1
+            return {"SecurityOptions": ["name=seccomp,profile=builtin", "name=userns"]}
+
+    rt, remapping = DockerRuntime(), Remapping()
+    rt._client = remapping
+    assert rt.node_facts() == {"userns_remap": True}
+    assert rt.userns_remap() is True and remapping.asked == 1
+
+
 async def test_read_only_root_with_a_tmpfs_tmp(
     make: type[DockerRuntime], engine: docker.DockerClient
 ) -> None:
