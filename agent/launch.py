@@ -47,11 +47,11 @@ def run_spec(
     )
     # The serving port: the one the scheduler allocated on this host (process runtime, host
     # network), else the declared one (mapped to a free host port by docker). PORT tells the
-    # task where to listen (docs/serving.md#port).
+    # task where to listen (docs/serving.md#port); a declared one only where the task sets
+    # no PORT of its own.
     port = cmd.run.serve_port or (spec.serving.port if spec.serving else None)
-    port_env = {"PORT": str(port)} if port else {}
-    if port and not cmd.run.serve_port:
-        port_env = {} if "PORT" in spec.env else port_env
+    told = port and (cmd.run.serve_port or "PORT" not in spec.env)
+    port_env = {"PORT": str(port)} if told else {}
     run = RunSpec(
         task_id=cmd.task_id,
         attempt=cmd.attempt,
