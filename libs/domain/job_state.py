@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -27,7 +27,7 @@ from .condition import ConditionError, evaluate, parse_condition
 from .events import Payload, ReasonedPayload, register
 from .job import Dependency, DependencyKind, JobSpec
 from .reasons import ReasonCode
-from .task import TaskSpec, TenantId
+from .task import TaskId, TaskSpec, TenantId
 
 METRICS_MARK = "HF_METRICS "
 ARTIFACT_MARK = "HF_ARTIFACT "
@@ -371,14 +371,21 @@ def job_status(job: Job, nodes: Mapping[str, JobNode]) -> tuple[JobStatus, str]:
     return JobStatus.SUCCEEDED, "every task completed or was skipped"
 
 
-def with_task_ids(events: list[Payload], ids: Mapping[str, str]) -> list[Payload]:
-    """`advance`'s events with the id chosen for each ready key's task recorded."""
-    return [
+def cascade(
+    job: Job, new_id: Callable[[], TaskId]
+) -> tuple[list[Payload], list[tuple[TaskId, TaskSpec]]]:
+    """`advance` with the tasks it makes ready: its events, with the id `new_id` chose for
+    each ready key's task recorded in `JobTasksReady` (the only task whose end settles that
+    node), and each of those tasks as (id, spec) to create in the same transaction."""
+    events, ready = advance(job)
+    ids = {k: new_id() for k in ready}
+    events = [
         ev.model_copy(update={"task_ids": {k: ids[k] for k in ev.keys}})
         if isinstance(ev, JobTasksReady)
         else ev
         for ev in events
     ]
+    return events, [(ids[k], task_spec(job, k)) for k in ready]
 
 
 def task_spec(job: Job, key: str) -> TaskSpec:

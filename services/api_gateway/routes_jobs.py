@@ -25,9 +25,8 @@ from libs.domain.job_state import (
     JobStopRequested,
     JobSubmitted,
     advance,
+    cascade,
     evolve_job,
-    task_spec,
-    with_task_ids,
 )
 from libs.domain.states import TERMINAL
 from libs.domain.task import Task, TenantId, tenant_allow_list
@@ -138,15 +137,8 @@ async def create_job(
     submitted = JobSubmitted(job_id=job_id, tenant_id=TenantId(tenant_id), spec=spec)
 
     def decide(_: Job | None) -> tuple[list[Payload], list[NewTask]]:
-        job = evolve_job(None, submitted, store.clock(), 1)
-        events, ready = advance(job)
-        ids = {k: new_task_id() for k in ready}  # kept in the job: the tasks that settle it
-        events = with_task_ids(events, ids)
-        for ev in events:
-            job = evolve_job(job, ev, store.clock(), job.version + 1)
-        tasks: list[NewTask] = [
-            (TenantId(tenant_id), task_spec(job, k), None, None, ids[k]) for k in ready
-        ]
+        events, ready = cascade(evolve_job(None, submitted, store.clock(), 1), new_task_id)
+        tasks: list[NewTask] = [(TenantId(tenant_id), spec, None, None, i) for i, spec in ready]
         return [submitted, *events], tasks
 
     job, tasks = await store.execute_with_tasks(

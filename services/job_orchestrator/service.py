@@ -28,11 +28,9 @@ from libs.domain.job_state import (
     JobNode,
     JobNodeSettled,
     NodeState,
-    advance,
+    cascade,
     evolve_job,
     parse_report,
-    task_spec,
-    with_task_ids,
 )
 from libs.domain.task import Task
 from libs.ownership import refuse_foreign
@@ -115,14 +113,8 @@ class Orchestrator:
             if node.state in DONE:
                 return [], []  # settled already (idempotent)
             after = evolve_job(job, settled, self.store.clock(), job.version + 1)
-            events, ready = advance(after)
-            ids = {k: new_task_id() for k in ready}
-            events = with_task_ids(events, ids)
-            for ev in events:
-                after = evolve_job(after, ev, self.store.clock(), after.version + 1)
-            new: list[NewTask] = [
-                (job.tenant_id, task_spec(after, k), None, None, ids[k]) for k in ready
-            ]
+            events, ready = cascade(after, new_task_id)
+            new: list[NewTask] = [(job.tenant_id, spec, None, None, i) for i, spec in ready]
             return [settled, *events], new
 
         job, created = await self.store.execute_with_tasks(
