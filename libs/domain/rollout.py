@@ -8,6 +8,7 @@ fields are named, values are checked, a static-world group is refused with the a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,7 +27,7 @@ from .rollout_model import (
 )
 from .rollout_plan import phase_change
 from .states import TERMINAL
-from .task import Task, TaskSpec
+from .task import Task, TaskSpec, check_host_paths
 from .validation import check_task_spec
 
 
@@ -91,9 +92,11 @@ def _active(group: Group) -> bool:
 
 
 def decide_start(
-    group: Group, raw: Any, rollout_id: str
+    group: Group, raw: Any, rollout_id: str, *, volume_allow_list: Iterable[str] = ()
 ) -> list[RolloutStarted | RolloutPartitionChanged]:
-    """Start a rollout (generation + 1), or move the canary partition of the active one."""
+    """Start a rollout (generation + 1), or move the canary partition of the active one.
+    New volumes must lie under the group tenant's allow-list (`tenant_allow_list`), as at
+    create: 400 naming the volume."""
     if group.deleted_at is not None:
         raise DomainError(Code.NOT_FOUND, "task group not found")
     if _active(group):
@@ -117,6 +120,8 @@ def decide_start(
     # The new template meets every limit a created task meets (image reference, env, volume
     # paths), each refusal naming its field.
     target = check_task_spec(target_template(previous, req))
+    if req.volumes is not None:
+        check_host_paths([vol.host_path for vol in target.volumes], volume_allow_list)
     return [
         RolloutStarted(
             group_id=group.id,

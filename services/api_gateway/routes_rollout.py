@@ -18,7 +18,7 @@ from libs.domain.errors import NotFound
 from libs.domain.group import Group
 from libs.domain.rollout import decide_action, decide_start
 from libs.domain.states import TERMINAL
-from libs.domain.task import Task, check_host_paths, tenant_allow_list
+from libs.domain.task import Task, tenant_allow_list
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
@@ -77,17 +77,12 @@ async def start_rollout(
     body: Annotated[dict[str, Any], Depends(documented_body(request_docs.rollout))],
 ) -> JSONResponse:
     group = await _load(store, group_id, tenant_scope(principal))
-    volumes = body.get("volumes") if isinstance(body, dict) else None
-    if isinstance(volumes, list):  # the new template's volumes: the tenant's allow-list too
-        allow = tenant_allow_list(request.app.state.settings.volume_allow_list, group.tenant_id)
-        check_host_paths(
-            [v.get("host_path") if isinstance(v, dict) else None for v in volumes], allow
-        )
+    allow = tenant_allow_list(request.app.state.settings.volume_allow_list, group.tenant_id)
     rollout_id = "ro-" + uuid.uuid4().hex[:16]
     updated = await store.execute_aggregate(
         GROUPS,
         group.id,
-        lambda g: decide_start(g or group, body, rollout_id),
+        lambda g: decide_start(g or group, body, rollout_id, volume_allow_list=allow),
         metadata={"principal": principal.subject},
     )
     assert updated is not None
