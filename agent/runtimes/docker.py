@@ -445,6 +445,23 @@ class DockerRuntime(Runtime):
                 log.warning("could not remove a container that failed to start", id=container.id)
             raise RuntimeStartError(classify_api_error(e), str(e)) from e
 
+    def _create_started(self, spec: RunSpec) -> tuple[Container, bool]:
+        """The attempt's container, started; and whether it was made now (False: a
+        redelivered start found it)."""
+        container = self._create_sync(spec)
+        fresh = container.status == "created"
+        if fresh:
+            self._start_created(container)
+        return container, fresh
+
+    def _tenant_network_gone(self, spec: RunSpec) -> bool:
+        if spec.host_network or self._networks is None:
+            return False
+        try:
+            return self._networks.forget_if_gone(spec.tenant_id)
+        except docker.errors.DockerException:
+            return False
+
     def _start_sync(self, spec: RunSpec) -> Handle:
         if not spec.image:
             # The scheduler places image-less tasks on process nodes only; this is the guard
@@ -454,10 +471,14 @@ class DockerRuntime(Runtime):
                 "the task has no image: it runs only on a node with the process runtime",
             )
         try:
-            container = self._create_sync(spec)
-            fresh = container.status == "created"
-            if fresh:
-                self._start_created(container)
+            try:
+                container, fresh = self._create_started(spec)
+            except RuntimeStartError:
+                if not self._tenant_network_gone(spec):
+                    raise
+                # Removed while idle by another agent of this installation on this engine
+                # (its close prunes): made again, once.
+                container, fresh = self._create_started(spec)
         except RuntimeStartError:
             raise
         except (RuntimeFault, docker.errors.DockerException, requests.RequestException) as e:

@@ -151,6 +151,20 @@ class TenantNetworks:
                 self._ready.add(name)
         return name
 
+    def forget_if_gone(self, tenant_id: str) -> bool:
+        """True when the tenant's network, made before, no longer exists (another agent of
+        this installation sharing the engine removed it while no container used it, `prune`):
+        the next `ensure` makes it again."""
+        name = network_name(tenant_id, self.installation)
+        with self._lock:
+            if name not in self._ready:
+                return False
+            if any(n.name == name for n in self.client.networks.list(names=[name])):
+                return False
+            self._ready.discard(name)
+        log.info("tenant_network_gone", network=name)
+        return True
+
     def _installed(self) -> dict[str, str]:
         return {LABEL_INSTALLATION: self.installation} if self.installation else {}
 

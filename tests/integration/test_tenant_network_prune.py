@@ -107,3 +107,36 @@ async def test_concurrent_first_starts_of_a_tenant_share_one_network() -> None:
         await runtime.close()
         assert network_name(tenant, installation) not in _names(client)
         client.close()
+
+
+async def test_a_network_another_agent_pruned_is_made_again() -> None:
+    """Two agents of one installation share an engine (as two agents on one machine do):
+    one stops and removes the tenant's idle network; the other's next start for that tenant
+    makes it again instead of failing on the network it had made before."""
+    run = uuid.uuid4().hex[:8]
+    installation, tenant = f"r{run}", f"t{run}"
+    client = docker.from_env()
+    stopping = DockerRuntime(wait_poll_s=0.5, isolation="none", installation=installation)
+    staying = DockerRuntime(wait_poll_s=0.5, isolation="none", installation=installation)
+
+    def spec(i: int) -> RunSpec:
+        return RunSpec(task_id=f"r{run}-{i}", attempt=1, tenant_id=tenant, image="busybox:latest")
+
+    try:
+        for i, rt in enumerate((staying, stopping)):
+            handle = await rt.start(spec(i))
+            await rt.wait(handle)
+            await rt.remove(handle)
+        await stopping.close()
+        assert network_name(tenant, installation) not in _names(client)
+        handle = await staying.start(spec(2))
+        assert (await staying.wait(handle)).exit_code == 0
+        assert network_name(tenant, installation) in _names(client)
+    finally:
+        for c in client.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"}):
+            if str((c.get("Labels") or {}).get("heteroflow.task_id", "")).startswith(f"r{run}"):
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.api.remove_container(c["Id"], force=True)
+        await staying.close()
+        assert network_name(tenant, installation) not in _names(client)
+        client.close()
