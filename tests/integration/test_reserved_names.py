@@ -1,18 +1,28 @@
 """Reserved names and foreign references over a real store: `heteroflow.` labels refused at
-every entry (400, 40002, naming the key), a job settled only by the task it created, and
+every entry (400, 40002, naming the key), a job settled only by the task it created, a
+group's members only tasks of its tenant, and
 rows stored with the old labels upcast with replay at zero differences."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from prometheus_client import REGISTRY
 
+from libs.domain.commands import decide_transition
+from libs.domain.group_control import GroupPolicy
+from libs.domain.reasons import ReasonCode
+from libs.domain.states import Actor
+from libs.domain.states import TaskStatus as S
 from libs.domain.task import Platform, TaskId, TenantId, parse_create
+from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.migrations import MIGRATIONS
 from libs.store.replay import rebuild
 from services.job_orchestrator.service import Orchestrator
+from services.scheduler.groups import GroupController
 
 from .helpers import Api, complete
 
@@ -175,3 +185,42 @@ async def test_rows_stored_with_the_old_labels_are_upcast_and_replay_agrees(api:
     assert members and all(
         m.spec.platform.static_world and m.spec.labels == {"team": "x"} for m in members
     )
+
+
+async def test_a_task_naming_another_tenants_group_is_no_member(api: Api) -> None:
+    """Tenant B's task that names A's training group at a rank of its own (written past the
+    API, which cannot create one) fails: A's group controller does not count it a member, so
+    its failure fails neither the group nor A's members; the refusal is counted."""
+    group = TASK | {"task_count": 2, "task_type": "training"}
+    r = await api.client.post("/api/v1/task-groups", json=group, headers=api.tenant)
+    assert r.status_code == 201, r.text
+    gid = r.json()["id"]
+    forged = await api.store.create_task(
+        TenantId("globex"), parse_create(TASK, tenant=True), group_id=gid, rank=2
+    )
+    for to in (S.SCHEDULED, S.STARTING, S.RUNNING, S.FAILED):
+        actor, code = (
+            (Actor.AGENT, ReasonCode.EXITED)
+            if to is S.FAILED
+            else (Actor.SCHEDULER, ReasonCode.PLACED)
+        )
+        await api.store.execute(
+            forged.id, partial(decide_transition, to=to, actor=actor, reason_code=code)
+        )
+    controller = GroupController(api.store, GroupPolicy(), lambda: datetime.now(UTC))
+    before = REGISTRY.get_sample_value(
+        "heteroflow_foreign_references_total", {"kind": "group_member"}
+    )
+    stored = await group_rows.get(api.store, gid)
+    assert stored is not None
+    events = [e.type for e in await api.store.read_stream(gid)]
+    await controller.reconcile(stored)
+    after = REGISTRY.get_sample_value(
+        "heteroflow_foreign_references_total", {"kind": "group_member"}
+    )
+    now = await group_rows.get(api.store, gid)
+    assert [e.type for e in await api.store.read_stream(gid)] == events
+    assert now is not None and now.restarts == 0 and now.status.value == "pending", now
+    members = await task_rows.of_group(api.store, gid)
+    assert sorted(m.status.value for m in members if m.tenant_id == "acme") == ["pending"] * 2
+    assert (after or 0) - (before or 0) == 1
