@@ -162,8 +162,20 @@ async def test_a_restarted_agent_removes_the_cgroups_dead_supervisors_left(
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.02)
     assert _exists(left)  # nobody removed it: its supervisor is dead
-    again = ProcessRuntime(tmp_path / "state", poll_s=0.05)  # the agent, restarted
-    assert again.node_facts()["cgroups"] == rt.cgroups.mode
-    assert not _exists(left) and _exists(kept)  # the running task's stays
+    # Another agent on this host (its own state dir): its tasks' cgroups share the parent.
+    neighbour = ProcessRuntime(tmp_path / "neighbour", poll_s=0.05)
+    theirs_spec = spec("exec sleep 30", memory_mb=64)
+    theirs = await neighbour.start(theirs_spec)
+    try:
+        again = ProcessRuntime(tmp_path / "state", poll_s=0.05)  # the agent, restarted
+        assert again.node_facts()["cgroups"] == rt.cgroups.mode
+        assert not _exists(left) and _exists(kept)  # the running task's stays
+        # ... and the neighbour's, which this agent knows nothing of, is neither removed
+        # nor its task killed.
+        assert _exists(Path(str(_cgroup(neighbour, theirs_spec)["memory"])))
+        assert await neighbour.inspect(theirs) is RunState.RUNNING
+    finally:
+        await neighbour.remove(theirs)
+        await neighbour.close()
     await rt.remove(hr)
     assert not _exists(kept)
