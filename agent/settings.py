@@ -16,7 +16,7 @@ from libs.config import DEFAULT_VOLUME_ALLOW_LIST, CommonSettings, VolumeAllowLi
 from libs.domain.node import DEFAULT_PORT_RANGE, GpuCard, NodeInventory
 
 from .inventory import Inventory
-from .runtimes.base import KEPT_CAPABILITIES, LINUX_CAPABILITIES
+from .runtimes.base import ISOLATIONS, KEPT_CAPABILITIES, LINUX_CAPABILITIES
 from .runtimes.cgroups import MODES as CGROUP_MODES
 from .runtimes.sharing import DEFAULT_MPS_LOG_DIR, DEFAULT_MPS_PIPE_DIR, MpsDaemon
 
@@ -143,6 +143,15 @@ class AgentSettings(CommonSettings):
         if unknown:
             raise ValueError(f"container_capabilities: unknown capability {', '.join(unknown)}")
         return names
+
+    @field_validator("container_isolation")
+    @classmethod
+    def _isolation(cls, value: str) -> str:
+        if value not in ISOLATIONS:
+            raise ValueError(
+                f"container_isolation: {value!r} is not one of {', '.join(ISOLATIONS)}"
+            )
+        return value
 
     @field_validator("cgroups")
     @classmethod

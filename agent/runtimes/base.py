@@ -130,6 +130,9 @@ class ExitReport(BaseModel):
         return self.exit_code == 0 and not self.oom_killed and self.error is None
 
 
+# How tenant networks are kept apart (networks.py; the agent's container_isolation).
+ISOLATIONS: tuple[str, ...] = ("auto", "docker", "iptables", "none")
+
 # What a container running as the image's user (root in most images) keeps: Docker's default
 # set less NET_RAW (raw sockets: spoofed packets on the tenant network), MKNOD (device nodes),
 # AUDIT_WRITE and SETFCAP (file capabilities). Enough for package managers, chown in

@@ -31,14 +31,13 @@ import docker.errors
 import structlog
 from docker.models.networks import Network
 
-from .base import LABEL_INSTALLATION, LABEL_MANAGED, RuntimeFault
+from .base import ISOLATIONS, LABEL_INSTALLATION, LABEL_MANAGED, RuntimeFault
 
 log = structlog.get_logger(__name__)
 
 CHAIN = "HF-TENANTS"
 BRIDGE_PREFIX = "hft-"
 LABEL_TENANT = "heteroflow.tenant"
-ISOLATIONS = ("auto", "docker", "iptables", "none")
 # Chains dockerd creates in the filter table while it manages iptables (before and since
 # Docker 28's rework of its forwarding rules).
 DOCKER_CHAINS = ("DOCKER-ISOLATION-STAGE-1", "DOCKER-FORWARD")

@@ -94,6 +94,10 @@ def test_process_limits_settings_and_what_the_inventory_says() -> None:
     assert s.process_options() == {"cgroups": "v1", "cgroup_parent": "/hf", "pids_limit": 512}
     with pytest.raises(ValueError, match="cgroups: 'v3' is not one of auto, v2, v1, none"):
         AgentSettings(node_id="n", cgroups="v3")
+    # A misspelt isolation: refused naming the setting, not reported as the node's isolation.
+    match = "container_isolation: 'iptable' is not one of auto, docker, iptables, none"
+    with pytest.raises(ValueError, match=match):
+        AgentSettings(node_id="n", container_isolation="iptable")
     inv = Inventory(
         node_id="n", hostname="h", memory_mb=1, cpu_cores=1, userns_remap=True, cgroups="none"
     )
