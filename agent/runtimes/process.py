@@ -343,6 +343,7 @@ class ProcessRuntime(Runtime):
         try:
             reply = self._spawn(spec, d).split(maxsplit=2)
         except OSError as e:
+            self._remove_cgroup(d)  # made before the supervisor was asked for
             shutil.rmtree(d, ignore_errors=True)
             raise RuntimeStartError(ErrorKind.CONTAINER_RUNTIME_ERROR, str(e)) from e
         finally:

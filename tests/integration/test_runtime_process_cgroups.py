@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.runtimes import cgroups
-from agent.runtimes.base import RunSpec, RunState
+from agent.runtimes.base import RunSpec, RunState, RuntimeStartError
 from agent.runtimes.process import ProcessRuntime
 
 pytestmark = [
@@ -179,3 +179,18 @@ async def test_a_restarted_agent_removes_the_cgroups_dead_supervisors_left(
         await neighbour.close()
     await rt.remove(hr)
     assert not _exists(kept)
+
+
+async def test_a_start_whose_supervisor_never_ran_leaves_no_cgroup(
+    rt: ProcessRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def lost(request: object) -> str:
+        raise OSError("the forker is gone")
+
+    monkeypatch.setattr(rt._forker, "start_supervisor", lost)
+    s = spec("true", memory_mb=64)
+    with pytest.raises(RuntimeStartError, match="the forker is gone"):
+        await rt.start(s)
+    name = f"{s.task_id}-0-{rt._cgroup_suffix}"
+    parents = [rt.cgroups.v2] if rt.cgroups.v2 is not None else list(rt.cgroups.v1.values())
+    assert parents and [p / name for p in parents if _exists(p / name)] == []
