@@ -126,6 +126,27 @@ def test_a_used_up_range_waits_with_the_reason() -> None:
     assert free.placement_for("r").ports == {"serve": 20001}  # type: ignore[union-attr]
 
 
+def test_a_port_held_by_another_node_of_the_same_host_is_not_handed_out() -> None:
+    # Two agents on one machine share its ports: a task on `a` holds 20000, so a replica
+    # placed on `b` (the only node with room for it) gets the other port of the range.
+    ports = (20000, 20001)
+    small = node("a", runtime="process", port_range=ports, memory_mb=1 * GB)
+    big = node("b", runtime="process", port_range=ports)
+    wide = replace(replica("r"), requirement=Requirement(memory_mb=4 * GB))
+    result = plan(snap(small, big, allocs=(held("x", "a", 20000),)), [wide])
+    placed = result.placement_for("r")
+    assert placed is not None and placed.node_id == "b" and placed.ports == {"serve": 20001}
+
+
+def test_a_port_handed_out_in_a_round_is_held_for_the_rest_of_it() -> None:
+    one = node("p", runtime="process", port_range=(20000, 20000))
+    result = plan(snap(one), [replica("r1"), replica("r2")])
+    placed = [result.placement_for(r) for r in ("r1", "r2")]
+    assert [p.ports for p in placed if p is not None] == [{"serve": 20000}]
+    waiting = result.unplaced_for("r1") or result.unplaced_for("r2")
+    assert waiting is not None and waiting.reason is ReasonCode.PORT_TAKEN
+
+
 def test_serving_replicas_on_a_process_node_get_a_port_each() -> None:
     result = plan(snap(node("p", runtime="process")), [replica("r1"), replica("r2")])
     ports = [result.placement_for(r).ports["serve"] for r in ("r1", "r2")]  # type: ignore[union-attr]
@@ -144,9 +165,11 @@ def test_loopback_nodes_on_one_host_still_hold_a_group() -> None:
 
 
 def test_a_group_across_hosts_avoids_a_loopback_only_node() -> None:
+    # The loopback node is the one bin-packing prefers (the least free memory): the group
+    # goes to the other two all the same.
     result = plan(
         snap(
-            node("a", host="h1", address="127.0.0.1"),
+            node("a", host="h1", address="127.0.0.1", memory_mb=32 * GB),
             node("b", host="h2", address="10.0.0.2"),
             node("c", host="h3", address="10.0.0.3"),
         ),
