@@ -14,6 +14,7 @@ import structlog
 from prometheus_client import Counter
 
 from libs.domain.group import Group
+from libs.domain.job_state import Job, JobNode
 from libs.domain.task import Task
 
 log = structlog.get_logger(__name__)
@@ -53,3 +54,14 @@ def own_members(group: Group, tasks: Sequence[Task]) -> list[Task]:
             task_ids=foreign,
         )
     return ours
+
+
+def foreign_job_task(job: Job, node: JobNode, task: Task) -> str:
+    """Why `task` may not settle `node` of `job` ("" when it may): it must be the job
+    tenant's, and the task the job created for that node (its id in the job's state; a node
+    created before ids were kept is settled by a task of the job's tenant)."""
+    if task.tenant_id != job.tenant_id:
+        return "the task belongs to another tenant"
+    if node.task_id and node.task_id != task.id:
+        return f"the job created {node.task_id} for this node"
+    return ""

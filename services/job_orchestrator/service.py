@@ -25,15 +25,13 @@ from libs.domain.events import Payload
 from libs.domain.job_state import (
     DONE,
     Job,
-    JobNode,
     JobNodeSettled,
     NodeState,
     cascade,
     evolve_job,
     parse_report,
 )
-from libs.domain.task import Task
-from libs.ownership import refuse_foreign
+from libs.ownership import foreign_job_task, refuse_foreign
 from libs.periodic import periodic
 from libs.service import ServiceContext
 from libs.store import inbox
@@ -51,17 +49,6 @@ _ENDED = {
     "cancelled": NodeState.STOPPED,
     "stopped": NodeState.STOPPED,
 }
-
-
-def foreign(job: Job, node: JobNode, task: Task) -> str:
-    """Why `task` may not settle `node` of `job` ("" when it may): it must be the job
-    tenant's, and the task the job created for that node (its id in the job's state; a node
-    created before ids were kept is settled by a task of the job's tenant)."""
-    if task.tenant_id != job.tenant_id:
-        return "the task belongs to another tenant"
-    if node.task_id and node.task_id != task.id:
-        return f"the job created {node.task_id} for this node"
-    return ""
 
 
 def outcome_of(envelope: EventEnvelope) -> NodeState | None:
@@ -107,7 +94,7 @@ class Orchestrator:
             if job is None or node is None:
                 refused.append("no such job or node")
                 return [], []
-            if why := foreign(job, node, task):
+            if why := foreign_job_task(job, node, task):
                 refused.append(why)
                 return [], []
             if node.state in DONE:

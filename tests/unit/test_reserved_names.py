@@ -25,7 +25,7 @@ from libs.domain.task import (
     parse_update,
     upcast_spec,
 )
-from services.job_orchestrator.service import foreign
+from libs.ownership import foreign_job_task
 from services.retry_engine.decide import is_static_world_member
 from services.scheduler.model import PendingTask
 
@@ -192,13 +192,13 @@ def test_only_the_task_the_job_created_settles_its_node() -> None:
     spec = task_spec(job, "k")
     ours = task_of(spec)
     node = JobNode(key="k", task_id="t1")
-    assert foreign(job, node, ours) == ""
-    assert "another tenant" in foreign(job, node, task_of(spec, tenant="b"))
+    assert foreign_job_task(job, node, ours) == ""
+    assert "another tenant" in foreign_job_task(job, node, task_of(spec, tenant="b"))
     other = ours.model_copy(update={"id": TaskId("t2")})
-    assert "created t1" in foreign(job, node, other)
+    assert "created t1" in foreign_job_task(job, node, other)
     # A node created before ids were kept: a task of the job's tenant only.
-    assert foreign(job, JobNode(key="k"), other) == ""
-    assert foreign(job, JobNode(key="k"), task_of(spec, tenant="b")) != ""
+    assert foreign_job_task(job, JobNode(key="k"), other) == ""
+    assert foreign_job_task(job, JobNode(key="k"), task_of(spec, tenant="b")) != ""
 
 
 def test_anti_affinity_keys_in_the_namespace_are_refused() -> None:
