@@ -27,7 +27,7 @@ FOREIGN_REFERENCES = Counter(
 
 
 def refuse_foreign(kind: str, why: str, *, count: int = 1, **fields: Any) -> None:
-    """Log and count refused references (`kind`: job_task, group_member, telemetry)."""
+    """Log and count refused references (`kind`: job_task, group_member, loan, telemetry)."""
     FOREIGN_REFERENCES.labels(kind).inc(count)
     log.warning("foreign_reference_refused", kind=kind, why=why, count=count, **fields)
 
