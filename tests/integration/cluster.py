@@ -33,8 +33,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class TenantCalls:
+    """The tenant's group and log calls of the e2e tests, on any platform under test that
+    has a `url` and the tenant's `tenant` headers (a Cluster, `up --processes`)."""
+
+    url: str
+
+    @property
+    def tenant(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def create_group(self, **body: Any) -> dict[str, Any]:
+        r = web.post(f"{self.url}/api/v1/task-groups", json=body, headers=self.tenant)
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
+    def group(self, group_id: str) -> dict[str, Any]:
+        r = web.get(f"{self.url}/api/v1/task-groups/{group_id}", headers=self.tenant)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def logs(self, task_id: str) -> list[str]:
+        r = web.get(f"{self.url}/api/v1/tasks/{task_id}/logs", headers=self.tenant)
+        assert r.status_code == 200, r.text
+        return list(r.json()["logs"])
+
+
 @dataclass
-class Cluster:
+class Cluster(TenantCalls):
     root: Path
     database_url: str
     nats: EmbeddedNats
@@ -141,21 +167,6 @@ class Cluster:
         r = web.get(f"{self.url}/api/v1/tasks/{task_id}", headers=self.tenant)
         assert r.status_code == 200, r.text
         return dict(r.json())
-
-    def create_group(self, **body: Any) -> dict[str, Any]:
-        r = web.post(f"{self.url}/api/v1/task-groups", json=body, headers=self.tenant)
-        assert r.status_code == 201, r.text
-        return dict(r.json())
-
-    def group(self, group_id: str) -> dict[str, Any]:
-        r = web.get(f"{self.url}/api/v1/task-groups/{group_id}", headers=self.tenant)
-        assert r.status_code == 200, r.text
-        return dict(r.json())
-
-    def logs(self, task_id: str) -> list[str]:
-        r = web.get(f"{self.url}/api/v1/tasks/{task_id}/logs", headers=self.tenant)
-        assert r.status_code == 200, r.text
-        return list(r.json()["logs"])
 
     def wait(self, cond: Callable[[], bool], what: str, timeout: float = 30.0) -> float:
         started = time.monotonic()

@@ -9,7 +9,6 @@ stopped → the group comes back from zero.
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import datetime
 from typing import Any
@@ -52,15 +51,14 @@ def live(cluster: Cluster, gid: str) -> list[dict[str, Any]]:
     return [t for t in cluster.group(gid)["tasks"] if t["status"] not in ended]
 
 
-class Load:
-    """Threads sending requests through the router until stopped."""
+class Load(web.Repeat):
+    """Threads sending requests through the router until stopped, each on its own client."""
 
     def __init__(self, cluster: Cluster, target: str, threads: int = 2) -> None:
+        super().__init__(threads, join_s=30.0)
         self.url = f"{cluster.url}/serve/{target}/index.html"
         self.headers = cluster.tenant
-        self.stop = threading.Event()
         self.sent = 0
-        self.threads = [threading.Thread(target=self._run) for _ in range(threads)]
 
     def _run(self) -> None:
         with httpx.Client(headers=self.headers, timeout=httpx.Timeout(20, connect=2)) as c:
@@ -71,16 +69,6 @@ class Load:
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.02)
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
 
 
 @pytest.mark.cluster_env(

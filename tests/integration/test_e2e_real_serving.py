@@ -9,10 +9,8 @@ client loop, then idle sleep and a streamed request that wakes the group.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -72,37 +70,23 @@ def streamed(events: list[tuple[str, str | None]]) -> bool:
     return len(events) >= 6 and events[-1][1] == "length"
 
 
-@dataclass
-class Load:
+class Load(web.Repeat):
     """Completions one after another through the openai client, until stopped."""
 
-    cluster: Cluster
-    target: str
-    models: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
+    def __init__(self, cluster: Cluster, target: str) -> None:
+        super().__init__(join_s=90.0)
+        self.client = client(cluster, target)
+        self.models: list[str] = []
+        self.failures: list[str] = []
 
-    def __enter__(self) -> Load:
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
+    def once(self) -> None:
         import openai
 
-        c = client(self.cluster, self.target)
-        while not self.stop.is_set():
-            try:
-                c.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, temperature=0)
-                self.models.append(str(c.models.list().data[0].id))
-            except openai.OpenAIError as exc:
-                self.failures.append(repr(exc))
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        assert self.thread is not None
-        self.thread.join(90)
+        try:
+            self.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, temperature=0)
+            self.models.append(str(self.client.models.list().data[0].id))
+        except openai.OpenAIError as exc:
+            self.failures.append(repr(exc))
 
 
 def explain(cluster: Cluster, gid: str) -> str:

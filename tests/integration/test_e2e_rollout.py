@@ -7,11 +7,9 @@ import asyncio
 import json
 import signal
 import subprocess
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any, cast
 
 import httpx
@@ -22,7 +20,7 @@ from libs.domain.rollout import decide_drain
 from libs.store.eventstore import EventStore
 
 from . import web
-from .cluster import BIN, TERMINAL, Cluster, free_port
+from .cluster import BIN, TERMINAL, Cluster, TenantCalls, free_port
 from .conftest import requires_docker
 from .test_e2e_serving import (
     call,
@@ -84,33 +82,20 @@ FAST = {
 }
 
 
-@dataclass
-class Load:
+class Load(web.Repeat):
     """Requests through the router, one after another, until stopped."""
 
-    cluster: Cluster
-    target: str
-    answers: list[tuple[int, str]] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
+    def __init__(self, cluster: Cluster, target: str) -> None:
+        super().__init__()
+        self.cluster, self.target = cluster, target
+        self.answers: list[tuple[int, str]] = []
 
-    def __enter__(self) -> Load:
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                r = call(self.cluster, self.target, "version")
-                self.answers.append((r.status_code, r.text.strip()))
-            except httpx.HTTPError as exc:
-                self.answers.append((0, repr(exc)))
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        assert self.thread is not None
-        self.thread.join(60)
+    def once(self) -> None:
+        try:
+            r = call(self.cluster, self.target, "version")
+            self.answers.append((r.status_code, r.text.strip()))
+        except httpx.HTTPError as exc:
+            self.answers.append((0, repr(exc)))
 
     def failures(self) -> list[tuple[int, str]]:
         return [a for a in self.answers if a[0] != 200]
@@ -472,20 +457,24 @@ def task_fields(cluster: Cluster, group_id: str) -> dict[str, tuple[int, bool, s
     return out
 
 
+@dataclass
+class SplitPlatform(TenantCalls):
+    url: str
+    database_url: str
+    key: str
+
+    @property
+    def tenant(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
 def test_a_rollout_under_load_with_every_service_its_own_process(split: Split) -> None:  # noqa: F811
     """`heteroflow up --processes`: the router in the api-gateway process, the controller in
     the rollout process, the replicas on the local agent's Docker engine."""
     split.wait(split.all_ready, "every child process ready", timeout=90)
     key = json.loads((split.home / "credentials.json").read_text())["tenant_api_key"]
-    # The helpers above need only these three of a Cluster.
-    plat = cast(
-        Cluster,
-        SimpleNamespace(
-            url=split.url,
-            tenant={"Authorization": f"Bearer {key}"},
-            database_url=split.database_url,
-        ),
-    )
+    # The helpers above need only the tenant's calls and the database of a Cluster.
+    plat = cast(Cluster, SplitPlatform(split.url, split.database_url, key))
     g = versioned_group(plat, 2)
     gid = g["id"]
     split.wait(lambda: len(ready_replicas(plat, gid)) == 2, "two ready replicas", 90)

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from libs.domain.commands import decide_transition
 from libs.domain.group_control import GroupPolicy
+from libs.domain.node import NodeInventory, NodeRegistered
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor
 from libs.domain.states import TaskStatus as S
@@ -20,8 +21,10 @@ from libs.domain.task import Platform, TaskId, TenantId, parse_create
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.migrations import MIGRATIONS
+from libs.store.projections import NODES
 from libs.store.replay import rebuild
 from services.job_orchestrator.service import Orchestrator
+from services.scheduler.dispatch import Dispatcher
 from services.scheduler.groups import GroupController
 
 from .helpers import Api, complete
@@ -224,3 +227,25 @@ async def test_a_task_naming_another_tenants_group_is_no_member(api: Api) -> Non
     members = await task_rows.of_group(api.store, gid)
     assert sorted(m.status.value for m in members if m.tenant_id == "acme") == ["pending"] * 2
     assert (after or 0) - (before or 0) == 1
+
+
+async def test_a_task_naming_another_tenants_group_gives_its_members_no_master(api: Api) -> None:
+    """Tenant B's live task that claims rank 0 of A's training group (written past the API)
+    is not rank 0 to the dispatcher: A's rank 1 gets MASTER_ADDR of A's own rank 0."""
+    for node_id, address in (("n1", "10.0.0.1"), ("n2", "10.6.6.6")):
+        inv = NodeInventory(memory_mb=8192, cpu_cores=4, address=address)
+        reg = NodeRegistered(node_id=node_id, inventory=inv)
+        await api.store.execute_aggregate(NODES, node_id, lambda _n, reg=reg: [reg])
+    group = TASK | {"task_count": 2, "task_type": "training"}
+    r = await api.client.post("/api/v1/task-groups", json=group, headers=api.tenant)
+    assert r.status_code == 201, r.text
+    members = sorted(await task_rows.of_group(api.store, r.json()["id"]), key=lambda t: t.rank or 0)
+    await api.place(members[0].id, "n1")
+    await api.place(members[1].id, "n1")
+    forged = await api.store.create_task(
+        TenantId("globex"), parse_create(TASK, tenant=True), group_id=r.json()["id"], rank=0
+    )
+    await api.place(forged.id, "n2")
+    rank1 = await api.store.get_task(members[1].id)
+    env, host_network = await Dispatcher(api.store, None).group_run(rank1)  # type: ignore[arg-type]
+    assert env["MASTER_ADDR"] == "10.0.0.1" and host_network

@@ -8,7 +8,8 @@ longer on purpose (a log stream, a slow operation) passes its own `timeout`.
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, Self
 
 import httpx
 
@@ -34,3 +35,30 @@ def put(url: str, **kw: Any) -> httpx.Response:
 def delete(url: str, **kw: Any) -> httpx.Response:
     kw.setdefault("timeout", REQUEST)
     return httpx.delete(url, **kw)
+
+
+class Repeat:
+    """Calls `once` on `threads` threads, again and again, while its `with` block runs (load
+    beside what a test does); each thread is joined, up to `join_s`, when the block ends."""
+
+    def __init__(self, threads: int = 1, join_s: float = 60.0) -> None:
+        self.stop = threading.Event()
+        self.join_s = join_s
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def once(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.once()
+
+    def __enter__(self) -> Self:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(self.join_s)
