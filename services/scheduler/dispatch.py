@@ -26,6 +26,7 @@ from libs.domain.group import current_members, group_env
 from libs.domain.protocol import CommandKind, NodeCommand, TaskRunSpec
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task
+from libs.ownership import own_members
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
@@ -126,18 +127,16 @@ class Dispatcher:
         self.store = store
         self.js = js
 
-    async def group_env(self, task: Task) -> dict[str, str]:
-        """WORLD_SIZE, MASTER_ADDR (rank 0's node address), ... for a group member."""
-        return (await self.group_run(task))[0]
-
     async def group_run(self, task: Task) -> tuple[dict[str, str], bool]:
-        """A member's distributed environment, and whether it runs on its host's network
+        """A member's distributed environment (WORLD_SIZE, MASTER_ADDR: rank 0's node
+        address, ...), and whether it runs on its host's network
         (a static-world member: its peers reach MASTER_ADDR:MASTER_PORT, docs/groups.md).
         MASTER_PORT is the port the scheduler allocated with rank 0's placement."""
         group = await group_rows.get(self.store, task.group_id or "", include_deleted=True)
         if group is None or task.rank is None:
             return {}, False
-        members = current_members(await load_group_tasks(self.store, group.id))
+        # Only the group's own tasks: another's claiming rank 0 gives no MASTER_ADDR.
+        members = current_members(own_members(group, await load_group_tasks(self.store, group.id)))
         placed = {m.rank: m.node_id for m in members if m.node_id}
         rank0 = next((m for m in members if m.rank == 0 and m.node_id), None)
         wanted = {*placed.values(), task.node_id or ""}

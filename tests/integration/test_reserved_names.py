@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from libs.domain.commands import decide_transition
+from libs.domain.events import Payload
 from libs.domain.group_control import GroupPolicy
 from libs.domain.node import NodeInventory, NodeRegistered
 from libs.domain.reasons import ReasonCode
@@ -229,13 +230,17 @@ async def test_a_task_naming_another_tenants_group_is_no_member(api: Api) -> Non
     assert (after or 0) - (before or 0) == 1
 
 
+async def register(api: Api, node_id: str, address: str) -> None:
+    inventory = NodeInventory(memory_mb=8192, cpu_cores=4, address=address)
+    events: list[Payload] = [NodeRegistered(node_id=node_id, inventory=inventory)]
+    await api.store.execute_aggregate(NODES, node_id, lambda _n: events)
+
+
 async def test_a_task_naming_another_tenants_group_gives_its_members_no_master(api: Api) -> None:
     """Tenant B's live task that claims rank 0 of A's training group (written past the API)
     is not rank 0 to the dispatcher: A's rank 1 gets MASTER_ADDR of A's own rank 0."""
     for node_id, address in (("n1", "10.0.0.1"), ("n2", "10.6.6.6")):
-        inv = NodeInventory(memory_mb=8192, cpu_cores=4, address=address)
-        reg = NodeRegistered(node_id=node_id, inventory=inv)
-        await api.store.execute_aggregate(NODES, node_id, lambda _n, reg=reg: [reg])
+        await register(api, node_id, address)
     group = TASK | {"task_count": 2, "task_type": "training"}
     r = await api.client.post("/api/v1/task-groups", json=group, headers=api.tenant)
     assert r.status_code == 201, r.text
