@@ -1,7 +1,7 @@
 """Reserved names and foreign references over a real store: `heteroflow.` labels refused at
 every entry (400, 40002, naming the key), a job settled only by the task it created, a
-group's members only tasks of its tenant, and
-rows stored with the old labels upcast with replay at zero differences."""
+group's members only tasks of its tenant, and rows stored with the old labels upcast with
+replay at zero differences."""
 
 from __future__ import annotations
 
