@@ -28,6 +28,9 @@ import structlog
 from libs.bus.lease import LeaseLike, run_while_leader
 from libs.domain.errors import Fenced
 from libs.periodic import periodic, wait_or_stop
+from libs.store import fencing
+from libs.store.eventstore import EventStore
+from libs.store.fenced import FencedWriter
 from libs.store.fencing import Fence
 
 log = structlog.get_logger(__name__)
@@ -40,21 +43,31 @@ Claim = Callable[[Fence], Awaitable[None]]
 
 @dataclass(frozen=True)
 class Term:
-    """One tenure of leadership: the fence its writes carry and the runtime's clock."""
+    """One tenure of leadership: the fence its writes carry, the store view that carries it
+    (`writer`, when the runtime was given the store) and the runtime's clock."""
 
     fence: Fence
     elected_at: float
     clock: Clock
+    store: EventStore | None = None
 
     def now(self) -> float:
         return self.clock()
+
+    @property
+    def writer(self) -> FencedWriter:
+        """The store, every write under this term's fence (libs/store/fenced.py)."""
+        if self.store is None:
+            raise RuntimeError("this controller runtime was started without a store")
+        return FencedWriter(self.store, self.fence)
 
 
 class Controller(ABC):
     """A leader-only control loop: `evaluate` runs every `interval_s` while we lead.
 
     `evaluate` returning True asks for the next pass at once (more work); setting `wake`
-    cuts the wait short. Writes must pass `term.fence` to the store.
+    cuts the wait short. Writes go through `term.writer` (or pass `term.fence`); a store
+    write made anywhere within the term without a fence carries the term's all the same.
     """
 
     name: str = "controller"
@@ -103,15 +116,19 @@ async def run_controller(
     retry_every: float | None = None,
     clock: Clock = time.monotonic,
     claim: Claim | None = None,
+    store: EventStore | None = None,
 ) -> None:
     """Run `controller` whenever we hold `lease`, until `stop` is set.
 
-    `claim` (the store's `claim_fence`) records each new term's fence before the term acts.
+    `claim` (the store's `claim_fence`) records each new term's fence before the term acts;
+    `store` gives each term its `writer` and is claimed on when `claim` is not given.
     """
     retry = retry_every if retry_every is not None else renew_every
+    if claim is None and store is not None:
+        claim = store.claim_fence
 
     async def term_body(token: int) -> None:
-        term = Term(Fence(lease.name, token), clock(), clock)
+        term = Term(Fence(lease.name, token), clock(), clock, store)
         await _serve_term(controller, term, claim)
 
     while not stop.is_set():
@@ -136,6 +153,8 @@ async def _serve_term(controller: Controller, term: Term, claim: Claim | None) -
             return False
 
     bound.info("controller_elected")
+    # Every store write of the term (and of tasks it starts) carries its fence.
+    ambient = fencing.TERM_FENCE.set(term.fence)
     try:
         if claim is not None:
             await claim(term.fence)
@@ -154,4 +173,5 @@ async def _serve_term(controller: Controller, term: Term, claim: Claim | None) -
         bound.exception("controller_failed")
     finally:
         await controller.deposed()
+        fencing.TERM_FENCE.reset(ambient)
         bound.info("controller_deposed")

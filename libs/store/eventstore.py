@@ -110,7 +110,9 @@ class EventStore:
     async def _guard(
         conn: AsyncConnection[Any], fence: Fence | None, receipt: Receipt | None
     ) -> bool:
-        """Check the writer's fence and record its receipt; False: already handled, skip."""
+        """Check the writer's fence (its own, else its controller term's: `TERM_FENCE`) and
+        record its receipt; False: already handled, skip."""
+        fence = fencing.effective(fence)
         if fence is not None:
             await fencing.check(conn, fence)
         return receipt is None or await inbox.record(conn, receipt)
@@ -125,6 +127,7 @@ class EventStore:
     @staticmethod
     def _meta(metadata: dict[str, Any] | None, fence: Fence | None) -> dict[str, Any]:
         meta = dict(metadata or {})
+        fence = fencing.effective(fence)
         if fence is not None:
             meta |= fence.metadata()
         return meta

@@ -14,6 +14,7 @@ locking" (2016), for why the lease alone cannot give this.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,17 @@ class Fence:
     def metadata(self) -> dict[str, Any]:
         """The fence as recorded in the metadata of the events it writes."""
         return {"lease": self.lease, "fencing_token": self.token}
+
+
+# The fence of the controller term running in this context (set by libs/controller.py for
+# everything a term does, including tasks it starts). A store write that names no fence of
+# its own carries this one, so code a controller calls cannot write past its term unfenced.
+TERM_FENCE: ContextVar[Fence | None] = ContextVar("heteroflow_term_fence", default=None)
+
+
+def effective(fence: Fence | None) -> Fence | None:
+    """The fence a write carries: its own, else its controller term's (None outside one)."""
+    return fence if fence is not None else TERM_FENCE.get()
 
 
 async def check(conn: AsyncConnection[Any], fence: Fence) -> None:
