@@ -1,17 +1,19 @@
-"""FastStream on the platform's NATS connection: typed subscribers for every subject.
+"""Typed subscribers for every subject, declared through FastStream and served by the platform.
 
 A process declares what it consumes as `Routes`: durable JetStream consumers (`durable`) and
-core NATS subscriptions (`core`), each taking a pydantic message model. The models are what the
-AsyncAPI document is generated from (`heteroflow/asyncapi.py`), so a subject cannot be consumed
-without being documented. `serve` runs them on the process's existing client: durable
-consumers through FastStream, core subscriptions through nats-py beneath it (see `Routes.core`).
+core NATS subscriptions (`core`), each taking a pydantic message model. The declarations live
+on FastStream routers, and the models are what the AsyncAPI document is generated from
+(`heteroflow/asyncapi.py`), so a subject cannot be consumed without being documented; that is
+all FastStream does here (`broker_for` is never started). `serve` runs the routes on the
+process's existing client with nats-py's public API: durable consumers through the platform's
+own pull loop (`libs/bus/pull.py`), core subscriptions as plain subscriptions (see `core`).
 
 Durable consumers keep the platform's delivery contract: explicit ack per message, a failed
-handler nak'ed with a delay, `max_deliver` attempts, then a max-deliveries advisory that
-`forward_dead_letters` turns into ``hf.dlq.<subject>``. They are FastStream *batch* pull
-subscribers on purpose: a fetched batch is handled in order, one message after the other (the
-plain pull subscriber runs a batch's messages concurrently, and an agent must see a task's
-`start` before its `stop`, the scheduler a `starting` report before `running`).
+handler nak'ed with a delay, `max_deliver` attempts, then a max-deliveries advisory that the
+dead-letter forwarder `serve` starts beside them (`forward_dead_letters`) turns into
+``hf.dlq.<subject>``. A fetched batch is handled in order, one message after the other (an
+agent must see a task's `start` before its `stop`, the scheduler a `starting` report before
+`running`), unless the consumer declares lanes (`libs/bus/lanes.py`).
 
 `durable_batches` hands the handler the whole fetched batch instead, in order, and takes back
 one outcome per message (acked, or nak'ed alone): a hot consumer then decides a batch together
@@ -23,35 +25,25 @@ land in consecutive batches are one commit apart, not a commit, an ack and two f
 
 import asyncio
 import contextlib
-import contextvars
 import functools
-import json
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, TypeVar
 
-import nats.errors
 import structlog
-from faststream import Context
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsRouter, PullSub
-from faststream.nats.message import NatsBatchMessage
-from faststream.nats.subscriber.usecases.stream_pull_subscriber import BatchPullStreamSubscriber
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import ConnectionClosedError
 from nats.js import JetStreamContext
-from nats.js.errors import ServiceUnavailableError
 from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
-from libs import ordering
 from libs.health import READINESS
 
 from .lanes import LanePool
-from .nats import ensure_durable_consumer, when_jetstream_answers
+from .nats import ensure_durable_consumer, forward_dead_letters, when_jetstream_answers
+from .pull import IDLE_FETCH_S, PullLoop
 
 log = structlog.get_logger(__name__)
 
@@ -70,11 +62,6 @@ REDELIVERED = Counter(
     "heteroflow_consumer_redeliveries_total", "Messages seen more than once", ["consumer"]
 )
 
-# A batch pull waits this long for a first message, then asks again (see _EagerBatchPull).
-IDLE_FETCH_S = 5.0
-# Only a server that does not answer a no-wait probe at all takes this long.
-PROBE_TIMEOUT_S = 1.0
-
 
 @dataclass(frozen=True)
 class Durable:
@@ -91,6 +78,17 @@ class Durable:
 def _filter(subject: str) -> str:
     """``hf.node.{node_id}.cmd`` -> ``hf.node.*.cmd`` (FastStream's parameter syntax)."""
     return ".".join("*" if t.startswith("{") and t.endswith("}") else t for t in subject.split("."))
+
+
+@dataclass(frozen=True)
+class Pull:
+    """How `serve` pulls one durable: its batches go to `consume` (libs/bus/pull.py)."""
+
+    stream: str
+    durable: str
+    consume: Callable[[list[Msg]], Coroutine[Any, Any, None]]
+    batch: int
+    pipelined: bool
 
 
 @dataclass(frozen=True)
@@ -141,8 +139,11 @@ class Routes:
     # Core subscriptions as FastStream documents them (served with nats-py, see `core`).
     documented: NatsRouter = field(default_factory=NatsRouter)
     # Where pulled batches are delivered: an agent's NATS user may subscribe only to inboxes
-    # under its own prefix (libs/bus/permissions.py); None keeps FastStream's `_INBOX.`.
+    # under its own prefix (libs/bus/permissions.py); None: `_INBOX.`. Routes that set one
+    # belong to a user confined to its own subjects, which runs no dead-letter forwarder.
     inbox_prefix: str | None = None
+    # The pull of each durable, as `serve` runs it.
+    pulls: list[Pull] = field(default_factory=list)
 
     def durable(
         self,
@@ -219,8 +220,9 @@ class Routes:
             if raws:
                 await _handle_batch(raws, items, handle, durable, nak_delay)
 
-        kind = _PipelinedBatchPull if pipelined else _EagerBatchPull
-        self._subscribe(model, whole, stream, durable, subject, description, batch, nak_delay, kind)
+        self._subscribe(
+            model, whole, stream, durable, subject, description, batch, nak_delay, pipelined
+        )
         self.durables.append(
             Durable(stream, durable, _filter(subject), ack_wait, max_deliver, deliver_new)
         )
@@ -235,43 +237,41 @@ class Routes:
         description: str,
         batch: int,
         nak_delay: float,
-        kind: type[BatchPullStreamSubscriber] | None = None,
+        pipelined: bool = False,
     ) -> None:
-        """The FastStream batch pull subscriber behind `durable` and `durable_batches`."""
+        """Document `durable`'s channel through FastStream and keep its pull for `serve`."""
 
-        async def decode(message: NatsBatchMessage) -> list[BaseModel]:
+        async def consume(messages: list[Msg]) -> None:
             # Validated one by one, so one bad body does not take its batch down with it.
-            out: list[BaseModel] = []
-            for raw in message.raw_message:
+            raws: list[Msg] = []
+            items: list[BaseModel] = []
+            for raw in messages:
                 try:
-                    out.append(model.model_validate_json(raw.data))
+                    items.append(model.model_validate_json(raw.data))
                 except ValidationError:
                     log.exception("consumer_bad_message", consumer=durable, subject=raw.subject)
                     HANDLED.labels(durable, "error").inc()
                     with contextlib.suppress(Exception):
                         await raw.nak(delay=nak_delay)
-            return out
+                    continue
+                raws.append(raw)
+            if raws:
+                await run(raws, items)
 
-        async def consume(batch: list[Any], message: NatsBatchMessage = Context("message")) -> None:
-            # `decode` settled the bad ones: what is left pairs with `batch` in order.
-            pending = [raw for raw in message.raw_message if not raw.is_acked]
-            await run(pending, batch)
+        async def documented(batch: list[Any]) -> None:
+            """Never called: the model in its annotation is what FastStream documents."""
 
-        # The model in the annotation is what FastStream documents for this channel.
-        consume.__annotations__["batch"] = list[model]  # type: ignore[valid-type]
-        subscriber = self.router.subscriber(
+        documented.__annotations__["batch"] = list[model]  # type: ignore[valid-type]
+        self.router.subscriber(
             subject,
             stream=JStream(stream, declare=False),
             durable=durable,
             pull_sub=PullSub(batch_size=batch, timeout=IDLE_FETCH_S, batch=True),
-            decoder=decode,
             ack_policy=AckPolicy.MANUAL,
             title=f"{durable}:{subject}",
             description=description,
-            inbox_prefix=f"{self.inbox_prefix or '_INBOX'}.".encode(),
-        )
-        subscriber(consume)
-        subscriber.__class__ = kind or _EagerBatchPull
+        )(documented)
+        self.pulls.append(Pull(stream, durable, consume, batch, pipelined))
 
     def core(
         self,
@@ -402,190 +402,14 @@ async def _handle_batch(
             await raw.nak(delay=delay)
 
 
-class _EagerBatchPull(BatchPullStreamSubscriber):
-    """FastStream's batch pull subscriber, fetching eagerly.
-
-    FastStream 0.7's loop keeps fetching until the batch is full or `PullSub.timeout` has
-    passed since the first fetch, so every message waits out a window, and a quiet consumer
-    wakes once per window to ask again. Here a fetch waits for one message, then takes what
-    the server already holds behind it (`_take_available`) and hands the batch over: a quiet
-    subject adds nothing to a hop, and under load what arrived during the last batch comes
-    together in the next.
-    """
-
-    __slots__ = ()
-
-    async def _consume_pull(self) -> None:
-        assert self.subscription is not None, "create_subscription runs first"
-        size = self.pull_sub.batch_size
-        while self.running:
-            try:
-                messages = await self.subscription.fetch(batch=1, timeout=IDLE_FETCH_S)
-                if size > 1:
-                    messages += await _take_available(self.subscription, size - 1)
-            except TimeoutError:
-                continue  # nothing yet: ask again
-            except (ConnectionClosedError, ServiceUnavailableError, nats.errors.Error) as exc:
-                # The client reconnects; what was fetched and not acked comes back.
-                log.warning("consumer_fetch_failed", subject=self.subject, error=repr(exc))
-                await asyncio.sleep(0.5)
-                continue
-            if messages and self.running:
-                await self._hand_over(messages)
-
-    async def _hand_over(self, messages: list[Msg]) -> None:
-        await self.consume(messages)
-
-
-class _PipelinedBatchPull(_EagerBatchPull):
-    """An eager batch pull that fetches and starts its next batch while the previous commits.
-
-    Each batch runs as its own task with a fresh ordering mark (`libs/ordering.py`). A batch
-    is handed over at once and the loop goes back to fetching; the next batch, once fetched,
-    starts when the one before it is ordered (its rows locked) or over, with at most
-    `IN_FLIGHT` batches running. So the fetch of the next batch overlaps the previous one's
-    locking, and a report that arrived during it is already in hand when the locks are
-    taken. Stopping waits for the batches still running.
-    """
-
-    __slots__ = ()
-    IN_FLIGHT = 2
-
-    def _batches(self) -> set[asyncio.Task[Any]]:
-        # Kept in the instance's __dict__: the class is swapped in after construction.
-        running: set[asyncio.Task[Any]] = vars(self).setdefault("_hf_batches", set())
-        return running
-
-    async def _consume_pull(self) -> None:
-        try:
-            await super()._consume_pull()
-        finally:
-            previous = vars(self).pop("_hf_previous", None)
-            if previous is not None:
-                previous.cancel()
-            running = self._batches()
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
-
-    async def _hand_over(self, messages: list[Msg]) -> None:
-        previous: asyncio.Task[None] | None = vars(self).get("_hf_previous")
-        if previous is not None:
-            await asyncio.shield(previous)  # the batch before is ordered, or over
-        running = self._batches()
-        while len(running) >= self.IN_FLIGHT:
-            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        context = contextvars.copy_context()
-        mark = context.run(ordering.start_batch)
-        batch = asyncio.create_task(self.consume(messages), context=context)
-        running.add(batch)
-        batch.add_done_callback(running.discard)
-        vars(self)["_hf_previous"] = asyncio.create_task(_ordered_or_over(batch, mark))
-
-
-async def _ordered_or_over(batch: asyncio.Task[Any], mark: asyncio.Event) -> None:
-    ordered = asyncio.create_task(mark.wait())
-    try:
-        await asyncio.wait({batch, ordered}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        ordered.cancel()
-
-
-async def _take_available(sub: JetStreamContext.PullSubscription, n: int) -> list[Msg]:
-    """Up to `n` messages the server holds for `sub` right now, without waiting for new ones.
-
-    nats-py's `fetch` cannot say this: its no-wait probe carries an expiry whenever its local
-    queue is empty, and the server then holds the request open that long. This sends the
-    probe without one (the server answers with what it has, then a 404 status when that is
-    fewer than asked) on the subscription's own inbox, as `fetch` does.
-    """
-    inner = sub._sub
-    assert inner is not None
-    queue = inner._pending_queue
-    out: list[Msg] = []
-    while len(out) < n and not queue.empty():  # delivered for an earlier request, not taken
-        msg = queue.get_nowait()
-        inner._pending_size -= len(msg.data)
-        if not JetStreamContext.is_status_msg(msg):
-            out.append(msg)
-    if len(out) >= n:
-        return out
-    probe = json.dumps({"batch": n - len(out), "no_wait": True}).encode()
-    await sub._nc.publish(sub._nms, probe, sub._deliver)
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
-    while len(out) < n:
-        try:
-            msg = await inner.next_msg(timeout=max(deadline - time.monotonic(), 0.001))
-        except TimeoutError:
-            break  # what still comes waits in the queue for the next fetch
-        status = JetStreamContext.is_status_msg(msg)
-        if status is None:
-            out.append(msg)
-        elif not JetStreamContext._is_heartbeat(status):
-            break  # 404: nothing more (or 408/409: this request is over)
-    return out
-
-
-class SharedBroker(NatsBroker):
-    """A NatsBroker on a client the process already holds (credentials, reconnect policy and
-    the lease live on it); stopping the broker leaves the client open."""
-
-    def __init__(self, nc: Client, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._shared = nc
-
-    async def _connect(self) -> Client:
-        self.config.connect(self._shared)
-        state = self.config.connection_state
-        state.connect(self._shared, _translating_timeouts(state.stream))
-        return self._shared
-
-    async def stop(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_val: BaseException | None = None,
-        exc_tb: TracebackType | None = None,
-    ) -> None:
-        self._connection = None  # not ours to drain
-        await super().stop(exc_type, exc_val, exc_tb)
-
-
-def _translating_timeouts(js: JetStreamContext) -> JetStreamContext:
-    """Make pull fetches raise `nats.errors.TimeoutError` when they time out.
-
-    nats-py 2.16 raises the builtin TimeoutError from a batch fetch that got nothing more,
-    while FastStream 0.7's batch loop catches only nats-py's own: the consume task then dies
-    with the batch it had collected (redelivered only after `ack_wait`) and is restarted.
-    """
-    pull_subscribe = js.pull_subscribe
-
-    async def subscribe(*args: Any, **kwargs: Any) -> Any:
-        sub = await pull_subscribe(*args, **kwargs)
-        fetch = sub.fetch
-
-        async def translated(*a: Any, **kw: Any) -> list[Msg]:
-            try:
-                return await fetch(*a, **kw)
-            except nats.errors.TimeoutError:
-                raise
-            except TimeoutError as exc:
-                raise nats.errors.TimeoutError from exc
-
-        sub.fetch = translated  # type: ignore[method-assign]
-        return sub
-
-    js.pull_subscribe = subscribe  # type: ignore[method-assign]
-    return js
-
-
-def broker_for(nc: Client | None, routes: Sequence[Routes]) -> NatsBroker:
-    """A broker holding `routes`; unconnected (`nc` None) it serves to generate documents."""
+def broker_for(nc: None, routes: Sequence[Routes]) -> NatsBroker:
+    """An unconnected FastStream broker declaring `routes`: what the AsyncAPI document is
+    generated from. It is never started (`serve` runs the routes itself)."""
     # FastStream's per-message logging would double ours and cost a log line per message.
-    kwargs: dict[str, Any] = {"logger": None, "apply_types": True}
-    broker = SharedBroker(nc, **kwargs) if nc is not None else NatsBroker(**kwargs)
+    broker = NatsBroker(logger=None, apply_types=True)
     for r in routes:
         broker.include_router(r.router)
-        if nc is None:
-            broker.include_router(r.documented)
+        broker.include_router(r.documented)
     return broker
 
 
@@ -608,16 +432,46 @@ async def declare(js: JetStreamContext, routes: Sequence[Routes]) -> None:
             )
 
 
-async def serve(nc: Client, routes: Sequence[Routes], stop: asyncio.Event) -> None:
-    """Run `routes` on `nc` until `stop` is set."""
+async def serve(
+    nc: Client,
+    routes: Sequence[Routes],
+    stop: asyncio.Event,
+    *,
+    dead_letters: bool | None = None,
+) -> None:
+    """Run `routes` on `nc` until `stop` is set.
+
+    With durable consumers, the process also forwards dead letters (`forward_dead_letters`:
+    every consumer's max-deliveries advisories, in one queue group across processes).
+    `dead_letters` None: unless a route confines its inboxes (an agent, whose NATS user may
+    not subscribe to advisories; the services' forwarders cover its consumer).
+    """
     await declare(nc.jetstream(), routes)
-    broker = broker_for(nc, routes)
-    await broker.start()
     subs = [
         await nc.subscribe(c.subject, queue=c.queue, cb=c.callback())
         for r in routes
         for c in r.cores
     ]
+    loops = [
+        PullLoop(
+            nc,
+            p.stream,
+            p.durable,
+            p.consume,
+            batch=p.batch,
+            pipelined=p.pipelined,
+            inbox_prefix=r.inbox_prefix,
+        )
+        for r in routes
+        for p in r.pulls
+    ]
+    for loop in loops:
+        await loop.open()
+    if dead_letters is None:
+        dead_letters = all(r.inbox_prefix is None for r in routes)
+    if dead_letters and loops:
+        subs.append(await forward_dead_letters(nc, nc.jetstream()))
+    tasks = [asyncio.create_task(loop.run(), name=f"pull-{loop.durable}") for loop in loops]
     durables = [d.durable for r in routes for d in r.durables]
     for name in durables:
         READINESS.consumer_started(name)  # the process's /readyz waits for these
@@ -629,7 +483,10 @@ async def serve(nc: Client, routes: Sequence[Routes], stop: asyncio.Event) -> No
         for sub in subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        await broker.stop()
+        for task in tasks:
+            task.cancel()
+        # A pipelined loop waits for its running batches; a plain one's batch is cancelled.
+        await asyncio.gather(*tasks, return_exceptions=True)
         for pool in (p for r in routes for p in r.pools):
             await pool.close()  # what is still queued is redelivered, unacknowledged
 

@@ -303,15 +303,31 @@ async def dead_letter(js: JetStreamContext, advisory: dict[str, object]) -> str 
     return subject
 
 
+# The forwarders of every process share one queue group: an advisory reaches one of them.
+DLQ_QUEUE = "hf-dead-letters"
+
+
 async def forward_dead_letters(
-    nc: Client, js: JetStreamContext, stream: str = "*", consumer: str = "*"
+    nc: Client,
+    js: JetStreamContext,
+    stream: str = "*",
+    consumer: str = "*",
+    *,
+    queue: str = DLQ_QUEUE,
 ) -> Subscription:
     """Subscribe to max-deliveries advisories and dead-letter each message they name.
 
     JetStream emits the advisory when it next looks for a message to deliver to that
     consumer (a pull is waiting) and finds this one exhausted. Advisories are plain NATS
-    messages: one emitted while no forwarder runs is not seen, so run a forwarder in every
-    consumer process (duplicates collapse in HF_DLQ by Msg-Id).
+    messages: one emitted while no forwarder runs is not seen, so `libs/bus/broker.serve`
+    runs one in every process that serves durable consumers, for every stream and consumer.
+    The forwarders share the queue group `queue`, so one advisory is handled once; should two
+    handle it anyway (a forwarder outside the group), the copies collapse in HF_DLQ by their
+    `Nats-Msg-Id`. Agents run none: their NATS users may subscribe only to their own subjects
+    (libs/bus/permissions.py), and the services' forwarders see the advisories of the agents'
+    consumers too. A service user needs to subscribe to
+    ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>``, read the stream's messages
+    (``$JS.API.STREAM.MSG.GET.>``) and publish ``hf.dlq.>``: none of them is denied.
     """
 
     async def on_advisory(msg: Msg) -> None:
@@ -320,4 +336,6 @@ async def forward_dead_letters(
         except Exception:  # a bad advisory must not kill the subscription
             log.exception("dlq_forward_failed", advisory=msg.data.decode(errors="replace"))
 
-    return await nc.subscribe(s.max_deliveries_advisory(stream, consumer), cb=on_advisory)
+    return await nc.subscribe(
+        s.max_deliveries_advisory(stream, consumer), queue=queue, cb=on_advisory
+    )

@@ -1,5 +1,6 @@
-"""FastStream subscribers as the platform declares them (libs/bus/broker.py), against a real
-NATS server: typed messages, order within a batch, nak-and-retry, bad bodies, core replies."""
+"""Subscribers as the platform declares and serves them (libs/bus/broker.py, libs/bus/pull.py),
+against a real NATS server: typed messages, order within a batch, nak-and-retry, bad bodies,
+core replies, eager fetches, pipelined batches, lanes and dead letters."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
+from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from libs import ordering
+from libs.bus import pull
+from libs.bus import subjects as s
 from libs.bus.broker import Routes, serve
-from libs.bus.nats import connect, ensure_stream
+from libs.bus.nats import HDR_DLQ_CONSUMER, connect, ensure_stream, ensure_streams
 
 pytestmark = pytest.mark.integration
 
@@ -269,8 +273,170 @@ async def test_a_pipelined_consumer_fetches_the_next_batch_before_the_last_is_or
         await server
 
 
-async def _until_acked_pending(js: JetStreamContext, stream: str, durable: str, n: int) -> None:
+async def _until_acked_pending(
+    js: JetStreamContext, stream: str, durable: str, n: int, *, at_most: bool = False
+) -> None:
+    """Until `n` (at least, or `at_most`) messages are delivered and not yet acknowledged."""
     end = time.monotonic() + DEADLINE_S
-    while (await js.consumer_info(stream, durable)).num_ack_pending < n:
-        assert time.monotonic() < end, f"{n} messages delivered to the consumer"
+    while True:
+        pending = (await js.consumer_info(stream, durable)).num_ack_pending
+        if (pending <= n) if at_most else (pending >= n):
+            return
+        assert time.monotonic() < end, f"{n} messages delivered to the consumer, not {pending}"
         await asyncio.sleep(0.02)
+
+
+async def test_an_eager_fetch_takes_what_is_held_at_once_and_waits_for_nothing_more(
+    nc: Client,
+) -> None:
+    """What the server holds when a fetch starts comes as one batch (up to the batch size);
+    a message arriving alone is handed over at once, not after the pull's idle window."""
+    batches: list[list[int]] = []
+    handled: dict[int, float] = {}
+
+    async def handle(items: list[Item]) -> list[None]:
+        batches.append([i.n for i in items])
+        handled.update((i.n, time.monotonic()) for i in items)
+        return [None] * len(items)
+
+    js = nc.jetstream()
+    tag = uuid.uuid4().hex[:8]
+    stream, prefix = f"E{tag}", f"e{tag}"
+    await ensure_stream(js, StreamConfig(name=stream, subjects=[f"{prefix}.>"]))
+    for i in range(50):  # held before the consumer exists
+        await js.publish(f"{prefix}.k.item", Item(n=i).model_dump_json().encode())
+    routes = Routes("test")
+    routes.durable_batches(
+        Item,
+        handle,
+        stream=stream,
+        durable=f"d{tag}",
+        subject=f"{prefix}.{{key}}.item",
+        description="test",
+        batch=20,
+    )
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(nc, [routes], stop))
+    try:
+        await _until(lambda: len(handled) == 50, "the held messages")
+        assert batches == [list(range(0, 20)), list(range(20, 40)), list(range(40, 50))]
+        sent = time.monotonic()
+        await js.publish(f"{prefix}.k.item", Item(n=50).model_dump_json().encode())
+        await _until(lambda: 50 in handled, "the lone message")
+        assert batches[-1] == [50]
+        assert handled[50] - sent < pull.IDLE_FETCH_S / 2  # not held for the idle window
+    finally:
+        stop.set()
+        await server
+        await js.delete_stream(stream)
+
+
+async def test_lanes_keep_the_order_of_a_key_and_run_keys_side_by_side(nc: Client) -> None:
+    """With `lane`, one key's messages are handled in order while a held key does not hold
+    up the others; every message is acknowledged once its handler returns."""
+    tag = uuid.uuid4().hex[:8]
+    stream, prefix = f"N{tag}", f"n{tag}"
+    js = nc.jetstream()
+    await ensure_stream(js, StreamConfig(name=stream, subjects=[f"{prefix}.>"]))
+    gate = asyncio.Event()
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+
+    async def handle(item: Item) -> None:
+        key = "a" if item.n % 2 == 0 else "b"
+        if item.n == 0:
+            await gate.wait()  # key a's first message holds its lane
+        seen[key].append(item.n)
+
+    routes = Routes("test")
+    routes.durable(
+        Item,
+        handle,
+        stream=stream,
+        durable=f"d{tag}",
+        subject=f"{prefix}.{{key}}.item",
+        description="test",
+        lane=lambda item: "a" if item.n % 2 == 0 else "b",
+        max_in_flight=64,
+    )
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(nc, [routes], stop))
+    try:
+        for i in range(20):
+            await js.publish(f"{prefix}.k.item", Item(n=i).model_dump_json().encode())
+        await _until(lambda: len(seen["b"]) == 10, "key b while key a is held")
+        assert seen["a"] == [] and seen["b"] == list(range(1, 20, 2))
+        gate.set()
+        await _until(lambda: len(seen["a"]) == 10, "key a once released")
+        assert seen["a"] == list(range(0, 20, 2))
+        await _until_acked_pending(js, stream, f"d{tag}", 0, at_most=True)
+    finally:
+        gate.set()
+        stop.set()
+        await server
+        await js.delete_stream(stream)
+
+
+async def test_serve_dead_letters_a_message_past_max_deliver_once_across_processes(
+    nats_url: str,
+) -> None:
+    """Every process that serves durable consumers forwards dead letters: a message whose
+    handler keeps failing lands in HF_DLQ once, though two processes forward advisories."""
+    clients = [await connect(nats_url, f"test-dlq-{i}") for i in range(2)]
+    js = clients[0].jetstream()
+    await ensure_streams(js)
+    tag = uuid.uuid4().hex[:8]
+    stream_type = f"t{tag}"
+    subject = s.event_subject(stream_type, "x1", "poison")
+    tries: list[int] = []
+
+    async def fail(item: Item) -> None:
+        tries.append(item.n)
+        raise RuntimeError("always")
+
+    routes = Routes("test")
+    routes.durable(
+        Item,
+        fail,
+        stream=s.EVENTS_STREAM,
+        durable=f"d{tag}",
+        subject=s.event_filter(stream_type),
+        description="test",
+        max_deliver=3,
+        nak_delay=0.05,
+    )
+    other = Routes("other")  # a second process's consumer, on another subject
+    other.durable(
+        Item,
+        fail,
+        stream=s.EVENTS_STREAM,
+        durable=f"o{tag}",
+        subject=s.event_filter(f"o{tag}"),
+        description="test",
+    )
+    stop = asyncio.Event()
+    servers = [
+        asyncio.create_task(serve(clients[0], [routes], stop)),
+        asyncio.create_task(serve(clients[1], [other], stop)),
+    ]
+    try:
+        await js.publish(subject, Item(n=1).model_dump_json().encode())
+        dlq = s.dlq_subject(subject)
+        end = time.monotonic() + DEADLINE_S
+        while True:
+            try:
+                dead = await js.get_msg(s.DLQ_STREAM, subject=dlq)
+                break
+            except NotFoundError:
+                assert time.monotonic() < end, f"nothing on {dlq}"
+                await asyncio.sleep(0.05)
+        assert tries == [1, 1, 1]
+        assert dead.headers is not None and dead.headers[HDR_DLQ_CONSUMER] == f"d{tag}"
+        assert Item.model_validate_json(dead.data or b"").n == 1
+        # Both forwarders got the chance: the DLQ holds one copy.
+        dl = await js.stream_info(s.DLQ_STREAM, subjects_filter=dlq)
+        assert dl.state.subjects == {dlq: 1}
+    finally:
+        stop.set()
+        await asyncio.gather(*servers)
+        for c in clients:
+            await c.close()
