@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -23,16 +23,17 @@ from agent.runtimes.base import (
     LABEL_MANAGED,
     LABEL_TASK_ID,
     ErrorKind,
-    HandleNotFound,
-    InvalidOperation,
+    Handle,
     LineAssembler,
     RunSpec,
     RunState,
+    Runtime,
     RuntimeStartError,
 )
 from agent.runtimes.docker import DockerRuntime, _parse_docker_time, classify_api_error
 from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.simulated import SimulatedRuntime
+from tests.contract.runtime import RuntimeContract, shell_script, split_behaviour
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 
@@ -56,16 +57,6 @@ def engine() -> Iterator[docker.DockerClient]:
     client.close()
 
 
-@pytest.fixture
-async def rt(engine: docker.DockerClient) -> AsyncIterator[DockerRuntime]:
-    runtime = DockerRuntime(wait_poll_s=1.0)
-    yield runtime
-    for h in await runtime.list_managed():
-        if h.task_id.startswith(f"d{RUN}"):
-            await runtime.remove(h)
-    await runtime.close()
-
-
 def spec(command: str, **kw: object) -> RunSpec:
     return RunSpec.model_validate(
         {
@@ -80,213 +71,132 @@ def spec(command: str, **kw: object) -> RunSpec:
     )
 
 
-async def test_echo_hello_exit_zero_and_logs_survive_the_exit(rt: DockerRuntime) -> None:
-    h = await rt.start(spec("echo to-stderr >&2; sleep 0.2; echo hello; echo world"))
-    report = await rt.wait(h)
-    assert report.exit_code == 0 and report.succeeded and not report.oom_killed
-    # stdout and stderr are copied separately by the engine: their relative order may vary
-    assert sorted(report.output_tail) == ["hello", "to-stderr", "world"]
-    assert await rt.inspect(h) is RunState.EXITED  # not auto-removed
-    assert "hello" in await rt.logs(h)
-    assert await rt.logs(h, tail=1) == ["world"]
+def container(engine: docker.DockerClient, h: Handle) -> dict[str, Any]:
+    attrs: dict[str, Any] = engine.containers.get(h.id).attrs
+    return attrs
 
 
-async def test_exit_code_is_captured(rt: DockerRuntime) -> None:
-    report = await rt.wait(await rt.start(spec("exit 3")))
-    assert report.exit_code == 3 and not report.oom_killed and not report.succeeded
+class TestDockerRuntime(RuntimeContract):
+    @pytest.fixture(autouse=True)
+    def _engine(self, engine: docker.DockerClient) -> None:
+        self.engine = engine  # skips the class when no engine answers
 
+    def make_runtime(self, tmp_path: Path) -> Runtime:
+        return DockerRuntime(wait_poll_s=1.0)
 
-async def test_memory_limit_is_an_oom_kill(rt: DockerRuntime, engine: docker.DockerClient) -> None:
-    # The shell itself holds 200 MB in a variable: with 32 MB it is the OOM killer's victim.
-    h = await rt.start(
-        spec('x=$(head -c 200000000 /dev/zero | tr "\\0" a); echo done', memory_mb=32)
-    )
-    report = await rt.wait(h)
-    assert report.exit_code == 137
-    assert report.oom_killed
-    assert engine.containers.get(h.id).attrs["State"]["OOMKilled"] is True
+    def make_restarted(self, rt: Runtime) -> Runtime:
+        return DockerRuntime(wait_poll_s=1.0)
 
+    def spec(self, prints: Sequence[str] = (), **kw: Any) -> RunSpec:
+        script, fields = split_behaviour(kw)
+        return spec(shell_script(prints, **script), **fields)
 
-async def test_a_killed_child_does_not_make_a_successful_task_an_oom(rt: DockerRuntime) -> None:
-    # `tail` is OOM-killed, the shell carries on and exits 0. On cgroup v1 the engine still says
-    # OOMKilled; the report does not, since the task as a whole succeeded.
-    h = await rt.start(spec("tail -c 200000000 /dev/zero >/dev/null; echo survived", memory_mb=32))
-    report = await rt.wait(h)
-    assert report.exit_code == 0 and not report.oom_killed
-    # The shell's "Killed" notice (stderr) and "survived" (stdout) are copied by the engine
-    # separately, so their order in the log is not fixed.
-    assert "survived" in report.output_tail
+    def missing_image(self) -> str:
+        return f"heteroflow/absent-{RUN}:latest"
 
+    async def frozen(self, rt: Runtime, h: Handle) -> bool:
+        return bool(container(self.engine, h)["State"]["Paused"])
 
-async def test_missing_image_is_image_not_found_without_a_pull(rt: DockerRuntime) -> None:
-    with pytest.raises(RuntimeStartError) as err:
-        await rt.start(spec("true", image=f"heteroflow/absent-{RUN}:latest"))
-    assert err.value.kind is ErrorKind.IMAGE_NOT_FOUND
-
-
-async def test_missing_image_with_pull_enabled_is_still_classified(
-    engine: docker.DockerClient,
-) -> None:
-    rt = DockerRuntime(pull=True)
-    try:
-        with pytest.raises(RuntimeStartError) as err:
-            # a registry that cannot exist: fails fast, whatever the network allows
-            await rt.start(spec("true", image=f"localhost:1/absent-{RUN}:latest"))
-        assert err.value.kind in (
-            ErrorKind.IMAGE_PULL_BACK_OFF,
-            ErrorKind.IMAGE_NOT_FOUND,
-            ErrorKind.NETWORK_TIMEOUT,
-        )
-    finally:
+    async def dispose(self, rt: Runtime) -> None:
+        for h in await rt.list_managed():  # the engine is shared: only this run's containers
+            if h.task_id.startswith(f"d{RUN}"):
+                await rt.remove(h)
         await rt.close()
 
+    # -- the docker runtime's own cases ---------------------------------------------------
 
-async def test_pause_and_unpause(rt: DockerRuntime, engine: docker.DockerClient) -> None:
-    h = await rt.start(spec("sleep 30"))
-    await rt.pause(h)
-    await rt.pause(h)  # idempotent
-    assert engine.containers.get(h.id).attrs["State"]["Paused"] is True
-    assert await rt.inspect(h) is RunState.PAUSED
-    await rt.unpause(h)
-    await rt.unpause(h)  # idempotent
-    state = engine.containers.get(h.id).attrs["State"]
-    assert state["Paused"] is False and state["Running"] is True
-    assert await rt.inspect(h) is RunState.RUNNING
+    async def test_stderr_is_kept_beside_stdout(self, rt: DockerRuntime) -> None:
+        h = await rt.start(spec("echo to-stderr >&2; sleep 0.2; echo hello; echo world"))
+        report = await rt.wait(h)
+        # stdout and stderr are copied separately by the engine: their relative order may vary
+        assert sorted(report.output_tail) == ["hello", "to-stderr", "world"]
+        assert "to-stderr" in await rt.logs(h)
 
+    async def test_memory_limit_is_an_oom_kill(self, rt: DockerRuntime) -> None:
+        # The shell itself holds 200 MB in a variable: with 32 MB it is the OOM killer's victim.
+        h = await rt.start(
+            spec('x=$(head -c 200000000 /dev/zero | tr "\\0" a); echo done', memory_mb=32)
+        )
+        report = await rt.wait(h)
+        assert report.exit_code == 137
+        assert report.oom_killed
+        assert container(self.engine, h)["State"]["OOMKilled"] is True
 
-async def test_stop_with_grace(rt: DockerRuntime) -> None:
-    h = await rt.start(spec("sleep 30"))
-    t0 = time.monotonic()
-    await rt.stop(h, grace_s=5)
-    assert time.monotonic() - t0 < 3  # docker-init passes SIGTERM on: no need to wait the grace
-    assert (await rt.wait(h)).exit_code == 143
+    async def test_a_killed_child_does_not_make_a_successful_task_an_oom(
+        self, rt: DockerRuntime
+    ) -> None:
+        # `tail` is OOM-killed, the shell carries on and exits 0. On cgroup v1 the engine still
+        # says OOMKilled; the report does not, since the task as a whole succeeded.
+        h = await rt.start(
+            spec("tail -c 200000000 /dev/zero >/dev/null; echo survived", memory_mb=32)
+        )
+        report = await rt.wait(h)
+        assert report.exit_code == 0 and not report.oom_killed
+        # The shell's "Killed" notice (stderr) and "survived" (stdout) are copied by the engine
+        # separately, so their order in the log is not fixed.
+        assert "survived" in report.output_tail
 
-    stubborn = await rt.start(spec("trap '' TERM; sleep 30"))
-    t0 = time.monotonic()
-    await rt.stop(stubborn, grace_s=1)
-    assert 0.8 < time.monotonic() - t0 < 6
-    assert (await rt.wait(stubborn)).exit_code == 137
-    with pytest.raises(InvalidOperation):
-        await rt.pause(stubborn)
+    async def test_missing_image_with_pull_enabled_is_still_classified(self) -> None:
+        rt = DockerRuntime(pull=True)
+        try:
+            with pytest.raises(RuntimeStartError) as err:
+                # a registry that cannot exist: fails fast, whatever the network allows
+                await rt.start(spec("true", image=f"localhost:1/absent-{RUN}:latest"))
+            assert err.value.kind in (
+                ErrorKind.IMAGE_PULL_BACK_OFF,
+                ErrorKind.IMAGE_NOT_FOUND,
+                ErrorKind.NETWORK_TIMEOUT,
+            )
+        finally:
+            await rt.close()
 
+    async def test_a_never_started_container_reports_no_exit_code(self, rt: DockerRuntime) -> None:
+        s = spec("echo never")
+        await asyncio.to_thread(rt._create_sync, s)  # as if the agent died between create/start
+        [h] = [x for x in await rt.list_managed() if x.task_id == s.task_id]
+        assert await rt.inspect(h) is RunState.CREATED
+        report = await asyncio.wait_for(rt.wait(h), 5)
+        assert report.exit_code is None and not report.succeeded
+        assert report.error is not None and "never started" in report.error
+        assert await rt.start(s) == h  # a redelivered start runs it after all
+        assert (await rt.wait(h)).output_tail == ["never"]
 
-async def test_stop_a_paused_container(rt: DockerRuntime) -> None:
-    h = await rt.start(spec("sleep 30"))
-    await rt.pause(h)
-    await rt.stop(h, grace_s=5)
-    assert (await rt.wait(h)).exit_code == 143
+    async def test_security_and_limits(self, rt: DockerRuntime) -> None:
+        s = spec(
+            "id -u; touch /tmp/f; chown 1 /tmp/f && echo chowned; "
+            "mknod /tmp/n c 1 3 2>/dev/null || echo mknod-refused",
+            labels={"team": "x"},
+        )
+        h = await rt.start(s)
+        report = await rt.wait(h)
+        # The image's user (root in busybox) with the kept capabilities (test_container_hardening)
+        assert report.output_tail == ["0", "chowned", "mknod-refused"]
+        attrs = container(self.engine, h)
+        assert attrs["Config"]["User"] == ""
+        host = attrs["HostConfig"]
+        assert host["CapDrop"] == ["ALL"] and "MKNOD" not in host["CapAdd"]
+        assert host["SecurityOpt"] == ["no-new-privileges"]
+        assert host["Privileged"] is False
+        assert host["Memory"] == host["MemorySwap"] == 64 * 1024 * 1024
+        assert host["NanoCpus"] == 500_000_000
+        assert host["PidsLimit"] == 4096
+        assert host["RestartPolicy"]["Name"] in ("no", "")
+        assert host["AutoRemove"] is False
+        assert attrs["Name"] == f"/hf-{s.task_id}-0"
+        labels = attrs["Config"]["Labels"]
+        assert labels[LABEL_MANAGED] == "true" and labels[LABEL_TASK_ID] == s.task_id
+        assert labels[LABEL_ATTEMPT] == "0" and labels["team"] == "x"
 
-
-async def test_readoption_by_label_from_a_fresh_runtime(rt: DockerRuntime) -> None:
-    s = spec("sleep 1; echo finished; exit 4", attempt=2)
-    h = await rt.start(s)
-    fresh = DockerRuntime(wait_poll_s=1.0)  # a restarted agent
-    try:
-        found = [x for x in await fresh.list_managed() if x.task_id == s.task_id]
-        assert found == [h]
-        assert found[0].attempt == 2
-        report = await fresh.wait(found[0])
-        assert report.exit_code == 4 and report.output_tail == ["finished"]
-    finally:
-        await fresh.close()
-
-
-async def test_a_never_started_container_reports_no_exit_code(rt: DockerRuntime) -> None:
-    s = spec("echo never")
-    await asyncio.to_thread(rt._create_sync, s)  # as if the agent died between create and start
-    [h] = [x for x in await rt.list_managed() if x.task_id == s.task_id]
-    assert await rt.inspect(h) is RunState.CREATED
-    report = await asyncio.wait_for(rt.wait(h), 5)
-    assert report.exit_code is None and not report.succeeded
-    assert report.error is not None and "never started" in report.error
-    assert await rt.start(s) == h  # a redelivered start runs it after all
-    assert (await rt.wait(h)).output_tail == ["never"]
-
-
-async def test_follow_logs_streams_lines(rt: DockerRuntime) -> None:
-    h = await rt.start(spec("for i in 1 2 3; do echo line $i; sleep 0.3; done; printf end"))
-    seen: list[tuple[str, float]] = []
-    t0 = time.monotonic()
-    async for line in rt.follow_logs(h):
-        seen.append((line, time.monotonic() - t0))
-    assert [line for line, _ in seen] == ["line 1", "line 2", "line 3", "end"]
-    assert seen[-1][1] - seen[0][1] > 0.4  # streamed, not read at the end
-    assert [line async for line in rt.follow_logs(h, tail=2)] == ["line 3", "end"]
-
-
-async def test_follow_logs_can_be_abandoned(rt: DockerRuntime) -> None:
-    h = await rt.start(spec("while true; do echo tick; sleep 0.1; done"))
-    stream = rt.follow_logs(h)
-    assert await asyncio.wait_for(anext(stream), 5) == "tick"
-    await stream.aclose()  # closes the engine stream; the pump thread ends
-    await rt.stop(h, grace_s=1)
-
-
-async def test_security_and_limits(rt: DockerRuntime, engine: docker.DockerClient) -> None:
-    s = spec(
-        "id -u; touch /tmp/f; chown 1 /tmp/f && echo chowned; "
-        "mknod /tmp/n c 1 3 2>/dev/null || echo mknod-refused",
-        labels={"team": "x"},
-    )
-    h = await rt.start(s)
-    report = await rt.wait(h)
-    # The image's user (root in busybox) with the kept capabilities (test_container_hardening)
-    assert report.output_tail == ["0", "chowned", "mknod-refused"]
-    attrs = engine.containers.get(h.id).attrs
-    assert attrs["Config"]["User"] == ""
-    host = attrs["HostConfig"]
-    assert host["CapDrop"] == ["ALL"] and "MKNOD" not in host["CapAdd"]
-    assert host["SecurityOpt"] == ["no-new-privileges"]
-    assert host["Privileged"] is False
-    assert host["Memory"] == host["MemorySwap"] == 64 * 1024 * 1024
-    assert host["NanoCpus"] == 500_000_000
-    assert host["PidsLimit"] == 4096
-    assert host["RestartPolicy"]["Name"] in ("no", "")
-    assert host["AutoRemove"] is False
-    assert attrs["Name"] == f"/hf-{s.task_id}-0"
-    labels = attrs["Config"]["Labels"]
-    assert labels[LABEL_MANAGED] == "true" and labels[LABEL_TASK_ID] == s.task_id
-    assert labels[LABEL_ATTEMPT] == "0" and labels["team"] == "x"
-
-
-async def test_env_and_read_only_volume(rt: DockerRuntime, tmp_path: Path) -> None:
-    (tmp_path / "in.txt").write_text("payload\n")
-    os.chmod(tmp_path, 0o755)  # readable by whatever uid the container runs as
-    s = spec(
-        'echo "$GREETING"; cat /data/in.txt; touch /data/x 2>/dev/null || echo read-only',
-        env={"GREETING": "hi there"},
-        volumes=[{"host_path": str(tmp_path), "container_path": "/data", "read_only": True}],
-    )
-    report = await rt.wait(await rt.start(s))
-    assert report.output_tail == ["hi there", "payload", "read-only"]
-
-
-async def test_bad_bind_source_is_invalid_config(rt: DockerRuntime) -> None:
-    s = spec("true", volumes=[{"host_path": f"/no/such/{RUN}", "container_path": "/data"}])
-    with pytest.raises(RuntimeStartError) as err:
-        await rt.start(s)
-    assert err.value.kind is ErrorKind.INVALID_CONFIG
-
-
-async def test_start_is_idempotent_and_remove_frees_the_name(rt: DockerRuntime) -> None:
-    s = spec("sleep 30")
-    h = await rt.start(s)
-    assert await rt.start(s) == h
-    await rt.remove(h)  # force: kills the running container
-    await rt.remove(h)  # idempotent
-    assert await rt.inspect(h) is RunState.MISSING
-    with pytest.raises(HandleNotFound):
-        await rt.wait(h)
-    again = await rt.start(s)  # the name is free again
-    assert again.id != h.id
-
-
-async def test_cancelled_wait_leaves_nothing_blocked(rt: DockerRuntime) -> None:
-    h = await rt.start(spec("sleep 30"))
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(rt.wait(h), 0.3)
-    await rt.stop(h, grace_s=1)
-    assert (await asyncio.wait_for(rt.wait(h), 5)).exit_code == 143
+    async def test_env_and_read_only_volume(self, rt: DockerRuntime, tmp_path: Path) -> None:
+        (tmp_path / "in.txt").write_text("payload\n")
+        os.chmod(tmp_path, 0o755)  # readable by whatever uid the container runs as
+        s = spec(
+            'echo "$GREETING"; cat /data/in.txt; touch /data/x 2>/dev/null || echo read-only',
+            env={"GREETING": "hi there"},
+            volumes=[{"host_path": str(tmp_path), "container_path": "/data", "read_only": True}],
+        )
+        report = await rt.wait(await rt.start(s))
+        assert report.output_tail == ["hi there", "payload", "read-only"]
 
 
 # -- pure: request building and error mapping (no engine needed) -----------------------------

@@ -9,24 +9,18 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from agent.runtimes.base import (
-    ErrorKind,
-    Handle,
-    HandleNotFound,
-    InvalidOperation,
-    RunSpec,
-    RunState,
-    RuntimeStartError,
-)
+from agent.runtimes.base import ErrorKind, Handle, RunSpec, RunState, Runtime, RuntimeStartError
 from agent.runtimes.process import ProcessRuntime, looks_like_cpu_oom, read_tail
+from tests.contract.runtime import RuntimeContract, shell_script, split_behaviour
+from tests.wait import wait_until, wait_until_async
 
 pytestmark = [
     pytest.mark.integration,
@@ -50,49 +44,143 @@ def spec(command: str, **kw: object) -> RunSpec:
     )
 
 
-@pytest.fixture
-async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
-    runtime = ProcessRuntime(tmp_path / "state", poll_s=0.05)
-    yield runtime
-    for handle in await runtime.list_managed():  # never leave a process behind
-        await runtime.remove(handle)
+class TestProcessRuntime(RuntimeContract):
+    has_images = False  # `image` is ignored: the command runs on the host
+    term_stop_within_s = 2.0
+    kill_slack_s = 2.5
 
+    def make_runtime(self, tmp_path: Path) -> Runtime:
+        return ProcessRuntime(tmp_path / "state", poll_s=0.05)
 
-async def until(rt: ProcessRuntime, h: Handle, state: RunState, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while await rt.inspect(h) is not state:
-        assert time.monotonic() < deadline, f"never reached {state}"
-        await asyncio.sleep(0.02)
+    def make_restarted(self, rt: Runtime) -> Runtime:
+        assert isinstance(rt, ProcessRuntime)
+        return ProcessRuntime(rt.tasks_dir.parent, poll_s=0.05)
 
+    def spec(self, prints: Sequence[str] = (), **kw: Any) -> RunSpec:
+        script, fields = split_behaviour(kw)
+        return spec(shell_script(prints, **script), **fields)
 
-async def test_echo_exit_zero_and_logs_stay_readable(rt: ProcessRuntime) -> None:
-    h = await rt.start(spec("echo hello; echo oops >&2"))
-    report = await rt.wait(h)
-    assert report.exit_code == 0 and report.succeeded and not report.oom_killed
-    assert report.output_tail == ["hello", "oops"]
-    assert await rt.inspect(h) is RunState.EXITED
-    assert await rt.logs(h) == ["hello", "oops"]
-    assert await rt.logs(h, tail=1) == ["oops"]
-    assert await rt.logs(h, tail=0) == []
+    async def frozen(self, rt: Runtime, h: Handle) -> bool:
+        return bool(psutil.Process(int(h.id)).status() == psutil.STATUS_STOPPED)
 
+    async def check_removed(self, rt: Runtime, s: RunSpec, h: Handle) -> None:
+        assert isinstance(rt, ProcessRuntime)
+        assert not (rt.tasks_dir / f"{s.task_id}-0").exists()
+        assert not psutil.pid_exists(int(h.id)) or psutil.Process(int(h.id)).status() == "zombie"
 
-async def test_exit_code_is_captured(rt: ProcessRuntime) -> None:
-    report = await rt.wait(await rt.start(spec("exit 3")))
-    assert report.exit_code == 3 and not report.succeeded
+    # -- the process runtime's own cases --------------------------------------------------
 
+    async def test_stderr_keeps_its_place_beside_stdout(self, rt: ProcessRuntime) -> None:
+        h = await rt.start(spec("echo hello; echo oops >&2"))
+        report = await rt.wait(h)
+        assert report.output_tail == ["hello", "oops"]  # one file: the order is kept
+        assert await rt.logs(h) == ["hello", "oops"]
 
-async def test_an_allocation_failure_in_the_output_shows_as_oom(rt: ProcessRuntime) -> None:
-    # A limit the command sets itself (no cgroup involved): the evidence is the MemoryError.
-    cmd = f"ulimit -v 300000; {sys.executable} -c 'x = bytearray(512 * 1024 * 1024)'"
-    report = await rt.wait(await rt.start(spec(cmd, memory_mb=4096)))
-    assert report.exit_code == 1
-    assert report.oom_killed
-    assert "MemoryError" in report.output_tail
+    async def test_an_allocation_failure_in_the_output_shows_as_oom(
+        self, rt: ProcessRuntime
+    ) -> None:
+        # A limit the command sets itself (no cgroup involved): the evidence is the MemoryError.
+        cmd = f"ulimit -v 300000; {sys.executable} -c 'x = bytearray(512 * 1024 * 1024)'"
+        report = await rt.wait(await rt.start(spec(cmd, memory_mb=4096)))
+        assert report.exit_code == 1
+        assert report.oom_killed
+        assert "MemoryError" in report.output_tail
 
+    async def test_a_bare_sigkill_is_not_called_an_oom(self, rt: ProcessRuntime) -> None:
+        report = await rt.wait(await rt.start(spec("kill -9 $$")))
+        assert report.exit_code == 137 and not report.oom_killed
 
-async def test_a_bare_sigkill_is_not_called_an_oom(rt: ProcessRuntime) -> None:
-    report = await rt.wait(await rt.start(spec("kill -9 $$")))
-    assert report.exit_code == 137 and not report.oom_killed
+    async def test_environment_is_built_not_inherited(
+        self, rt: ProcessRuntime, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("HF_AGENT_SECRET", "do-not-leak")
+        s = spec(
+            'echo "A=$A"; echo "S=${HF_AGENT_SECRET:-}"; echo "H=$HOME"; '
+            'echo "T=$HETEROFLOW_TASK_ID"; pwd; echo "C=${CUDA_VISIBLE_DEVICES:-}"',
+            env={"A": "b c"},
+            gpu_ids=("GPU-1",),
+            gpu_vendor="nvidia",
+        )
+        h = await rt.start(s)
+        await rt.wait(h)
+        lines = await rt.logs(h)
+        work = str(rt.tasks_dir / f"{s.task_id}-0" / "work")
+        assert lines == ["A=b c", "S=", f"H={work}", f"T={s.task_id}", work, "C=GPU-1"]
+
+    async def test_no_address_space_limit_and_no_new_privileges(self, rt: ProcessRuntime) -> None:
+        # memory_mb is a cgroup's memory limit (test_runtime_process_cgroups.py), never
+        # RLIMIT_AS: runtimes reserve far more address space than they use.
+        cmd = "ulimit -v; grep NoNewPrivs /proc/self/status"
+        h = await rt.start(spec(cmd, memory_mb=256))
+        await rt.wait(h)
+        lines = await rt.logs(h)
+        assert lines[0] == "unlimited"
+        assert lines[1].split() == ["NoNewPrivs:", "1"]
+
+    async def test_pause_stops_the_whole_process_group(self, rt: ProcessRuntime) -> None:
+        h = await rt.start(spec("sleep 30 & wait"))
+        job = psutil.Process(int(h.id))
+        # The group's member must exist before the pause, or it is forked after the signal.
+        await wait_until_async(lambda: bool(job.children()), 5, message="the shell's child started")
+        await rt.pause(h)
+        # SIGSTOP reaches each process of the group when it is next scheduled, not at once.
+        await wait_until_async(
+            lambda: (
+                job.status() == psutil.STATUS_STOPPED
+                and all(c.status() == psutil.STATUS_STOPPED for c in job.children())
+            ),
+            5,
+            message="every process of the group stopped",
+        )
+        await rt.unpause(h)
+        assert job.status() != psutil.STATUS_STOPPED
+        await rt.stop(h, grace_s=2)
+
+    async def test_leftover_children_go_with_the_main_process(self, rt: ProcessRuntime) -> None:
+        h = await rt.start(spec("sleep 60 & echo $!"))
+        await rt.wait(h)
+        orphan = int((await rt.logs(h))[0])
+        await wait_until_async(
+            lambda: (
+                not psutil.pid_exists(orphan)
+                or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+            ),
+            3,
+            message="the background child went with its task",
+        )
+
+    @pytest.mark.parametrize(
+        ("overrides", "kind"),
+        [
+            ({"command": "  "}, ErrorKind.INVALID_CONFIG),
+            (
+                {"volumes": [{"host_path": "/tmp", "container_path": "/data"}]},
+                ErrorKind.INVALID_CONFIG,
+            ),
+        ],
+        ids=["no-command", "remapped-volume"],
+    )
+    async def test_invalid_specs(
+        self, rt: ProcessRuntime, overrides: dict[str, object], kind: ErrorKind
+    ) -> None:
+        # (a missing volume: the contract's test_a_missing_volume_is_invalid_config)
+        base = spec("true").model_dump()
+        with pytest.raises(RuntimeStartError) as err:
+            await rt.start(RunSpec.model_validate({**base, **overrides}))
+        assert err.value.kind is kind
+
+    async def test_a_volume_at_its_own_path_is_usable(
+        self, rt: ProcessRuntime, tmp_path: Path
+    ) -> None:
+        data = tmp_path / "data"
+        data.mkdir()
+        (data / "in.txt").write_text("payload\n")
+        s = spec(
+            f"cat {data}/in.txt", volumes=[{"host_path": str(data), "container_path": str(data)}]
+        )
+        h = await rt.start(s)
+        await rt.wait(h)
+        assert await rt.logs(h) == ["payload"]
 
 
 @pytest.mark.parametrize(
@@ -109,158 +197,6 @@ async def test_a_bare_sigkill_is_not_called_an_oom(rt: ProcessRuntime) -> None:
 )
 def test_oom_evidence(code: int, lines: list[str], oom: bool) -> None:
     assert looks_like_cpu_oom(code, lines) is oom
-
-
-async def test_environment_is_built_not_inherited(
-    rt: ProcessRuntime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HF_AGENT_SECRET", "do-not-leak")
-    s = spec(
-        'echo "A=$A"; echo "S=${HF_AGENT_SECRET:-}"; echo "H=$HOME"; '
-        'echo "T=$HETEROFLOW_TASK_ID"; pwd; echo "C=${CUDA_VISIBLE_DEVICES:-}"',
-        env={"A": "b c"},
-        gpu_ids=("GPU-1",),
-        gpu_vendor="nvidia",
-    )
-    h = await rt.start(s)
-    await rt.wait(h)
-    lines = await rt.logs(h)
-    work = str(rt.tasks_dir / f"{s.task_id}-0" / "work")
-    assert lines == ["A=b c", "S=", f"H={work}", f"T={s.task_id}", work, "C=GPU-1"]
-
-
-async def test_no_address_space_limit_and_no_new_privileges(rt: ProcessRuntime) -> None:
-    # memory_mb is a cgroup's memory limit (test_runtime_process_cgroups.py), never RLIMIT_AS:
-    # runtimes reserve far more address space than they use.
-    cmd = "ulimit -v; grep NoNewPrivs /proc/self/status"
-    h = await rt.start(spec(cmd, memory_mb=256))
-    await rt.wait(h)
-    lines = await rt.logs(h)
-    assert lines[0] == "unlimited"
-    assert lines[1].split() == ["NoNewPrivs:", "1"]
-
-
-async def _until(check: Callable[[], bool], what: str, within_s: float = 5.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
-
-
-async def test_pause_stops_the_process_group(rt: ProcessRuntime) -> None:
-    h = await rt.start(spec("sleep 30 & wait"))
-    job = psutil.Process(int(h.id))
-    # The group's member must exist before the pause, or it is forked after the signal.
-    await _until(lambda: bool(job.children()), "the shell's child started")
-    await rt.pause(h)
-    await rt.pause(h)  # idempotent
-    assert await rt.inspect(h) is RunState.PAUSED
-    # SIGSTOP reaches each process of the group when it is next scheduled, not at once.
-    await _until(
-        lambda: (
-            job.status() == psutil.STATUS_STOPPED
-            and all(c.status() == psutil.STATUS_STOPPED for c in job.children())
-        ),
-        "every process of the group stopped",
-    )
-    await rt.unpause(h)
-    assert await rt.inspect(h) is RunState.RUNNING
-    assert job.status() != psutil.STATUS_STOPPED
-    await rt.stop(h, grace_s=2)
-    with pytest.raises(InvalidOperation):
-        await rt.pause(h)
-
-
-async def test_stop_sends_sigterm_then_sigkill_after_grace(rt: ProcessRuntime) -> None:
-    h = await rt.start(spec("sleep 30"))
-    await until(rt, h, RunState.RUNNING)
-    t0 = time.monotonic()
-    await rt.stop(h, grace_s=5)
-    assert time.monotonic() - t0 < 2
-    assert (await rt.wait(h)).exit_code == 143
-
-    stubborn = await rt.start(spec("trap '' TERM; echo ready; sleep 30"))
-    deadline = time.monotonic() + 5
-    while "ready" not in await rt.logs(stubborn):  # its trap is set once it says so
-        assert time.monotonic() < deadline, "the stubborn task never got ready"
-        await asyncio.sleep(0.02)
-    t0 = time.monotonic()
-    await rt.stop(stubborn, grace_s=0.5)
-    assert 0.4 < time.monotonic() - t0 < 3
-    assert (await rt.wait(stubborn)).exit_code == 137
-    await rt.stop(stubborn)  # already ended: nothing to do
-
-
-async def test_stop_of_a_paused_task(rt: ProcessRuntime) -> None:
-    h = await rt.start(spec("sleep 30"))
-    await rt.pause(h)
-    await rt.stop(h, grace_s=5)
-    assert (await rt.wait(h)).exit_code == 143
-
-
-async def test_leftover_children_go_with_the_main_process(rt: ProcessRuntime) -> None:
-    h = await rt.start(spec("sleep 60 & echo $!"))
-    await rt.wait(h)
-    orphan = int((await rt.logs(h))[0])
-    deadline = time.monotonic() + 3
-    while psutil.pid_exists(orphan) and psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the background child outlived its task"
-        await asyncio.sleep(0.05)
-
-
-async def test_follow_logs_yields_lines_as_they_come(rt: ProcessRuntime) -> None:
-    h = await rt.start(spec("echo one; sleep 0.3; echo two; sleep 0.3; printf three"))
-    seen: list[tuple[str, float]] = []
-    t0 = time.monotonic()
-    async for line in rt.follow_logs(h):
-        seen.append((line, time.monotonic() - t0))
-    assert [line for line, _ in seen] == ["one", "two", "three"]
-    assert seen[-1][1] - seen[0][1] > 0.4  # streamed, not read at the end
-    assert [line async for line in rt.follow_logs(h, tail=1)] == ["three"]
-
-
-async def test_start_is_idempotent_and_remove_cleans_up(rt: ProcessRuntime) -> None:
-    s = spec("sleep 30")
-    h = await rt.start(s)
-    assert await rt.start(s) == h
-    await rt.remove(h)
-    await rt.remove(h)  # idempotent
-    assert await rt.inspect(h) is RunState.MISSING
-    assert not (rt.tasks_dir / f"{s.task_id}-0").exists()
-    assert not psutil.pid_exists(int(h.id)) or psutil.Process(int(h.id)).status() == "zombie"
-    with pytest.raises(HandleNotFound):
-        await rt.wait(h)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "kind"),
-    [
-        ({"command": "  "}, ErrorKind.INVALID_CONFIG),
-        ({"volumes": [{"host_path": "/tmp", "container_path": "/data"}]}, ErrorKind.INVALID_CONFIG),
-        (
-            {"volumes": [{"host_path": "/no/such/dir", "container_path": "/no/such/dir"}]},
-            ErrorKind.INVALID_CONFIG,
-        ),
-    ],
-    ids=["no-command", "remapped-volume", "missing-volume"],
-)
-async def test_invalid_specs(
-    rt: ProcessRuntime, overrides: dict[str, object], kind: ErrorKind
-) -> None:
-    base = spec("true").model_dump()
-    with pytest.raises(RuntimeStartError) as err:
-        await rt.start(RunSpec.model_validate({**base, **overrides}))
-    assert err.value.kind is kind
-
-
-async def test_a_volume_at_its_own_path_is_usable(rt: ProcessRuntime, tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "in.txt").write_text("payload\n")
-    s = spec(f"cat {data}/in.txt", volumes=[{"host_path": str(data), "container_path": str(data)}])
-    h = await rt.start(s)
-    await rt.wait(h)
-    assert await rt.logs(h) == ["payload"]
 
 
 async def test_missing_shell_is_a_start_error(tmp_path: Path) -> None:
@@ -383,10 +319,8 @@ def test_a_supervisor_whose_agent_died_before_its_answer_still_records_the_exit(
     try:
         forker.send(request | {"command": "echo ran", "env": {}}, write_end)
         os.close(write_end)
-        deadline = time.monotonic() + 30
-        while not (d / "exit.json").exists():
-            assert time.monotonic() < deadline, "no exit.json: the supervisor gave up"
-            time.sleep(0.02)
+        exit_json = d / "exit.json"
+        wait_until(exit_json.exists, 30, 0.02, "exit.json (else the supervisor gave up)")
     finally:
         forker.close()
     assert json.loads((d / "exit.json").read_text())["exit_code"] == 0
