@@ -2,7 +2,8 @@
 and user environment, published serving port) and the running timeout.
 
 The memory is the spec's as placed: the inference memory boost is applied when the task is
-created (libs/domain/boost.py), so the node runs what the scheduler counted."""
+created (libs/domain/boost.py), so the node runs what the scheduler counted; so is a
+fraction's share of its card (`TaskRunSpec.gpu_share`, agent/runtimes/sharing.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from libs.domain.protocol import NodeCommand
 from .engines import profile, profile_env
 from .inventory import Inventory
 from .runtimes.base import LABEL_NODE, RunSpec
+from .runtimes.sharing import held_share
 
 
 def card_vendor(inventory: Inventory, gpu_ids: tuple[str, ...]) -> str:
@@ -52,6 +54,8 @@ def run_spec(
     port = cmd.run.serve_port or (spec.serving.port if spec.serving else None)
     told = port and (cmd.run.serve_port or "PORT" not in spec.env)
     port_env = {"PORT": str(port)} if told else {}
+    # A fraction: the share the scheduler counted (its limits under MPS, its MIG instance).
+    memory_mb, compute_ratio = held_share(cmd.run)
     run = RunSpec(
         task_id=cmd.task_id,
         attempt=cmd.attempt,
@@ -65,8 +69,8 @@ def run_spec(
         gpu_ids=gpu_ids,
         gpu_vendor=vendor,
         qos=cmd.run.qos if spec.is_fractional else "",
-        gpu_memory_mb=spec.gpu_memory_mb,
-        gpu_compute_ratio=spec.gpu_compute_ratio,
+        gpu_memory_mb=memory_mb,
+        gpu_compute_ratio=compute_ratio,
         labels={"heteroflow.tenant": cmd.run.tenant_id, LABEL_NODE: node_id},
         serve_port=port,
         serve_host=address,

@@ -3,7 +3,12 @@
 The scheduler grants a fraction of one card and names its QoS from the card (gold: NVIDIA with
 MIG mode on; silver: other NVIDIA cards; bronze: other vendors). Here that becomes isolation:
 
-* **gold**: the task gets a MIG instance of its card whose memory holds its `gpu_memory_mb` and
+Every limit is the share the scheduler counted for the task on its card (`TaskRunSpec.gpu_share`,
+see `held_share`): a fraction that names only its compute share is held to the VRAM the
+scheduler accounted for it too (`ceil(ratio × card VRAM)`), and one that names only its VRAM to
+the matching compute share.
+
+* **gold**: the task gets a MIG instance of its card whose memory holds its share and
   that no running task of this node holds (the smallest that fits); the container sees that
   instance only, by its `MIG-...` UUID. Instances are not created here: an operator partitions
   the card (`nvidia-smi mig -cgi ... -C`); a card with no free instance that fits refuses the
@@ -32,6 +37,7 @@ from typing import Any
 import structlog
 
 from libs.domain.failure import ErrorKind
+from libs.domain.protocol import TaskRunSpec
 
 from ..inventory import nvml_session, nvml_text
 from .base import RuntimeStartError
@@ -53,6 +59,15 @@ class MigInstance:
     uuid: str  # "MIG-..."
     memory_mb: int
     parent_uuid: str
+
+
+def held_share(run: TaskRunSpec) -> tuple[int, float]:
+    """(VRAM in MB, compute share) a fraction is held to: the share the scheduler counted on
+    its card when the START carries one, else the spec's own figures (a START from a
+    dispatcher that sent no share). Whole cards: the spec's zeros."""
+    if run.gpu_share is not None:
+        return run.gpu_share.memory_mb, run.gpu_share.compute_ratio
+    return run.spec.gpu_memory_mb, run.spec.gpu_compute_ratio
 
 
 def mig_instances(parent_uuid: str, nvml: Any | None = None) -> list[MigInstance]:

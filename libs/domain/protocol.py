@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
 from .commands import decide_transition
 from .errors import Conflict
@@ -40,6 +40,19 @@ class CommandKind(StrEnum):
     RESUME = "resume"
 
 
+class GpuShare(BaseModel):
+    """The fraction of one card the scheduler counted for a task: its VRAM and its compute
+    share (`share_on` in services/scheduler/placement/model.py). The agent holds the task to
+    exactly this, so what is accounted and what is enforced never differ
+    (agent/runtimes/sharing.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu_id: str
+    memory_mb: int = Field(ge=0)  # 0: no VRAM limit (a card that reports none)
+    compute_ratio: float = Field(ge=0.0, le=1.0)
+
+
 class TaskRunSpec(Message):
     """What a START command asks a node to run: the task's spec and its placement."""
 
@@ -58,6 +71,15 @@ class TaskRunSpec(Message):
     # The host port the scheduler allocated for the serving port (process runtime, host
     # network); given to the task as PORT and served on. None: the declared port.
     serve_port: int | None = None
+    # A fraction's share as the scheduler counted it on the granted card. None: whole cards,
+    # no card, or a command sent before the share travelled (the agent reads the spec then).
+    gpu_share: GpuShare | None = None
+
+    @model_validator(mode="after")
+    def _share_on_a_granted_card(self) -> TaskRunSpec:
+        if self.gpu_share is not None and self.gpu_share.gpu_id not in self.gpu_ids:
+            raise ValueError(f"gpu_share names card {self.gpu_share.gpu_id}, not a granted one")
+        return self
 
 
 class NodeCommand(Message):
