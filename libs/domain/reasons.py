@@ -248,7 +248,12 @@ _RECOVERY_KINDS = {
 
 
 def legacy_reason_code(event_type: str, payload: Mapping[str, Any]) -> ReasonCode:
-    """The code of a version-1 payload, from the text and fields its producer wrote."""
+    """The code of a version-1 payload, from the text and fields its producer wrote.
+
+    It reads the stored JSON, not a model: it runs before validation (`upcast_reason`), and
+    is what lets a version-1 payload validate at all. A consumer reads the parsed model's
+    `reason_code` instead.
+    """
     text = str(payload.get("reason") or "")
     if event_type == "task_status_changed":
         return _legacy_task(text, payload)
@@ -279,12 +284,6 @@ def _legacy_task(text: str, p: Mapping[str, Any]) -> ReasonCode:
     if src == "failed" and to == "pending":
         return R.RETRY  # only the retry engine makes this transition
     return _TASK_TEXTS.get(text, R.UNSPECIFIED)
-
-
-def reason_code_of(event_type: str, payload: Mapping[str, Any]) -> ReasonCode:
-    """The code of a payload as read off the bus: its own, or the legacy mapping's."""
-    code = payload.get("reason_code")
-    return R(code) if code else legacy_reason_code(event_type, payload)
 
 
 def upcast_reason(event_type: str, data: Any) -> Any:

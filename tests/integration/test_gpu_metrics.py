@@ -9,7 +9,7 @@ from prometheus_client import REGISTRY
 
 from libs.domain.telemetry import GpuSample, TelemetryBatch
 from libs.store import telemetry as telemetry_rows
-from services.event_timeline.telemetry import TelemetrySink
+from services.event_timeline.handlers.telemetry import TelemetrySink
 
 from .helpers import Api
 

@@ -10,6 +10,7 @@ import pytest
 
 from libs.domain.condition import ConditionError, evaluate, parse_condition
 from libs.domain.errors import Code, DomainError
+from libs.domain.events import TaskRetryDecided, TaskStatusChanged
 from libs.domain.job import Dependency, DependencyKind, find_cycle, parse_job
 from libs.domain.job_state import (
     Job,
@@ -24,7 +25,10 @@ from libs.domain.job_state import (
     parse_report,
     readiness,
 )
-from libs.domain.task import TenantId
+from libs.domain.reasons import ReasonCode
+from libs.domain.states import TaskStatus
+from libs.domain.task import TaskId, TenantId
+from services.job_orchestrator.handlers.task_ended import retry_outcome, status_outcome
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 ALLOW = ["/data"]
@@ -377,3 +381,48 @@ def test_stop_skips_what_waits() -> None:
 )
 def test_parse_report(output: str, metrics: dict[str, float], artifacts: tuple[str, ...]) -> None:
     assert parse_report(output) == (metrics, artifacts)
+
+
+def _status(to: str) -> TaskStatusChanged:
+    return TaskStatusChanged(
+        task_id=TaskId("t"),
+        from_status=TaskStatus.RUNNING,
+        to_status=TaskStatus(to),
+        actor="agent",
+        reason_code=ReasonCode.EXITED,
+    )
+
+
+@pytest.mark.parametrize(
+    ("to", "outcome"),
+    [
+        ("completed", N.COMPLETED),
+        ("cancelled", N.STOPPED),
+        ("stopped", N.STOPPED),
+        ("failed", None),  # final only once the retry engine gives up
+        ("running", None),
+    ],
+    ids=["completed", "cancelled", "stopped", "failed-not-yet", "not-an-end"],
+)
+def test_a_status_change_that_ends_a_job_task(to: str, outcome: N | None) -> None:
+    assert status_outcome(_status(to)) is outcome
+
+
+@pytest.mark.parametrize(
+    ("action", "outcome"),
+    [("retry", None), ("give_up", N.FAILED), ("hold", N.FAILED)],
+    ids=["retried", "given-up", "held"],
+)
+def test_a_retry_decision_that_ends_a_job_task(action: str, outcome: N | None) -> None:
+    decided = TaskRetryDecided.model_validate(
+        {
+            "task_id": "t",
+            "attempt": 1,
+            "node_id": None,
+            "failure_class": "other",
+            "failure_kind": "exit",
+            "action": action,
+            "reason": "r",
+        }
+    )
+    assert retry_outcome(decided) is outcome

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import pytest
 
+from libs.domain.envelope import EventEnvelope
 from libs.domain.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
 from services.retry_engine.decide import (
@@ -17,6 +20,7 @@ from services.retry_engine.decide import (
     backoff_delay,
     decide_retry,
 )
+from services.retry_engine.handlers.failures import evidence_of
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 CFG = RetryConfig(retry_delay_s=30, backoff_multiplier=2, oom_memory_limit_mb=16384)
@@ -142,3 +146,40 @@ def test_per_task_backoff_override() -> None:
 def test_not_failed_is_a_no_op() -> None:
     task = failed().model_copy(update={"status": TaskStatus.PENDING})
     assert decide_retry(task, ev(), CFG, NODES) == []
+
+
+def test_the_failure_event_is_the_evidence() -> None:
+    failure = TaskStatusChanged(
+        task_id=TaskId("t"),
+        from_status=TaskStatus.RUNNING,
+        to_status=TaskStatus.FAILED,
+        actor="agent",
+        reason_code=ReasonCode.EXITED,
+        exit_code=137,
+        oom_killed=True,
+        error_kind="OOMKilled",
+        error="killed",
+        result="tail of the output",
+    )
+    envelope = EventEnvelope(
+        event_id=UUID(int=1),
+        position=1,
+        stream_id="t",
+        stream_type="task",
+        version=3,
+        type=failure.type,
+        occurred_at=AT,
+        payload=failure.model_dump(mode="json"),
+    )
+    assert evidence_of(envelope, failure) == Evidence(
+        exit_code=137,
+        oom_killed=True,
+        error_kind="OOMKilled",
+        error="killed",
+        output="tail of the output",
+        failed_at=AT,
+    )
+    bare = failure.model_copy(
+        update={"oom_killed": None, "error_kind": None, "error": None, "result": None}
+    )
+    assert evidence_of(envelope, bare) == ev(exit_code=137)

@@ -1,38 +1,59 @@
 """Timeline rules: which committed events become entries, table-driven.
 
 Status changes are keyed on their reason code; the legacy cases are version-1 payloads
-(text only) as the platform wrote them before codes, mapped once by the domain.
+(text only) as the platform wrote them before codes, mapped once by the domain when the
+payload is parsed into its model.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+from uuid import UUID
 
 import pytest
 
+from libs.bus.typed import payload_type
+from libs.domain.catalog import Payload, parse_payload
+from libs.domain.envelope import EventEnvelope
+from libs.domain.node import GpuLost, GpuRecovered
 from libs.domain.reasons import ReasonCode
-from services.event_timeline.rules import entries_for
+from libs.domain.rollout_model import RolloutRequest
+from libs.domain.task import TaskSpec
+from libs.store.eventstore import EventStore
+from services.event_timeline.handlers.events import Timeline
+from services.event_timeline.rules import RULES, entries_for
 
 R = ReasonCode
+EVENT_ID = UUID("00000000-0000-4000-8000-0000000000e1")
+SPEC = TaskSpec(name="srv", image="busybox:latest").model_dump(mode="json")
+
+Event = tuple[EventEnvelope, Payload]
 
 
-def env(stream_type: str, type_: str, **payload: Any) -> dict[str, Any]:
-    return {
-        "event_id": "e1",
-        "stream_type": stream_type,
-        "type": type_,
-        "occurred_at": "2026-01-01T00:00:00+00:00",
-        "payload": payload,
-    }
+def env(stream_type: str, type_: str, **payload: Any) -> Event:
+    """A committed event as the timeline's handlers receive it: envelope and parsed model."""
+    envelope = EventEnvelope(
+        event_id=EVENT_ID,
+        position=1,
+        stream_id="s1",
+        stream_type=stream_type,
+        version=1,
+        type=type_,
+        occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
+        payload=payload,
+    )
+    return envelope, parse_payload(type_, payload)
 
 
-def status(src: str, to: str, code: ReasonCode, reason: str = "", **kw: Any) -> dict[str, Any]:
+def status(src: str, to: str, code: ReasonCode, reason: str = "", **kw: Any) -> Event:
     return env(
         "task",
         "task_status_changed",
         task_id="t1",
         from_status=src,
         to_status=to,
+        actor="agent",
         reason_code=code.value,
         reason=reason,
         schema_version=2,
@@ -40,7 +61,7 @@ def status(src: str, to: str, code: ReasonCode, reason: str = "", **kw: Any) -> 
     )
 
 
-def legacy(src: str, to: str, reason: str, **kw: Any) -> dict[str, Any]:
+def legacy(src: str, to: str, reason: str, **kw: Any) -> Event:
     """A version-1 status change: text only, no code."""
     return env(
         "task",
@@ -48,9 +69,29 @@ def legacy(src: str, to: str, reason: str, **kw: Any) -> dict[str, Any]:
         task_id="t1",
         from_status=src,
         to_status=to,
+        actor="agent",
         reason=reason,
         schema_version=1,
         **kw,
+    )
+
+
+def recovery(kind: str) -> Event:
+    """A version-1 group recovery: its code comes from its kind."""
+    return env("group", "group_recovery", group_id="g", kind=kind, reason="r", schema_version=1)
+
+
+def retry(action: str, attempt: int, reason: str, failure_class: str) -> Event:
+    return env(
+        "task",
+        "task_retry_decided",
+        task_id="t1",
+        attempt=attempt,
+        node_id="n1",
+        action=action,
+        reason=reason,
+        failure_class=failure_class,
+        failure_kind="x",
     )
 
 
@@ -137,28 +178,12 @@ CASES = [
     ("legacy completion", legacy("running", "completed", "agent: exited"), []),
     (
         "retry escalation",
-        env(
-            "task",
-            "task_retry_decided",
-            task_id="t1",
-            attempt=0,
-            action="retry",
-            reason="OOM: doubled",
-            failure_class="cpu_oom",
-        ),
+        retry("retry", 0, "OOM: doubled", "cpu_oom"),
         [("task", "retry_escalation")],
     ),
     (
         "retry given up",
-        env(
-            "task",
-            "task_retry_decided",
-            task_id="t1",
-            attempt=3,
-            action="give_up",
-            reason="exhausted",
-            failure_class="other",
-        ),
+        retry("give_up", 3, "exhausted", "other"),
         [("task", "retry_given_up")],
     ),
     (
@@ -173,17 +198,17 @@ CASES = [
     ),
     (
         "node offline",
-        env("node", "node_offline", node_id="n1", silent_seconds=11.0),
+        env("node", "node_offline", node_id="n1", silent_seconds=11.0, schema_version=1),
         [("node", "node_offline")],
     ),
     (
         "group restart",
-        env("group", "group_recovery", group_id="g", kind="group_restart", reason="r"),
+        recovery("group_restart"),
         [("group", "group_restart")],
     ),
     (
         "inference rebuild",
-        env("group", "group_recovery", group_id="g", kind="inference_rebuild", reason="r"),
+        recovery("inference_rebuild"),
         [("group", "inference_rebuild")],
     ),
     (
@@ -228,7 +253,7 @@ CASES = [
     ),
     (
         "replica self-heal",
-        env("group", "group_recovery", group_id="g", kind="replica_replaced", reason="r"),
+        recovery("replica_replaced"),
         [("group", "replica_self_heal")],
     ),
     (
@@ -240,12 +265,22 @@ CASES = [
             from_status="running",
             to_status="failed",
             reason="r",
+            reason_code="member_failed",
         ),
         [("group", "group_failed")],
     ),
     (
         "rollout started",
-        env("group", "rollout_started", group_id="g", rollout_id="ro-1", generation=1),
+        env(
+            "group",
+            "rollout_started",
+            group_id="g",
+            rollout_id="ro-1",
+            generation=1,
+            request=RolloutRequest(image="busybox:1").model_dump(mode="json"),
+            previous=SPEC,
+            target=SPEC,
+        ),
         [("group", "rollout_started")],
     ),
     *[
@@ -299,6 +334,64 @@ CASES = [
         env("group", "rollout_lease_renewed", group_id="g", rollout_id="ro-1", holder="h"),
         [],
     ),
+    # Card lending between a sleeping inference task and a training task of its tenant.
+    (
+        "sleep measured",
+        env(
+            "task",
+            "task_sleep_measured",
+            task_id="t1",
+            node_id="n1",
+            sleep_mode="engine",
+            vram_before_mb=20000.0,
+            vram_after_mb=900.0,
+            released_fraction=0.95,
+            min_released_fraction=0.9,
+            released=True,
+        ),
+        [("task", "sleep_measured")],
+    ),
+    (
+        "card lent",
+        env(
+            "task",
+            "task_card_lent",
+            task_id="t1",
+            borrower_task_id="t2",
+            node_id="n1",
+            gpu_ids=["g0"],
+        ),
+        [("task", "card_lent")],
+    ),
+    (
+        "card borrowed",
+        env(
+            "task",
+            "task_card_borrowed",
+            task_id="t2",
+            lender_task_id="t1",
+            node_id="n1",
+            gpu_ids=["g0"],
+        ),
+        [("task", "card_borrowed")],
+    ),
+    (
+        "wake queued",
+        env("task", "task_wake_queued", task_id="t1", borrower_task_id="t2", actor="tenant"),
+        [("task", "wake_queued")],
+    ),
+    (
+        "card returned",
+        env(
+            "task",
+            "task_card_returned",
+            task_id="t1",
+            borrower_task_id="t2",
+            borrower_status="completed",
+            wake=True,
+        ),
+        [("task", "card_returned")],
+    ),
     # Not fault-tolerance transitions: nothing is invented.
     ("ordinary completion", status("running", "completed", R.EXITED), []),
     ("placement", status("pending", "scheduled", R.PLACED), []),
@@ -306,15 +399,7 @@ CASES = [
     ("failure by exit", status("running", "failed", R.EXITED, error="exit code 3"), []),
     (
         "retry hold",
-        env(
-            "task",
-            "task_retry_decided",
-            task_id="t1",
-            attempt=0,
-            action="hold",
-            reason="group",
-            failure_class="other",
-        ),
+        retry("hold", 0, "group", "other"),
         [],
     ),
     (
@@ -326,21 +411,27 @@ CASES = [
             from_status="pending",
             to_status="running",
             reason="r",
+            reason_code="members_changed",
         ),
         [],
     ),
-    ("task created", env("task", "task_created", task_id="t1"), []),
+    (
+        "task created",
+        env("task", "task_created", task_id="t1", tenant_id="ten", spec=SPEC),
+        [],
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     ("envelope", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )
-def test_rule(envelope: dict[str, Any], expected: list[tuple[str, str]]) -> None:
-    entries = entries_for(envelope)
+def test_rule(envelope: Event, expected: list[tuple[str, str]]) -> None:
+    entries = entries_for(*envelope)
     assert [(e.subject_type, e.kind) for e in entries] == expected
     for e in entries:
-        assert e.id.startswith("e1:") and e.message
+        assert e.id.startswith(f"{EVENT_ID}:") and e.message
+        assert e.source_event == str(EVENT_ID) and e.occurred_at == envelope[0].occurred_at
         assert e.details["reason_code"] in set(ReasonCode)
 
 
@@ -351,16 +442,52 @@ def test_rule(envelope: dict[str, Any], expected: list[tuple[str, str]]) -> None
         (legacy("sleeping", "pending", "wake: host offline"), R.HOST_OFFLINE_ON_WAKE),
         (env("node", "gpu_lost", node_id="n1", gpu_id="g0", missed_heartbeats=3), R.GPU_LOST),
         (
-            env("node", "node_offline", node_id="n1", silent_seconds=700.0, gone=True),
+            env(
+                "node",
+                "node_offline",
+                node_id="n1",
+                silent_seconds=700.0,
+                gone=True,
+                schema_version=1,
+            ),
             R.NODE_GONE,
         ),
         (
-            env("group", "group_recovery", group_id="g", kind="group_restart", reason="r"),
+            recovery("group_restart"),
             R.GROUP_RESTART,
         ),
     ],
     ids=["task", "legacy task", "gpu", "legacy node gone", "legacy group"],
 )
-def test_entries_carry_the_reason_code(envelope: dict[str, Any], code: ReasonCode) -> None:
-    (entry,) = entries_for(envelope)
+def test_entries_carry_the_reason_code(envelope: Event, code: ReasonCode) -> None:
+    (entry,) = entries_for(*envelope)
     assert entry.details["reason_code"] == code.value
+
+
+def test_every_rule_has_a_case_that_makes_an_entry() -> None:
+    covered = {type(ev) for (_, ev), expected in (c[1:] for c in CASES) if expected}
+    assert set(RULES) - covered == set()
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, dict):
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return type(value) in (str, int, float, bool, type(None))
+
+
+@pytest.mark.parametrize(
+    "envelope", [c[1] for c in CASES if c[2]], ids=[c[0] for c in CASES if c[2]]
+)
+def test_details_are_plain_json(envelope: Event) -> None:
+    """Models carry tuples and enums; the stored details stay what the API returns."""
+    for e in entries_for(*envelope):
+        assert _plain(e.details), e.details
+
+
+def test_the_timeline_consumer_takes_every_rules_type() -> None:
+    timeline = Timeline(cast(EventStore, None), timedelta(days=1), cap=10)
+    assert timeline.handlers.types == {model.type for model in RULES}
+    for handler in timeline.handlers.handlers():
+        assert payload_type(handler) in RULES or payload_type(handler) in (GpuLost, GpuRecovered)

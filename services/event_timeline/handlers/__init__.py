@@ -1,0 +1,1 @@
+"""The timeline's consumers, one module each: committed events, and GPU telemetry."""

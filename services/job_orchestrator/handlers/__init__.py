@@ -1,0 +1,1 @@
+"""The job orchestrator's consumers, one module each (validate → load → decide → append)."""

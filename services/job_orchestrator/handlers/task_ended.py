@@ -1,0 +1,137 @@
+"""A task of a job ended for good: settle its job node and ready its dependants.
+
+A task's end is final on `completed`, `cancelled` or `stopped`, and on `failed` only once the
+retry engine gave up (`task_retry_decided` with action give_up or hold): a job's retries are
+each task's smart-retry rules. The settlement, the cascade (`job_state.advance`) and the new
+tasks commit in one transaction with the consumer's receipt, so a redelivered event changes
+nothing (libs/store/inbox.py).
+"""
+
+from __future__ import annotations
+
+import structlog
+from prometheus_client import Counter
+
+from libs.bus.typed import EventHandlers
+from libs.domain.envelope import EventEnvelope
+from libs.domain.errors import NotFound
+from libs.domain.events import Payload, TaskRetryDecided, TaskStatusChanged
+from libs.domain.job_state import (
+    DONE,
+    Job,
+    JobNodeSettled,
+    NodeState,
+    cascade,
+    evolve_job,
+    parse_report,
+)
+from libs.domain.states import TaskStatus
+from libs.ownership import foreign_job_task, refuse_foreign
+from libs.store import inbox
+from libs.store.eventstore import EventStore, NewTask, new_task_id
+from libs.store.projections import JOBS
+
+from ..routes import CONSUMER
+
+log = structlog.get_logger(__name__)
+
+SETTLED = Counter("heteroflow_job_tasks_settled_total", "Job tasks ended for good", ["outcome"])
+
+_ENDED = {
+    TaskStatus.COMPLETED: NodeState.COMPLETED,
+    TaskStatus.CANCELLED: NodeState.STOPPED,
+    TaskStatus.STOPPED: NodeState.STOPPED,
+}
+
+
+def status_outcome(ev: TaskStatusChanged) -> NodeState | None:
+    """The final outcome a status change announces, or None (not an end for good)."""
+    return _ENDED.get(ev.to_status)
+
+
+def retry_outcome(ev: TaskRetryDecided) -> NodeState | None:
+    """A retry decision other than retry ends the task for good, as failed."""
+    return NodeState.FAILED if ev.action != "retry" else None
+
+
+class Orchestrator:
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.handlers = EventHandlers.of(
+            self.on_status_changed, self.on_retry_decided, owner=CONSUMER
+        )
+
+    async def handle(self, envelope: EventEnvelope) -> None:
+        """One envelope off the bus: parsed, then handled if a handler takes its type."""
+        await self.handlers(envelope)
+
+    async def on_status_changed(self, env: EventEnvelope, ev: TaskStatusChanged) -> None:
+        if (outcome := status_outcome(ev)) is not None:
+            await self.settle(env, ev.task_id, outcome)
+
+    async def on_retry_decided(self, env: EventEnvelope, ev: TaskRetryDecided) -> None:
+        if (outcome := retry_outcome(ev)) is not None:
+            await self.settle(env, ev.task_id, outcome)
+
+    async def settle(self, env: EventEnvelope, task_id: str, outcome: NodeState) -> None:
+        try:
+            task = await self.store.get_task(task_id, include_deleted=True)
+        except NotFound:
+            return
+        job_id = task.spec.platform.job_id
+        key = task.spec.platform.job_key
+        if not job_id:
+            return
+        metrics, artifacts = parse_report(task.result)
+        settled = JobNodeSettled(
+            job_id=job_id,
+            key=key,
+            task_id=task.id,
+            outcome=outcome,
+            metrics=metrics,
+            artifacts=artifacts,
+        )
+
+        refused: list[str] = []
+
+        def decide(job: Job | None) -> tuple[list[Payload], list[NewTask]]:
+            node = job.nodes.get(key) if job else None
+            if job is None or node is None:
+                refused.append("no such job or node")
+                return [], []
+            if why := foreign_job_task(job, node, task):
+                refused.append(why)
+                return [], []
+            if node.state in DONE:
+                return [], []  # settled already (idempotent)
+            after = evolve_job(job, settled, self.store.clock(), job.version + 1)
+            events, ready = cascade(after, new_task_id)
+            new: list[NewTask] = [(job.tenant_id, spec, None, None, i) for i, spec in ready]
+            return [settled, *events], new
+
+        job, created = await self.store.execute_with_tasks(
+            JOBS,
+            job_id,
+            decide,
+            metadata={"actor": "job_orchestrator"},
+            receipt=inbox.Receipt(CONSUMER, env.event_id),
+        )
+        if refused:
+            refuse_foreign(
+                "job_task",
+                refused[0],
+                job_id=job_id,
+                key=key,
+                task_id=task.id,
+                tenant_id=task.tenant_id,
+            )
+            return
+        SETTLED.labels(outcome.value).inc()
+        log.info(
+            "job_task_settled",
+            job_id=job_id,
+            key=key,
+            outcome=outcome.value,
+            created=[t.id for t in created],
+            job_status=job.status.value if job else None,
+        )

@@ -1,0 +1,1 @@
+"""The retry engine's consumers, one module each (validate → load → decide → append)."""

@@ -1,0 +1,106 @@
+"""A task failed: decide retry or give-up (`decide.decide_retry`) and append the decision.
+
+Exactly once: the decision commits with the consumer's receipt for the failure event
+(libs/store/inbox.py), so a redelivered or republished failure changes nothing. A failure is
+also acted on only while it is still the task's latest event: evidence of an older failure is
+not evidence of the current one.
+"""
+
+from __future__ import annotations
+
+import structlog
+from prometheus_client import Counter
+
+from libs.bus.typed import EventHandlers
+from libs.domain.envelope import EventEnvelope
+from libs.domain.errors import NotFound
+from libs.domain.events import Payload, TaskRetryDecided, TaskStatusChanged
+from libs.domain.node import Node, NodeStatus
+from libs.domain.states import TaskStatus
+from libs.domain.task import Task
+from libs.store import inbox
+from libs.store import nodes as node_rows
+from libs.store.eventstore import EventStore
+
+from ..decide import Evidence, NodeFacts, RetryConfig, decide_retry
+from ..routes import CONSUMER
+
+log = structlog.get_logger(__name__)
+
+DECISIONS = Counter("heteroflow_retry_decisions_total", "Retry decisions", ["action", "cls"])
+
+
+def node_facts(node: Node) -> NodeFacts:
+    vram = {g.id: g.vram_mb for g in node.inventory.gpus}
+    return NodeFacts(
+        online=node.status is NodeStatus.ONLINE,
+        memory_mb=node.inventory.memory_mb,
+        max_vram_mb=max(vram.values(), default=0),
+        vram_by_gpu=vram,
+    )
+
+
+def evidence_of(env: EventEnvelope, ev: TaskStatusChanged) -> Evidence:
+    """What the failure says about itself, for the classifier."""
+    return Evidence(
+        exit_code=ev.exit_code,
+        oom_killed=bool(ev.oom_killed),
+        error_kind=ev.error_kind or "",
+        error=ev.error or "",
+        output=ev.result or "",
+        failed_at=env.occurred_at,
+    )
+
+
+class RetryEngine:
+    def __init__(self, store: EventStore, cfg: RetryConfig) -> None:
+        self.store = store
+        self.cfg = cfg
+        self.handlers = EventHandlers.of(self.on_status_changed, owner=CONSUMER)
+
+    async def handle(self, envelope: EventEnvelope) -> None:
+        """One envelope off the bus: parsed, then handled if a handler takes its type."""
+        await self.handlers(envelope)
+
+    async def on_status_changed(self, env: EventEnvelope, ev: TaskStatusChanged) -> None:
+        if ev.to_status is not TaskStatus.FAILED:
+            return
+        evidence = evidence_of(env, ev)
+        version = env.version
+        try:
+            seen = await self.store.get_task(ev.task_id, include_deleted=True)
+        except NotFound:
+            return
+        if seen.version != version:
+            return  # a redelivery of a failure already handled
+        # The failed node and the best other online node answer every question the
+        # decision asks of the fleet; the rest of the fleet is not read.
+        nearby = await node_rows.with_best_alternative(self.store, seen.node_id or "")
+        nodes = {n.id: node_facts(n) for n in nearby}
+
+        def decide(task: Task) -> list[Payload]:
+            if task.version != version:
+                return []  # not the latest failure any more: already handled
+            return decide_retry(task, evidence, self.cfg, nodes)
+
+        try:
+            task = await self.store.execute(
+                ev.task_id,
+                decide,
+                include_deleted=True,
+                metadata={"actor": "retry_engine"},
+                receipt=inbox.Receipt(CONSUMER, env.event_id),
+            )
+        except NotFound:
+            return
+        if task.version != version:
+            decision = await self._last_decision(task.id)
+            if decision:
+                DECISIONS.labels(decision.action, decision.failure_class).inc()
+                log.info(
+                    "retry_decided", task_id=task.id, action=decision.action, reason=decision.reason
+                )
+
+    async def _last_decision(self, task_id: str) -> TaskRetryDecided | None:
+        last = await self.store.last_of_type(task_id, TaskRetryDecided.type)
+        return TaskRetryDecided.model_validate(last.payload) if last else None
