@@ -13,7 +13,7 @@ reach its node's stream in order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import structlog
 from nats.js import JetStreamContext
@@ -23,7 +23,7 @@ from libs.bus.subjects import node_command_subject
 from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import NotFound
 from libs.domain.group import current_members, group_env
-from libs.domain.protocol import CommandKind, NodeCommand, TaskRunSpec
+from libs.domain.protocol import CommandKind, GpuShare, NodeCommand, TaskRunSpec
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task
 from libs.ownership import own_members
@@ -32,7 +32,8 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 
 from . import view
-from .groups import load_group_tasks
+from .controllers.groups import load_group_tasks
+from .placement import Allocation, Gpu
 
 log = structlog.get_logger(__name__)
 
@@ -48,7 +49,22 @@ KIND_FOR_STATUS: dict[TaskStatus, CommandKind] = {
 STOP_GRACE_S = 10.0
 
 
-def run_payload(task: Task) -> TaskRunSpec:
+def run_payload(task: Task, gpus: Mapping[str, Gpu] | None = None) -> TaskRunSpec:
+    """The START's run spec. `gpus`: the cards of the task's node by id, from which a
+    fraction's share is counted exactly as the ledger counts it (`Allocation.from_task`), so
+    the agent holds the task to what the scheduler accounted. A fraction whose card is not in
+    `gpus` goes without a share (the agent then reads the spec's figures)."""
+    share = None
+    if task.spec.is_fractional:
+        counted = Allocation.from_task(task, gpus or {}).fractions
+        if counted:
+            share = GpuShare(
+                gpu_id=counted[0].gpu_id,
+                memory_mb=counted[0].vram_mb,
+                compute_ratio=counted[0].compute_ratio,
+            )
+        else:
+            log.warning("fraction_card_unknown", task_id=task.id, gpu_ids=task.gpu_ids)
     return TaskRunSpec(
         spec=task.spec,
         gpu_ids=task.gpu_ids,
@@ -58,11 +74,15 @@ def run_payload(task: Task) -> TaskRunSpec:
         rank=task.rank,
         gpu_label=task.gpu_label,
         serve_port=task.ports.get("serve"),
+        gpu_share=share,
     )
 
 
-def command_for(task: Task, to: TaskStatus) -> NodeCommand | None:
-    """The command for a transition to `to`, if the task is still there and placed."""
+def command_for(
+    task: Task, to: TaskStatus, gpus: Mapping[str, Gpu] | None = None
+) -> NodeCommand | None:
+    """The command for a transition to `to`, if the task is still there and placed; `gpus`
+    as for `run_payload`."""
     kind = KIND_FOR_STATUS.get(to)
     if kind is None or task.status is not to or not task.node_id:
         return None  # stale: the task moved on; the later event brings its own command
@@ -74,7 +94,7 @@ def command_for(task: Task, to: TaskStatus) -> NodeCommand | None:
         status=to,
         task_version=task.version,
         grace_s=STOP_GRACE_S,
-        run=run_payload(task) if kind is CommandKind.START else None,
+        run=run_payload(task, gpus) if kind is CommandKind.START else None,
     )
 
 
@@ -161,10 +181,12 @@ class Dispatcher:
         wanted = [(i, _target(e)) for i, e in enumerate(envelopes)]
         ids = sorted({envelopes[i].payload["task_id"] for i, to in wanted if to is not None})
         tasks = {t.id: t for t in await task_rows.by_ids(self.store, ids)} if ids else {}
+        starts = [t for t in tasks.values() if t.status is S.SCHEDULED]
+        gpus = await self.cards_of(starts)
         cmds: list[tuple[int, NodeCommand]] = []
         for i, to in wanted:
             task = tasks.get(envelopes[i].payload["task_id"])
-            cmd = command_for(task, to) if task is not None and to is not None else None
+            cmd = command_for(task, to, gpus) if task is not None and to is not None else None
             if task is not None and cmd is not None:
                 cmds.append((i, await self.with_group_env(task, cmd)))
         outcomes: list[BaseException | None] = [None] * len(envelopes)
@@ -176,6 +198,18 @@ class Dispatcher:
                     "command_sent", kind=cmd.kind.value, task_id=cmd.task_id, node_id=cmd.node_id
                 )
         return outcomes
+
+    async def cards_of(self, tasks: Iterable[Task]) -> dict[str, Gpu]:
+        """The cards, by id, of the nodes the fractions among `tasks` are placed on (one read;
+        none without a fraction)."""
+        ids = sorted({t.node_id for t in tasks if t.node_id and t.spec.is_fractional})
+        if not ids:
+            return {}
+        return {
+            g.id: g
+            for doc in await view.load_nodes(self.store, ids)
+            for g in view.to_node(doc).gpus
+        }
 
     async def with_group_env(self, task: Task, cmd: NodeCommand) -> NodeCommand:
         """A group member's start carries the group's distributed environment."""
@@ -196,7 +230,7 @@ class Dispatcher:
             task = await self.store.get_task(payload["task_id"], include_deleted=True)
         except NotFound:
             return
-        cmd = command_for(task, to)
+        cmd = command_for(task, to, await self.cards_of([task]) if to is S.SCHEDULED else None)
         if cmd is None:
             return
         await send(self.js, await self.with_group_env(task, cmd))
