@@ -24,11 +24,12 @@ from agent.runtimes.sharing import (
     MigInstance,
     MpsDaemon,
     choose_mig,
+    held_share,
     mig_instances,
     mps_env,
 )
 from libs.domain.failure import ErrorKind
-from libs.domain.protocol import CommandKind, NodeCommand, TaskRunSpec
+from libs.domain.protocol import CommandKind, GpuShare, NodeCommand, TaskRunSpec
 from libs.domain.states import TaskStatus
 from libs.domain.task import TaskSpec
 
@@ -143,6 +144,32 @@ def test_run_spec_carries_a_fractions_qos_and_share() -> None:
     whole = TaskSpec(name="w", image="busybox", command="true", gpu_required=1)
     run, _ = run_spec(start(whole, "silver"), inv, "n1", "127.0.0.1", "docker")
     assert run.qos == ""
+
+
+@pytest.mark.parametrize(
+    ("request_", "share", "expected"),
+    [
+        (
+            {"gpu_compute_ratio": 0.25},
+            GpuShare(gpu_id="GPU-card", memory_mb=20_480, compute_ratio=0.25),
+            (20_480, 0.25),
+        ),
+        (
+            {"gpu_memory_mb": 8_192},
+            GpuShare(gpu_id="GPU-card", memory_mb=8_192, compute_ratio=0.1),
+            (8_192, 0.1),
+        ),
+        ({"gpu_compute_ratio": 0.25}, None, (0, 0.25)),
+        ({"gpu_memory_mb": 8_192}, None, (8_192, 0.0)),
+        ({"gpu_required": 1}, None, (0, 0.0)),
+    ],
+    ids=["counted-ratio-only", "counted-mb-only", "no-share-ratio", "no-share-mb", "whole-card"],
+)
+def test_held_share_is_the_counted_share_else_the_specs(
+    request_: dict[str, Any], share: GpuShare | None, expected: tuple[int, float]
+) -> None:
+    spec = TaskSpec(name="f", image="busybox", **request_)
+    assert held_share(TaskRunSpec(spec=spec, gpu_ids=("GPU-card",), gpu_share=share)) == expected
 
 
 # -- MIG instances -----------------------------------------------------------------------------
