@@ -39,8 +39,8 @@ from libs.store.pool import rows as query
 from libs.store.projections import NODES, POOLS, QUEUES
 from libs.store.relay import OutboxRelay
 from services.scheduler import view
-from services.scheduler.placement import Placer
-from services.scheduler.planner import plan
+from services.scheduler.controllers.placement import Placer
+from services.scheduler.placement.planner import plan
 
 TENANT = TenantId("bench")
 CREATE_BATCH = 500

@@ -88,6 +88,9 @@ class TaskStatusChanged(ReasonedPayload):
     gpu_label: str | None = None  # "vendor/model" of the placement's cards
     engine: str | None = None  # the engine profile the agent applied
     ports: dict[str, int] | None = None  # host ports allocated with the placement
+    # The placement's named scores (services/scheduler/placement/rankers.py): why this node.
+    # Not folded into the task row; empty for every other transition.
+    scores: dict[str, float] = {}
     exit_code: int | None = None
     result: str | None = None
     error: str | None = None

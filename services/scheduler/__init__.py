@@ -8,7 +8,7 @@ the walk that checks only the nodes that can fit (see docs/scheduling.md, "Large
 
 from __future__ import annotations
 
-from .model import (
+from .placement import (
     Allocation,
     ClusterSnapshot,
     Gpu,
@@ -21,9 +21,9 @@ from .model import (
     Qos,
     Requirement,
     Unplaced,
+    plan,
 )
-from .planner import plan
-from .reasons import Reason
+from .placement.reasons import Reason
 
 __all__ = [
     "Allocation",

@@ -29,7 +29,7 @@ from libs.store import tasks as task_rows
 from libs.store import tenants
 from libs.store.eventstore import EventStore
 
-from .model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask, QueueLimits
+from .placement.model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask, QueueLimits
 
 # The longest a view goes without listing nodes and holding tasks again while rounds run.
 RELIST_S = 1.0

@@ -21,9 +21,10 @@ from libs.domain.errors import Fenced
 from libs.domain.states import TaskStatus
 from libs.domain.task import TaskSpec, TenantId
 from libs.store.eventstore import EventStore
+from libs.store.fenced import FencedWriter
 from libs.store.fencing import Fence
-from services.scheduler.model import Placement, Plan
-from services.scheduler.placement import Placer
+from services.scheduler.controllers.placement import Placer
+from services.scheduler.placement.model import Placement, Plan
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,11 @@ async def test_a_deposed_leader_cannot_commit_a_placement(
     # A holds the lease and places the first task under its fence.
     a = Lease(kv, "scheduler", "a", TTL)
     assert await a.acquire() and a.fencing_token is not None
-    placer_a = Placer(store, lambda: datetime.now(UTC), fence=Fence("scheduler", a.fencing_token))
+    placer_a = Placer(
+        store,
+        lambda: datetime.now(UTC),
+        writer=FencedWriter(store, Fence("scheduler", a.fencing_token)),
+    )
     placed = await placer_a.commit(Plan(placements=(Placement(first.id, "n1"),)), {})
     assert placed.placements == [first.id]
 
@@ -100,7 +105,7 @@ async def test_a_deposed_leader_cannot_commit_a_placement(
     assert (after.status, after.version, after.node_id) == (TaskStatus.PENDING, 1, None)
 
     # B's own placement of the same task goes through, carrying B's fence.
-    placer_b = Placer(store, lambda: datetime.now(UTC), fence=fence_b)
+    placer_b = Placer(store, lambda: datetime.now(UTC), writer=FencedWriter(store, fence_b))
     placed = await placer_b.commit(Plan(placements=(Placement(second.id, "n2"),)), {})
     assert placed.placements == [second.id]
     (event,) = [e for e in await store.read_stream(second.id) if e.version == 2]

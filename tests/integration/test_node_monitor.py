@@ -17,7 +17,7 @@ from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
-from services.scheduler.monitor import NodeMonitor
+from services.scheduler.controllers.node_monitor import NodeMonitor
 
 pytestmark = pytest.mark.integration
 S = TaskStatus

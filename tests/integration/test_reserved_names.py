@@ -25,8 +25,8 @@ from libs.store.migrations import MIGRATIONS
 from libs.store.projections import NODES
 from libs.store.replay import rebuild
 from services.job_orchestrator.service import Orchestrator
+from services.scheduler.controllers.groups import GroupController
 from services.scheduler.dispatch import Dispatcher
-from services.scheduler.groups import GroupController
 
 from .helpers import Api, complete
 

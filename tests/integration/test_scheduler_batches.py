@@ -24,7 +24,7 @@ from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
 from services.scheduler.dispatch import Dispatcher
-from services.scheduler.reports import ReportHandler
+from services.scheduler.handlers.reports import ReportHandler
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from libs.domain.task import Task, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 from services.scheduler import view
-from services.scheduler.model import Allocation, Node
+from services.scheduler.placement.model import Allocation, Node
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from libs.domain.task import (
     parse_create,
     parse_update,
 )
-from services.scheduler.model import Requirement
+from services.scheduler.placement.model import Requirement
 
 LINE = "Auto-boost GPU inference memory: 2048 → 8192MB"
 

@@ -13,7 +13,7 @@ import pytest
 from libs.controller import Controller, Term, for_each, run_controller
 from libs.domain.errors import Fenced
 from libs.store.fencing import Fence
-from services.scheduler.groups import GroupController, policy_from
+from services.scheduler.controllers.groups import GroupController, policy_from
 
 FAST = 0.01
 

@@ -26,9 +26,9 @@ from libs.domain.lending import (
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskId, TaskSpec, TaskType, TenantId
-from services.scheduler.ledger import Ledger
-from services.scheduler.loans import plan_loans
-from services.scheduler.model import (
+from services.scheduler.placement.ledger import Ledger
+from services.scheduler.placement.loans import plan_loans
+from services.scheduler.placement.model import (
     Allocation,
     ClusterSnapshot,
     Gpu,
@@ -38,8 +38,8 @@ from services.scheduler.model import (
     Requirement,
     Unplaced,
 )
-from services.scheduler.planner import Evaluation, plan
-from services.scheduler.reasons import Reason
+from services.scheduler.placement.planner import Evaluation, plan
+from services.scheduler.placement.reasons import Reason
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 S = TaskStatus

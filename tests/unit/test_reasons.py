@@ -32,11 +32,11 @@ from libs.domain.reasons import (
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
 from services.retry_engine.decide import Evidence, RetryConfig, decide_retry
-from services.scheduler.groups import _fail as group_fail
-from services.scheduler.groups import is_infra_failure
-from services.scheduler.monitor import migrate_decision
-from services.scheduler.placement import _place, _preempt
-from services.scheduler.reasons import Reason
+from services.scheduler.controllers.groups import _fail as group_fail
+from services.scheduler.controllers.groups import is_infra_failure
+from services.scheduler.controllers.node_monitor import migrate_decision
+from services.scheduler.controllers.placement import _place, _preempt
+from services.scheduler.placement.reasons import Reason
 
 R = ReasonCode
 S = TaskStatus

@@ -16,8 +16,8 @@ from libs.domain.protocol import AgentReport, Fact, decide_reconcile, decide_rep
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
-from services.scheduler.confirm import SWEPT, Confirmations
-from services.scheduler.monitor import ON_NODE_LOSS, migrate_decision
+from services.scheduler.controllers.confirm import SWEPT, Confirmations
+from services.scheduler.controllers.node_monitor import ON_NODE_LOSS, migrate_decision
 
 S = TaskStatus
 AT = datetime(2026, 1, 1, tzinfo=UTC)

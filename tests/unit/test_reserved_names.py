@@ -27,7 +27,7 @@ from libs.domain.task import (
 )
 from libs.ownership import foreign_job_task
 from services.retry_engine.decide import is_static_world_member
-from services.scheduler.model import PendingTask
+from services.scheduler.placement.model import PendingTask
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TASK = {"name": "t", "image": "busybox:latest"}

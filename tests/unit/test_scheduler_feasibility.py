@@ -10,16 +10,14 @@ import pytest
 
 from libs.domain.states import TaskStatus
 from libs.domain.task import TaskSpec
-from services.scheduler.feasibility import (
-    NODE_STAGE_ORDER,
+from services.scheduler.placement.feasibility import (
     Quota,
     allocation_cost,
     check_backoff,
-    check_node,
     check_quota_floor,
     usage_of,
 )
-from services.scheduler.model import (
+from services.scheduler.placement.model import (
     Allocation,
     Gpu,
     GpuShare,
@@ -31,7 +29,11 @@ from services.scheduler.model import (
     gpu_matches,
     share_on,
 )
-from services.scheduler.reasons import Reason
+from services.scheduler.placement.reasons import Reason
+from services.scheduler.placement.stages import (
+    NODE_STAGE_ORDER,
+    check_node,
+)
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 GB = 1024

@@ -16,16 +16,14 @@ from datetime import UTC, datetime
 import pytest
 
 from libs.domain.states import TaskStatus
-from services.scheduler.feasibility import (
-    NODE_STAGE_ORDER,
+from services.scheduler.placement.feasibility import (
     Quota,
-    check_node,
     check_quota_floor,
     usage_of,
 )
-from services.scheduler.index import ClusterIndex
-from services.scheduler.ledger import FULL, Ledger, bucket_key
-from services.scheduler.model import (
+from services.scheduler.placement.index import ClusterIndex
+from services.scheduler.placement.ledger import FULL, Ledger, bucket_key
+from services.scheduler.placement.model import (
     Allocation,
     ClusterSnapshot,
     Gpu,
@@ -36,10 +34,14 @@ from services.scheduler.model import (
     Requirement,
     share_on,
 )
-from services.scheduler.planner import plan
-from services.scheduler.reasons import Reason
-from services.scheduler.scoring import rank, score
-from services.scheduler.search import seeded_walk
+from services.scheduler.placement.planner import plan
+from services.scheduler.placement.rankers import rank, score
+from services.scheduler.placement.reasons import Reason
+from services.scheduler.placement.search import seeded_walk
+from services.scheduler.placement.stages import (
+    NODE_STAGE_ORDER,
+    check_node,
+)
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 GB = 1024

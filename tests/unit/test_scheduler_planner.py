@@ -11,7 +11,7 @@ import pytest
 
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
-from services.scheduler.model import (
+from services.scheduler.placement.model import (
     Allocation,
     ClusterSnapshot,
     Gpu,
@@ -23,8 +23,8 @@ from services.scheduler.model import (
     QueueLimits,
     Requirement,
 )
-from services.scheduler.planner import plan
-from services.scheduler.reasons import PLACEMENT_REASONS, Reason
+from services.scheduler.placement.planner import plan
+from services.scheduler.placement.reasons import PLACEMENT_REASONS, Reason
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 GB = 1024

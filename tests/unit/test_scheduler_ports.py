@@ -16,8 +16,14 @@ from libs.domain.reasons import ReasonCode
 from libs.domain.serving import ServingSpec
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TaskId, TaskSpec, TaskType, TenantId
-from services.scheduler.model import Allocation, ClusterSnapshot, Node, PendingTask, Requirement
-from services.scheduler.planner import plan
+from services.scheduler.placement.model import (
+    Allocation,
+    ClusterSnapshot,
+    Node,
+    PendingTask,
+    Requirement,
+)
+from services.scheduler.placement.planner import plan
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 S = TaskStatus

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from services.scheduler.model import ClusterSnapshot, Node, PendingTask, Plan, QueueLimits
-from services.scheduler.planner import plan
-from services.scheduler.reasons import Reason
+from services.scheduler.placement.model import ClusterSnapshot, Node, PendingTask, Plan, QueueLimits
+from services.scheduler.placement.planner import plan
+from services.scheduler.placement.reasons import Reason
 
 from .test_scheduler_planner import NOW, mk_alloc, mk_node, mk_task
 

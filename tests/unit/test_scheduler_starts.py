@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from libs.domain.states import TaskStatus
-from services.scheduler.model import Node, PendingTask, Plan
-from services.scheduler.planner import plan
-from services.scheduler.reasons import Reason
+from services.scheduler.placement.model import Node, PendingTask, Plan
+from services.scheduler.placement.planner import plan
+from services.scheduler.placement.reasons import Reason
 
 from .test_scheduler_planner import mk_alloc, mk_node, mk_task, snap
 

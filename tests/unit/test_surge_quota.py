@@ -9,8 +9,11 @@ import pytest
 
 from libs.domain.errors import Code, DomainError
 from libs.domain.task import Platform, Task, TaskId, TaskSpec, TenantId, parse_create
-from services.scheduler.feasibility import Quota, check_quota_floor
-from services.scheduler.model import PendingTask
+from services.scheduler.placement.feasibility import (
+    Quota,
+    check_quota_floor,
+)
+from services.scheduler.placement.model import PendingTask
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LEGACY_SURGE_LABEL = "heteroflow.rollout_surge_cards"

@@ -8,15 +8,15 @@ import pytest
 
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TaskId, TaskSpec, TaskType, TenantId
-from services.scheduler.model import (
+from services.scheduler.placement.model import (
     Allocation,
     ClusterSnapshot,
     Gpu,
     Node,
     PendingTask,
 )
-from services.scheduler.planner import plan
-from services.scheduler.reasons import Reason
+from services.scheduler.placement.planner import plan
+from services.scheduler.placement.reasons import Reason
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -1,6 +1,7 @@
 """Group controller (leader-only): aggregate member status and run group fault tolerance.
 
-It runs on the controller runtime (libs/controller.py); every write carries the term's fence.
+It runs on the controller runtime (libs/controller.py); every write goes through the term's
+writer (`term.writer`), carrying its fence.
 
 Every scan reads each live group with all its tasks, asks the pure `decide_group` what to do
 and applies it: group events and new member rows in one transaction, then member
@@ -28,7 +29,7 @@ from libs.ownership import own_members
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
-from libs.store.fencing import Fence
+from libs.store.fenced import FencedWriter
 from libs.store.projections import GROUPS
 
 log = structlog.get_logger(__name__)
@@ -82,12 +83,17 @@ class GroupController(Controller):
         self.clock = clock
         self.interval_s = interval_s
         self.rebuild_every_s = rebuild_every_s
-        self.fence: Fence | None = None
+        self.writer: FencedWriter | None = None  # the term's; none: the store's own (tests)
         self._last_rebuild: float | None = None
 
     async def elected(self, term: Term) -> None:
         await super().elected(term)
+        self.writer = term.writer if term.store is not None else None
         self._last_rebuild = None
+
+    @property
+    def writes(self) -> FencedWriter | EventStore:
+        return self.writer or self.store
 
     async def evaluate(self, term: Term) -> None:
         now = term.now()
@@ -133,12 +139,11 @@ class GroupController(Controller):
             new = [member_task(current, r, plan.priority) for r in plan.new_ranks]
             return list(plan.events), new
 
-        await self.store.execute_with_tasks(
+        await self.writes.execute_with_tasks(
             GROUPS,
             seen.id,
             decide,
             metadata={"actor": "group_controller"},
-            fence=self.fence,
             generation=seen.generation,  # a replacement belongs to the group's generation
         )
 
@@ -149,9 +154,7 @@ class GroupController(Controller):
         for task_id in plan.fail:
             decisions[task_id] = _fail
         if decisions:
-            await self.store.execute_batch(
-                decisions, metadata={"actor": "group_controller"}, fence=self.fence
-            )
+            await self.writes.execute_batch(decisions, metadata={"actor": "group_controller"})
 
 
 def _stop(t: Task) -> list[Any]:

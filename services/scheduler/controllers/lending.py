@@ -21,19 +21,23 @@ from libs.domain.task import Task
 from libs.ownership import refuse_foreign
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
-from libs.store.fencing import Fence
+from libs.store.fenced import FencedWriter
 
-from .loans import Loan
+from ..placement.loans import Loan
 
 log = structlog.get_logger(__name__)
 
+# Where the writes go: the term's FencedWriter; the store itself only outside any term (a
+# benchmark's placer, which holds no lease).
+Writes = FencedWriter | EventStore
 
-async def lend(store: EventStore, loans: Sequence[Loan], fence: Fence | None) -> list[Task]:
+
+async def lend(writes: Writes, loans: Sequence[Loan]) -> list[Task]:
     """Commit each loan (lender, then borrower); the borrowers placed."""
     placed: list[Task] = []
     for loan in loans:
         try:
-            await store.execute(
+            await writes.execute(
                 loan.lender_task_id,
                 partial(
                     decide_lend,
@@ -42,7 +46,6 @@ async def lend(store: EventStore, loans: Sequence[Loan], fence: Fence | None) ->
                     gpu_ids=loan.gpu_ids,
                     borrower_tenant_id=loan.borrower_tenant_id,
                 ),
-                fence=fence,
             )
         except DomainError as exc:
             if exc.code is Code.FORBIDDEN:
@@ -53,7 +56,7 @@ async def lend(store: EventStore, loans: Sequence[Loan], fence: Fence | None) ->
                 log.info("loan_refused", lender=loan.lender_task_id, error=exc.message)
             continue
         try:
-            borrower = await store.execute(
+            borrower = await writes.execute(
                 loan.borrower_task_id,
                 partial(
                     decide_borrow,
@@ -62,7 +65,6 @@ async def lend(store: EventStore, loans: Sequence[Loan], fence: Fence | None) ->
                     gpu_ids=loan.gpu_ids,
                     gpu_label=loan.gpu_label,
                 ),
-                fence=fence,
             )
         except DomainError as exc:
             log.info("borrow_refused", borrower=loan.borrower_task_id, error=exc.message)
@@ -78,9 +80,10 @@ async def lend(store: EventStore, loans: Sequence[Loan], fence: Fence | None) ->
     return placed
 
 
-async def settle(store: EventStore, fence: Fence | None) -> int:
+async def settle(store: EventStore, writes: Writes) -> int:
     """Give back every lent card whose borrower no longer holds it (ended, back to pending,
-    gone); a queued wake then runs. The number of cards given back."""
+    gone); a queued wake then runs. Reads from `store`, writes through `writes`. The number
+    of cards given back."""
     lenders = await task_rows.lenders(store)
     if not lenders:
         return 0
@@ -93,10 +96,9 @@ async def settle(store: EventStore, fence: Fence | None) -> int:
             continue
         status = borrower.status.value if borrower else "gone"
         try:
-            await store.execute(
+            await writes.execute(
                 lender.id,
                 partial(decide_return, borrower_id=lender.lent_to, borrower_status=status),
-                fence=fence,
             )
         except DomainError as exc:
             log.info("card_return_refused", lender=lender.id, error=exc.message)

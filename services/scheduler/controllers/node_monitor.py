@@ -3,7 +3,8 @@ missing from 3 heartbeats → `gpu_lost` and excluded, seen in 2 → `gpu_recove
 
 Liveness is tracked in memory by the lease holder. A new leader starts every node's clock at
 the moment it took over, so a failover never declares the whole fleet dead at once. It runs on
-the controller runtime (libs/controller.py); every write carries the term's fence.
+the controller runtime (libs/controller.py); every write goes through the term's writer
+(`term.writer`), carrying its fence, the heartbeat handler's too.
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ from libs.domain.task import Task
 from libs.store import nodes as node_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
-from libs.store.fencing import Fence
+from libs.store.fenced import FencedWriter
 from libs.store.projections import NODES
 
+from ..dispatch import STOP_GRACE_S, send, send_all
 from .confirm import SWEPT, Confirmations
-from .dispatch import STOP_GRACE_S, send, send_all
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -128,7 +129,10 @@ class NodeMonitor(Controller):
         self.nodes: dict[str, Node] = {}
         self.since = clock()
         self.interval_s = tick_s
-        self.fence: Fence | None = None
+        # The term's writer. The heartbeat handler runs outside the term's task, so its writes
+        # need the writer itself; it stays after a term ends: a write still in flight carries
+        # the old fence, never none. Without a term (a test driving `tick`) the store's own.
+        self.writer: FencedWriter | None = None
         self._fenced: Fenced | None = None  # seen by a heartbeat's write; ends the term
         self.leading = False  # beats arrive on every replica; only the leader acts on them
         self.confirmations = Confirmations(unconfirmed_after_s)
@@ -137,6 +141,7 @@ class NodeMonitor(Controller):
 
     async def elected(self, term: Term) -> None:
         self.fence, self._fenced = term.fence, None
+        self.writer = term.writer if term.store is not None else None
         # Every node's clock starts now: what a previous term saw may be long stale.
         self.last_seen.clear()
         self.liveness.clear()  # a new term watches from now, like the nodes' clocks
@@ -152,8 +157,12 @@ class NodeMonitor(Controller):
         await self.tick()
 
     async def deposed(self) -> None:
-        # The fence stays: a write still in flight carries the old token, never none.
+        # The writer stays: a write still in flight carries the old token, never none.
         self.leading = False
+
+    @property
+    def writes(self) -> FencedWriter | EventStore:
+        return self.writer or self.store
 
     async def refresh(self) -> None:
         """Bring `nodes` up to the projection, parsing only the rows whose version moved."""
@@ -233,9 +242,7 @@ class NodeMonitor(Controller):
             )
 
     async def _append(self, node_id: str, events: list[Payload]) -> None:
-        node = await self.store.execute_aggregate(
-            NODES, node_id, lambda _n: events, fence=self.fence
-        )
+        node = await self.writes.execute_aggregate(NODES, node_id, lambda _n: events)
         if node is not None:
             self.nodes[node_id] = node
 
@@ -283,7 +290,7 @@ class NodeMonitor(Controller):
                 )
             )
 
-        done, _ = await self.store.execute_batch({task_id: decide}, fence=self.fence)
+        done, _ = await self.writes.execute_batch({task_id: decide})
         task = done.get(task_id)
         if task is None or task.status is not S.FAILED:
             return
@@ -315,9 +322,7 @@ class NodeMonitor(Controller):
             why = f"node {node_id or '(none)'} has not confirmed it for {after:.0f}s"
             decide = migrate_decision(node_id, ON_NODE_LOSS, ReasonCode.TASK_UNCONFIRMED, why)
             try:
-                await self.store.execute(
-                    task_id, decide, metadata={"node_id": node_id}, fence=self.fence
-                )
+                await self.writes.execute(task_id, decide, metadata={"node_id": node_id})
             except DomainError:
                 continue  # it moved on meanwhile (or is deleted): the next sweep sees it
             log.warning("task_unconfirmed", task_id=task_id, node_id=node_id, status=status.value)
@@ -370,8 +375,8 @@ class NodeMonitor(Controller):
         await self._append(node.id, [offline])
         ids = await task_rows.ids_on_node(self.store, node.id, ON_NODE_LOSS)
         decide = migrate_decision(node.id)
-        done, refused = await self.store.execute_batch(
-            dict.fromkeys(ids, decide), metadata={"node_id": node.id}, fence=self.fence
+        done, refused = await self.writes.execute_batch(
+            dict.fromkeys(ids, decide), metadata={"node_id": node.id}
         )
         log.warning(
             "node_offline",
@@ -393,7 +398,7 @@ class NodeMonitor(Controller):
             return
         why = {n: f"node_lost: {n} is offline" for n in set(stranded.values())}
         decides = {t: migrate_decision(n, why=why[n]) for t, n in stranded.items()}
-        done, _ = await self.store.execute_batch(decides, fence=self.fence)
+        done, _ = await self.writes.execute_batch(decides)
         log.warning("stranded_tasks_ended", tasks=sorted(done), nodes=sorted(why))
 
     async def node_gone(self, node: Node, silent: float) -> None:
@@ -407,7 +412,5 @@ class NodeMonitor(Controller):
         )
         await self._append(node.id, [gone])
         ids = await task_rows.ids_pinned_pending(self.store, node.id)
-        done, _ = await self.store.execute_batch(
-            dict.fromkeys(ids, unpin_decision), fence=self.fence
-        )
+        done, _ = await self.writes.execute_batch(dict.fromkeys(ids, unpin_decision))
         log.warning("node_gone", node_id=node.id, unpinned=len(done))

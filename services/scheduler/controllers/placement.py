@@ -1,8 +1,10 @@
 """The placement loop: read the cluster, plan, commit the plan with compare-and-set.
 
 Only the lease holder runs it (on the controller runtime, libs/controller.py), so exactly one
-scheduler places at a time even when several replicas run, and every commit carries the term's
-fence: a deposed holder's late commit is refused by the store. Each commit is conditioned on
+scheduler places at a time even when several replicas run, and every commit goes through the
+term's writer (`term.writer`, carrying its fence): a deposed holder's late commit is refused by
+the store. The plan comes from the pure core (services/scheduler/placement/), whose `Planner`
+keeps its node index from one round to the next. Each commit is conditioned on
 `expected_status` (pending for placements, the victim's status for preemptions): a task that
 moved since the snapshot is skipped and reconsidered next round, never double-placed.
 """
@@ -22,15 +24,16 @@ from prometheus_client import Counter, Gauge, Histogram
 from libs.controller import Controller, Term
 from libs.domain import commands
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import GPU_HOLDING, Actor, TaskStatus
+from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task
 from libs.store.eventstore import EventStore
-from libs.store.fencing import Fence
+from libs.store.fenced import FencedWriter
 
-from . import lending, view
-from .loans import Loan, plan_loans
-from .model import Plan
-from .planner import DEFAULT_MAX_CANDIDATES, plan
+from .. import view
+from ..placement.loans import Loan, plan_loans
+from ..placement.model import Plan
+from ..placement.planner import DEFAULT_MAX_CANDIDATES, Planner
+from . import lending
 
 log = structlog.get_logger(__name__)
 
@@ -66,16 +69,23 @@ class Placer:
     store: EventStore
     clock: Callable[[], datetime]
     batch: int = 512
-    fence: Fence | None = None  # the leader's, set for each term by PlacementController
+    # The term's writer, set for each term by PlacementController; without one (a benchmark
+    # holding no lease) the placer writes to the store itself.
+    writer: FencedWriter | None = None
     max_candidates: int | None = DEFAULT_MAX_CANDIDATES
     cluster: view.ClusterView = field(default_factory=view.ClusterView)
+    planner: Planner = field(default_factory=Planner)
     # The last round left a task waiting for a node's in-flight starts (STARTS_IN_FLIGHT):
     # a start reaching running is then worth a round (see `frees_a_start`).
     waiting_on_starts: bool = False
 
+    @property
+    def writes(self) -> lending.Writes:
+        return self.writer or self.store
+
     async def round(self) -> RoundResult:
         started = time.perf_counter()
-        await lending.settle(self.store, self.fence)  # lent cards back, queued wakes run
+        await lending.settle(self.store, self.writes)  # lent cards back, queued wakes run
         pending = await view.load_pending(self.store, self.batch)
         counts: dict[str, int] = {}
         for t in pending:
@@ -94,7 +104,7 @@ class Placer:
         snap = self.cluster.snapshot(self.clock(), quotas, queues, pools)
         planning = time.perf_counter()
         pendings = [view.pending_of(t, gangs) for t in pending]
-        result_plan = plan(
+        result_plan = self.planner.plan(
             snap,
             pendings,
             max_batch=self.batch,
@@ -104,7 +114,7 @@ class Placer:
         plan_seconds = time.perf_counter() - planning
         result = await self.commit(_without(result_plan, loans), {t.id: t for t in pending})
         if loans:
-            borrowers = await lending.lend(self.store, loans, self.fence)
+            borrowers = await lending.lend(self.writes, loans)
             self.cluster.learn(borrowers)
             result.placed += len(borrowers)
             result.placements += [t.id for t in borrowers]
@@ -117,7 +127,12 @@ class Placer:
         decisions: dict[str, commands.Decide] = {}
         for pl in p.placements:
             decisions[pl.task_id] = _place(
-                pl.node_id, pl.gpu_ids, pl.qos.value if pl.qos else "", pl.gpu_label, pl.ports
+                pl.node_id,
+                pl.gpu_ids,
+                pl.qos.value if pl.qos else "",
+                pl.gpu_label,
+                pl.ports,
+                pl.scores,
             )
         victims: dict[str, commands.Decide] = {}
         for pre in p.preemptions:
@@ -135,10 +150,10 @@ class Placer:
             UNPLACED.labels(reason).set(n)
         # The round read these tasks a moment ago: the store reuses each one whose version
         # is unchanged under the lock instead of reading and parsing it again.
-        done, refused = await self.store.execute_batch(decisions, fence=self.fence, known=pending)
+        done, refused = await self.writes.execute_batch(decisions, known=pending)
         self.cluster.learn(done.values())
         if victims:
-            v_done, v_refused = await self.store.execute_batch(victims, fence=self.fence)
+            v_done, v_refused = await self.writes.execute_batch(victims)
             self.cluster.learn(v_done.values())
             refused |= v_refused
         if refused:
@@ -178,10 +193,14 @@ def _place(
     qos: str,
     label: str = "",
     ports: Mapping[str, int] | None = None,
+    scores: Mapping[str, float] | None = None,
 ) -> commands.Decide:
     # The ports travel with the placement, in its one event: a replay gives them back, and
-    # the task's end (any status out of GPU_HOLDING) releases them.
+    # the task's end (any status out of GPU_HOLDING) releases them. The chosen node's named
+    # scores (placement/rankers.py) are recorded with it: why this node.
     extra: dict[str, Any] = {"ports": dict(ports)} if ports else {}
+    if scores:
+        extra["scores"] = dict(scores)
 
     def decide(t: Task) -> list[Any]:
         return list(
@@ -226,56 +245,6 @@ def _why(code: ReasonCode, text: str) -> commands.Decide:
     return decide
 
 
-def wakes_placement(event_type: str, payload: dict[str, Any]) -> bool:
-    """Whether a task event can change what a round would do.
-
-    A move into a GPU-holding status (scheduled, starting, running, ...) neither adds pending
-    work nor frees capacity, and the reason a task is pending is our own write; everything
-    else (a task created, back to pending, ended, changed) wakes the placer. The idle poll
-    of `run_placement` covers the rest.
-    """
-    if event_type == "task_pending_reason":
-        return False
-    if event_type == "task_status_changed":
-        return payload.get("to_status") not in HOLDING_STATUSES
-    return True
-
-
-HOLDING_STATUSES = frozenset(s.value for s in GPU_HOLDING)
-# Task events that leave what is held as the leader's own commits made it.
-_HOLDING_UNCHANGED = frozenset({"task_created", "task_pending_reason", "task_retry_decided"})
-
-
-def changes_holding(event_type: str, payload: dict[str, Any]) -> bool:
-    """Whether a task event can change the GPU-holding set in a way the leader's cluster view
-    did not learn from its own commits: a task leaving a holding status (capacity freed),
-    or any change the view does not know how to read (config, drain, deletion). Moves into
-    `scheduled` are the leader's own placements; moves between holding statuses keep their
-    cards (a node's in-flight starts are covered by `frees_a_start`)."""
-    if event_type in _HOLDING_UNCHANGED:
-        return False
-    if event_type == "task_status_changed":
-        before, after = payload.get("from_status"), payload.get("to_status")
-        if before is None or after is None:
-            return True  # unreadable: list again
-        return before in HOLDING_STATUSES and after not in HOLDING_STATUSES
-    return True
-
-
-_IN_FLIGHT = frozenset({TaskStatus.SCHEDULED.value, TaskStatus.STARTING.value})
-
-
-def frees_a_start(event_type: str, payload: dict[str, Any]) -> bool:
-    """Whether a task event ends one of its node's in-flight starts: out of scheduled or
-    starting into a status that is not. `wakes_placement` already covers the moves out of
-    the GPU-holding set; this one matters only while a task waits on STARTS_IN_FLIGHT."""
-    return (
-        event_type == "task_status_changed"
-        and payload.get("from_status") in _IN_FLIGHT
-        and payload.get("to_status") not in _IN_FLIGHT
-    )
-
-
 class PlacementController(Controller):
     """Rounds back to back while there is work; otherwise wait for a wake-up or `idle_s`."""
 
@@ -288,7 +257,7 @@ class PlacementController(Controller):
         self.interval_s = idle_s
 
     async def elected(self, term: Term) -> None:
-        self.placer.fence = term.fence
+        self.placer.writer = term.writer
         self.placer.cluster.invalidate()  # another leader may have placed since our last term
 
     async def evaluate(self, term: Term) -> bool:

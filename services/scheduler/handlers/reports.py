@@ -38,7 +38,7 @@ from libs.domain.task import Task
 from libs.store.eventstore import EventStore, Step
 from libs.store.projections import NODES
 
-from .dispatch import send, send_all
+from ..dispatch import send, send_all
 
 Outcome = BaseException | None
 

@@ -1,11 +1,10 @@
-"""Feasibility: can this task go on this node, and if so on which cards?
+"""Feasibility arithmetic: what a node holds, what a task costs, which cards it would get.
 
-A node is checked by a chain of small stages, each returning a `Verdict`. The chain stops
-at the first rejection; the position of that stage in `NODE_STAGE_ORDER` tells how close
-the node came to fitting, which the planner uses to pick the most informative reason.
-Task-level checks (backoff, tenant quota) run once per task, before any node. The stages
-split in two: `check_static` (the node alone) and `check_capacity` (what it runs), so the
-planner can answer the static ones once per class of identical nodes (index.py).
+The checks here are plain functions `(task, node, usage) -> Verdict`; stages.py registers
+them as the ordered stages of the chain (with each one's name, reason and whether it is
+static) and runs the chain. Task-level checks (backoff, tenant quota floor) run once per
+task, before any node. `allocate_whole` and `allocate_fraction` pick the cards of a fit:
+whole cards best-fit, a fraction on the fullest card with room.
 
 Usage is computed from allocations whose status is in GPU_HOLDING, the one definition of
 what counts against capacity and quota.
@@ -34,24 +33,6 @@ from .reasons import PASS, Reason, Verdict, reject
 
 # Float slack for summed compute shares (0.1 + 0.2 + 0.7 must fit on one card).
 EPS = 1e-9
-
-NODE_STAGE_ORDER: tuple[Reason, ...] = (
-    Reason.PINNED_ELSEWHERE,
-    Reason.NODE_OFFLINE,
-    Reason.NODE_EXCLUDED,
-    Reason.NOT_IN_POOL,
-    Reason.RUNTIME_UNAVAILABLE,
-    Reason.GPU_TYPE_UNAVAILABLE,
-    Reason.INSUFFICIENT_VRAM,
-    Reason.INSUFFICIENT_GPUS,
-    Reason.FRACTION_UNAVAILABLE,
-    Reason.INSUFFICIENT_MEMORY,
-    Reason.INSUFFICIENT_CPU,
-    Reason.ANTI_AFFINITY,
-    Reason.STARTS_IN_FLIGHT,
-    Reason.TENANT_QUOTA_EXCEEDED,
-)
-
 
 # --- usage ---------------------------------------------------------------------------
 
@@ -175,7 +156,7 @@ def check_quota_floor(task: PendingTask, quota: Quota | None) -> Verdict:
 
 # --- node stages ---------------------------------------------------------------------
 
-Stage = Callable[[PendingTask, Node, NodeUsage], Verdict]
+Check = Callable[[PendingTask, Node, NodeUsage], Verdict]
 
 
 def check_pin(task: PendingTask, node: Node, usage: NodeUsage) -> Verdict:
@@ -325,17 +306,7 @@ class Grant:
     qos: Qos | None = None
 
 
-def allocate_gpus(task: PendingTask, node: Node, usage: NodeUsage) -> tuple[Verdict, Grant | None]:
-    if task.requirement.is_fractional:
-        return _allocate_fraction(task, node, usage)
-    if task.requirement.gpu_count:
-        return _allocate_whole(task, node, usage)
-    return PASS, Grant()
-
-
-def _allocate_whole(
-    task: PendingTask, node: Node, usage: NodeUsage
-) -> tuple[Verdict, Grant | None]:
+def allocate_whole(task: PendingTask, node: Node, usage: NodeUsage) -> tuple[Verdict, Grant | None]:
     need = task.requirement.gpu_count
     suitable = _suitable(task, node)
     free = [g for g in suitable if g.id not in usage.cards]
@@ -356,7 +327,7 @@ def fill_after(gpu: Gpu, use: CardUse, share: GpuShare) -> float:
     return max((use.vram_mb + share.vram_mb) / gpu.vram_mb, use.compute_ratio + share.compute_ratio)
 
 
-def _allocate_fraction(
+def allocate_fraction(
     task: PendingTask, node: Node, usage: NodeUsage
 ) -> tuple[Verdict, Grant | None]:
     req = task.requirement
@@ -389,7 +360,7 @@ def _fraction_text(task: PendingTask) -> str:
     return " and ".join(parts)
 
 
-# --- the chain -----------------------------------------------------------------------
+# --- a fit -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,67 +371,3 @@ class Fit:
     usage: NodeUsage
     grant: Grant
     cost: float
-
-
-STATIC_STAGES: tuple[Stage, ...] = (
-    check_pin,
-    check_online,
-    check_excluded,
-    check_pool,
-    check_runtime,
-    check_gpu_type,
-    check_vram,
-)
-LATE_STAGES: tuple[Stage, ...] = (check_memory, check_cpu, check_anti_affinity, check_starts)
-# The static stages never look at usage.
-_NO_USAGE = NodeUsage()
-
-
-def check_static(task: PendingTask, node: Node) -> Verdict:
-    """The stages that depend only on the node itself (pin, online, exclusion, pool, runtime,
-    type, VRAM)."""
-    for stage in STATIC_STAGES:
-        verdict = stage(task, node, _NO_USAGE)
-        if not verdict.ok:
-            return verdict
-    return PASS
-
-
-def check_capacity(
-    task: PendingTask,
-    node: Node,
-    usage: NodeUsage,
-    *,
-    quota: Quota | None,
-) -> tuple[Verdict, Fit | None]:
-    """The stages that depend on what the node runs (cards, memory, CPU, anti-affinity,
-    quota), for a node that passed `check_static`. On success return the Fit."""
-    verdict, grant = allocate_gpus(task, node, usage)
-    if grant is None:
-        return verdict, None
-    for stage in LATE_STAGES:
-        verdict = stage(task, node, usage)
-        if not verdict.ok:
-            return verdict, None
-    if grant.fractions:
-        gpus = {g.id: g for g in node.gpus}
-        cost = sum(share_cost(s, gpus) for s in grant.fractions)
-    else:
-        cost = float(len(grant.gpu_ids))
-    if quota is not None and cost and not quota.allows(cost):
-        return quota.rejection(cost), None
-    return PASS, Fit(node=node, usage=usage, grant=grant, cost=cost)
-
-
-def check_node(
-    task: PendingTask,
-    node: Node,
-    usage: NodeUsage,
-    *,
-    quota: Quota | None,
-) -> tuple[Verdict, Fit | None]:
-    """Run every stage in order; the first rejection wins. On success return the Fit."""
-    verdict = check_static(task, node)
-    if not verdict.ok:
-        return verdict, None
-    return check_capacity(task, node, usage, quota=quota)

@@ -1,10 +1,10 @@
 """An index over one snapshot's nodes, so a task is not checked against every node.
 
 Nodes with the same online state, runtime, pools and cards (vendor, model, VRAM, lost or not)
-form a class. The static stages (online, pool, runtime, GPU type, VRAM) give every node of a
-class the same answer, so they run once per class and task shape instead of once per node;
-pin and exclusion are per node and cheap. What depends on usage is indexed by the ledger
-(ledger.py).
+form a class. The static stages (stages.py: online, pool, runtime, GPU type, VRAM) give
+every node of a class the same answer, so they run once per class and task shape instead of
+once per node; pin and exclusion are per node and cheap. What depends on usage is indexed by
+the ledger (ledger.py).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .feasibility import NodeUsage, check_gpu_type, check_pool, check_runtime, check_vram
+from .feasibility import NodeUsage
 from .model import Allocation, Gpu, Node, PendingTask, gpu_matches
 from .reasons import Reason
+from .stages import STATIC_STAGES
 
 CardKey = tuple[str, str, int, bool]
 # What the static stages read from a task; two tasks with the same key get the same answers.
@@ -93,14 +94,9 @@ class ClusterIndex:
         key = (cls.id, static_key(task))
         if key not in self._static:
             rep = cls.representative
-            verdict = check_pool(task, rep, _NO_USAGE)
-            if verdict.ok:
-                verdict = check_runtime(task, rep, _NO_USAGE)
-            if verdict.ok:
-                verdict = check_gpu_type(task, rep, _NO_USAGE)
-            if verdict.ok:
-                verdict = check_vram(task, rep, _NO_USAGE)
-            self._static[key] = verdict.reason
+            self._static[key] = next(
+                (s.reason for s in STATIC_STAGES if not s.check(task, rep, _NO_USAGE).ok), None
+            )
         return self._static[key]
 
     def passing(self, task: PendingTask) -> tuple[NodeClass, ...]:

@@ -19,10 +19,11 @@ from libs.domain.lending import may_borrow
 from libs.domain.states import TaskStatus
 from libs.domain.task import TaskType
 
-from .feasibility import LATE_STAGES, check_static, usage_of
+from .feasibility import usage_of
 from .model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask, Plan, gpu_matches
 from .planner import gpu_label
 from .reasons import Reason
+from .stages import LATE_STAGES, check_static
 
 # The plan's answers that a lent card can cure: no free card, or no quota left for one.
 BORROWABLE: frozenset[Reason] = frozenset({Reason.INSUFFICIENT_GPUS, Reason.TENANT_QUOTA_EXCEEDED})

@@ -382,6 +382,8 @@ class Placement:
     fractions: tuple[GpuShare, ...] = ()
     gpu_label: str = ""  # "vendor/model" of the granted cards: the agent's engine routing
     ports: Mapping[str, int] = field(default_factory=dict)  # host ports, by name
+    # The chosen node's named scores (rankers.py), "why this node"; not part of the decision.
+    scores: Mapping[str, float] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

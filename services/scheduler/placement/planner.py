@@ -23,12 +23,10 @@ from libs.domain.node import is_loopback
 from libs.domain.states import TaskStatus
 
 from .feasibility import (
-    NODE_STAGE_ORDER,
     Fit,
     Quota,
     allocation_cost,
     check_backoff,
-    check_node,
     check_quota_floor,
     usage_of,
 )
@@ -47,9 +45,10 @@ from .model import (
     Unplaced,
 )
 from .queues import check_queue, pool_full, with_queues
+from .rankers import named_scores, rank, seeded_shuffle
 from .reasons import CAPACITY_REASONS, Reason, Verdict, reject
-from .scoring import rank, seeded_shuffle
 from .search import Search, Tally, reason_at, search, tally
+from .stages import NODE_STAGE_ORDER, check_node
 
 DEFAULT_MAX_BATCH = 256
 # Fits scored per task (Nomad's "limit"): enough to pack well, few enough to stay flat in
@@ -77,9 +76,12 @@ class Evaluation:
 
     @classmethod
     def of(
-        cls, snapshot: ClusterSnapshot, max_candidates: int | None = DEFAULT_MAX_CANDIDATES
+        cls,
+        snapshot: ClusterSnapshot,
+        max_candidates: int | None = DEFAULT_MAX_CANDIDATES,
+        planner: Planner | None = None,
     ) -> Evaluation:
-        index, gpus = _indexed(snapshot)
+        index, gpus = (planner or Planner()).indexed(snapshot)
         return cls(snapshot, index, gpus, max_candidates)
 
     @property
@@ -105,25 +107,71 @@ class Evaluation:
         return Quota(tenant_id, limit, ledger.tenant_used.get(tenant_id, 0.0), surge)
 
 
-# The index depends on the nodes alone. A caller that passes the very same nodes tuple again
-# (the scheduler does, while no node changed) gets the index built for it last time instead
-# of a new one: same input, same index, so plans stay a function of their input.
-_last_index: tuple[tuple[Node, ...], ClusterIndex, Mapping[str, Gpu]] | None = None
-
-
-def _indexed(snapshot: ClusterSnapshot) -> tuple[ClusterIndex, Mapping[str, Gpu]]:
-    global _last_index
-    if _last_index is None or _last_index[0] is not snapshot.nodes:
-        gpus = MappingProxyType(snapshot.gpus_by_id())
-        _last_index = (snapshot.nodes, ClusterIndex(snapshot.nodes), gpus)
-    return _last_index[1], _last_index[2]
-
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     placement: Placement | None = None
     unplaced: Unplaced | None = None
     preemption: Preemption | None = None
+
+
+class Planner:
+    """Plans evaluations; keeps the index of the last snapshot's nodes between them.
+
+    The index depends on the nodes alone. A caller that passes the very same nodes tuple
+    again (the scheduler does, while no node changed) gets the index built for it last time
+    instead of a new one: same input, same index, so plans stay a function of their input.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[Node, ...], ClusterIndex, Mapping[str, Gpu]] | None = None
+
+    def indexed(self, snapshot: ClusterSnapshot) -> tuple[ClusterIndex, Mapping[str, Gpu]]:
+        last = self._last
+        if last is None or last[0] is not snapshot.nodes:
+            gpus = MappingProxyType(snapshot.gpus_by_id())
+            last = self._last = (snapshot.nodes, ClusterIndex(snapshot.nodes), gpus)
+        return last[1], last[2]
+
+    def plan(
+        self,
+        snapshot: ClusterSnapshot,
+        pending: Sequence[PendingTask],
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_candidates: int | None = DEFAULT_MAX_CANDIDATES,
+    ) -> Plan:
+        """Place as many of `pending` as fit, in priority order; explain every other one.
+
+        At most `max_batch` tasks are evaluated (a gang counts as its members and is never
+        split); the rest are returned in `Plan.deferred`. Tasks still in retry backoff are
+        answered with BACKOFF without using the batch. Each task scores at most
+        `max_candidates` fitting nodes (None: all of them).
+        """
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        if max_candidates is not None and max_candidates < 1:
+            raise ValueError("max_candidates must be at least 1 (or None)")
+        ev = Evaluation.of(snapshot, max_candidates, self)
+        ledger = Ledger(ev.index, snapshot.allocations, ev.gpus)
+        outcomes: list[Outcome] = []
+        deferred: list[str] = []
+        budget = max_batch
+        for unit in _units(with_queues(pending, snapshot.queues)):
+            first, is_gang = unit[0], unit[0].gang_id is not None
+            if not is_gang and not (wait := check_backoff(first, snapshot.now)).ok:
+                outcomes.append(_unplaced(first, wait))
+                continue
+            if budget <= 0:
+                deferred.extend(t.task_id for t in unit)
+                continue
+            budget -= len(unit)
+            if is_gang:
+                outcomes.extend(place_gang(ev, ledger, unit))
+            else:
+                outcomes.append(schedule_task(ev, ledger, first, preempt=True))
+        return _collect(outcomes, deferred)
 
 
 def plan(
@@ -133,36 +181,8 @@ def plan(
     max_batch: int = DEFAULT_MAX_BATCH,
     max_candidates: int | None = DEFAULT_MAX_CANDIDATES,
 ) -> Plan:
-    """Place as many of `pending` as fit, in priority order; explain every other one.
-
-    At most `max_batch` tasks are evaluated (a gang counts as its members and is never
-    split); the rest are returned in `Plan.deferred`. Tasks still in retry backoff are
-    answered with BACKOFF without using the batch. Each task scores at most
-    `max_candidates` fitting nodes (None: all of them).
-    """
-    if max_batch < 1:
-        raise ValueError("max_batch must be at least 1")
-    if max_candidates is not None and max_candidates < 1:
-        raise ValueError("max_candidates must be at least 1 (or None)")
-    ev = Evaluation.of(snapshot, max_candidates)
-    ledger = Ledger(ev.index, snapshot.allocations, ev.gpus)
-    outcomes: list[Outcome] = []
-    deferred: list[str] = []
-    budget = max_batch
-    for unit in _units(with_queues(pending, snapshot.queues)):
-        first, is_gang = unit[0], unit[0].gang_id is not None
-        if not is_gang and not (wait := check_backoff(first, snapshot.now)).ok:
-            outcomes.append(_unplaced(first, wait))
-            continue
-        if budget <= 0:
-            deferred.extend(t.task_id for t in unit)
-            continue
-        budget -= len(unit)
-        if is_gang:
-            outcomes.extend(place_gang(ev, ledger, unit))
-        else:
-            outcomes.append(schedule_task(ev, ledger, first, preempt=True))
-    return _collect(outcomes, deferred)
+    """`Planner.plan` on a planner of its own (nothing kept from one call to the next)."""
+    return Planner().plan(snapshot, pending, max_batch=max_batch, max_candidates=max_candidates)
 
 
 def _order_key(task: PendingTask) -> tuple[int, int, datetime, str]:
@@ -240,6 +260,7 @@ def schedule_task(ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt:
                 fractions=best.grant.fractions,
                 gpu_label=gpu_label(best.node.gpus, best.grant.gpu_ids),
                 ports=ports,
+                scores=named_scores(best, task),
             )
             holding = _holding(task, best)
             if ports:

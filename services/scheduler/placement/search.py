@@ -20,11 +20,12 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .feasibility import EPS, Fit, Quota, check_capacity, check_node
+from .feasibility import EPS, Fit, Quota
 from .index import ClusterIndex, NodeClass
 from .ledger import FULL, Ledger
 from .model import PendingTask
 from .reasons import Reason, Verdict, reject
+from .stages import check_capacity, check_node
 
 
 def start_key(task: PendingTask) -> int:
