@@ -155,7 +155,10 @@ async def _republish(args: argparse.Namespace) -> int:
 
 
 async def _dead_letters(args: argparse.Namespace) -> int:
-    """Events the relay could not publish, newest first, as JSON lines (one per event)."""
+    """Events the relay could not publish, newest first, as JSON lines (one per event);
+    with --consumers, the messages consumers gave up on (HF_DLQ) instead."""
+    if args.consumers:
+        return await _consumer_dead_letters(args.limit)
     from libs.store.dead_letters import list_dead_letters
     from libs.store.eventstore import EventStore
 
@@ -167,6 +170,21 @@ async def _dead_letters(args: argparse.Namespace) -> int:
     for letter in letters:
         print(json.dumps(letter.as_dict(), default=str))
     print(f"{len(letters)} dead-lettered event(s)", file=sys.stderr)
+    return 0
+
+
+async def _consumer_dead_letters(limit: int) -> int:
+    from libs.bus.dead_letters import read_dead_letters
+    from libs.bus.nats import connect
+
+    nc = await connect(_nats_url(CommonSettings()), "events-dead-letters", give_up_after=10)
+    try:
+        letters = await read_dead_letters(nc.jetstream(), limit)
+    finally:
+        await nc.close()
+    for letter in letters:
+        print(json.dumps(letter))
+    print(f"{len(letters)} dead-lettered message(s) in HF_DLQ", file=sys.stderr)
     return 0
 
 
@@ -201,5 +219,10 @@ def build_ops_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=lambda a: asyncio.run(_republish(a)))
     dead = ops.add_parser("dead-letters", help="events the relay could not publish (newest first)")
     dead.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    dead.add_argument(
+        "--consumers",
+        action="store_true",
+        help="messages consumers gave up on after max_deliver (stream HF_DLQ), from NATS",
+    )
     dead.set_defaults(func=lambda a: asyncio.run(_dead_letters(a)))
     return parser
