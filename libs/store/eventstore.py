@@ -10,20 +10,26 @@ both surface as `Conflict` and leave nothing written.
 Two guards run first in the same transaction when the caller passes them: a leader's `fence`
 (a stale token raises `Fenced`, see fencing.py) and an event consumer's `receipt` (an event
 already handled makes the call a no-op, see inbox.py).
+
+Every write method, one command or a batch, takes the same path: its events become rows in
+one `EventRows` (id, stream, version, payload JSON, metadata with the fence, one time) and
+`_append` inserts them, one statement or one pipelined batch, before the projections are
+upserted. A row read back is a `StoredEvent`, which is the `EventEnvelope` the relay publishes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast, overload
 
 import psycopg
 import structlog
 from prometheus_client import Counter
 from psycopg import AsyncConnection
+from psycopg.rows import kwargs_row
 from psycopg.types.json import Jsonb
 
 from libs.domain.catalog import parse_payload
@@ -81,6 +87,106 @@ def new_task_id() -> TaskId:
     return TaskId("task-" + uuid.uuid4().hex[:20])
 
 
+class EventRows:
+    """The `events` rows of one write, in insert order (`EventStore._append` inserts them all
+    at once): the one place an event becomes a row. All rows of a write share its time."""
+
+    __slots__ = ("at", "params")
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+        self.params: list[tuple[Any, ...]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.params)
+
+    def add(self, stream_id: str, version: int, event: Payload, meta: Jsonb) -> None:
+        """One row (INSERT_EVENT's parameters): a new event id, the stream and version, the
+        payload as JSON, the metadata (with the writer's fence: `EventStore._meta`)."""
+        self.params.append(
+            (
+                uuid.uuid4(),
+                stream_id,
+                event.stream_type,
+                version,
+                event.type,
+                event.schema_version,
+                projections.as_jsonb(event),
+                meta,
+                self.at,
+            )
+        )
+
+    @overload
+    def fold(
+        self, agg: Aggregate[M], agg_id: str, current: M, events: Iterable[Payload], meta: Jsonb
+    ) -> M: ...
+
+    @overload
+    def fold(
+        self,
+        agg: Aggregate[M],
+        agg_id: str,
+        current: M | None,
+        events: Iterable[Payload],
+        meta: Jsonb,
+    ) -> M | None: ...
+
+    def fold(
+        self,
+        agg: Aggregate[M],
+        agg_id: str,
+        current: M | None,
+        events: Iterable[Payload],
+        meta: Jsonb,
+    ) -> M | None:
+        """Add `events` at the versions after `current`'s (None: a new stream); return the
+        aggregate they leave (`current` itself when there are none)."""
+        state: Any = current
+        for ev in events:
+            version = (state.version if state is not None else 0) + 1
+            self.add(agg_id, version, ev, meta)
+            state = agg.evolve(state, ev, self.at, version)
+        return cast("M | None", state)
+
+    def stored(self, positions: Sequence[int]) -> list[StoredEvent]:
+        """The rows as the store now holds them, at `positions` (what `_append` returned)."""
+        return [
+            StoredEvent.model_construct(
+                position=position,
+                event_id=p[0],
+                stream_id=p[1],
+                stream_type=p[2],
+                version=p[3],
+                type=p[4],
+                schema_version=p[5],
+                payload=p[6].obj.model_dump(mode="json"),
+                metadata=p[7].obj,
+                occurred_at=p[8],
+            )
+            for p, position in zip(self.params, positions, strict=True)
+        ]
+
+
+def _new_tasks(
+    rows: EventRows, items: Sequence[NewTask], meta: Jsonb, generation: int
+) -> list[Task]:
+    """`task_created` rows (version 1 of new streams) for `items`; the tasks they create."""
+    tasks: list[Task] = []
+    for tenant_id, spec, group_id, rank, *chosen in items:
+        ev = TaskCreated(
+            task_id=chosen[0] if chosen else new_task_id(),
+            tenant_id=tenant_id,
+            spec=spec,
+            group_id=group_id,
+            rank=rank,
+            generation=generation,
+        )
+        rows.add(ev.task_id, 1, ev, meta)
+        tasks.append(evolve_task(None, ev, rows.at, 1))
+    return tasks
+
+
 class EventStore:
     """Async facade over the events table and its projections."""
 
@@ -133,59 +239,41 @@ class EventStore:
         return meta
 
     # --- appending -----------------------------------------------------------------------
+    #
+    # Every write method builds its rows in one `EventRows` and inserts them with one
+    # `_append`; the projections are upserted after it, in the same transaction.
 
-    async def _insert(
-        self,
-        conn: AsyncConnection[Any],
-        stream_id: str,
-        events: Sequence[Payload],
-        first_version: int,
-        metadata: dict[str, Any],
-    ) -> list[StoredEvent]:
-        at = self.clock()
-        stored: list[StoredEvent] = []
+    async def _append(
+        self, conn: AsyncConnection[Any], rows: EventRows, *, positions: bool = False
+    ) -> list[int]:
+        """Insert `rows`: the one way an event enters the store. One statement for one row,
+        one pipelined batch (`executemany`) for more; with `positions`, their positions in
+        insert order. A (stream, version) already taken raises Conflict (the caller's
+        transaction then writes nothing)."""
+        params = rows.params
+        if not params:
+            return []
+        sql = INSERT_EVENT if positions else INSERT_EVENT_NO_RETURN
+        found: list[int] = []
         try:
-            for offset, ev in enumerate(events):
-                data = ev.model_dump(mode="json")
-                eid = uuid.uuid4()
-                version = first_version + offset
-                cur = await conn.execute(
-                    INSERT_EVENT,
-                    (
-                        eid,
-                        stream_id,
-                        ev.stream_type,
-                        version,
-                        ev.type,
-                        ev.schema_version,
-                        Jsonb(data),
-                        Jsonb(metadata),
-                        at,
-                    ),
-                )
-                row = await cur.fetchone()
-                assert row is not None
-                stored.append(
-                    StoredEvent(
-                        row[0],
-                        eid,
-                        stream_id,
-                        ev.stream_type,
-                        version,
-                        ev.type,
-                        ev.schema_version,
-                        data,
-                        at,
-                        metadata,
-                    )
-                )
+            async with conn.cursor() as cur:
+                if len(params) == 1:
+                    await cur.execute(sql, params[0])
+                else:
+                    await cur.executemany(sql, params, returning=positions)
+                while positions:
+                    found.extend(row[0] for row in await cur.fetchall())
+                    if not cur.nextset():
+                        break
         except psycopg.errors.UniqueViolation:
-            raise Conflict(f"stream {stream_id} moved concurrently; nothing was changed") from None
-        for ev in events:
+            streams = sorted({p[1] for p in params})
+            which = streams[0] if len(streams) == 1 else f"of {len(streams)} in the batch"
+            raise Conflict(f"stream {which} moved concurrently; nothing was changed") from None
+        for p in params:
             # Counted at insert: a transaction that rolls back afterwards over-counts (see
             # docs/operations.md, metrics).
-            APPENDED.labels(ev.type).inc()
-        return stored
+            APPENDED.labels(p[4]).inc()
+        return found
 
     async def create_tasks(
         self,
@@ -201,48 +289,11 @@ class EventStore:
         Pipelined: BEGIN, the event inserts, the projection upserts and COMMIT go to the
         server together, one round trip for an API create instead of four."""
         async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
-            return await self._create_in(conn, items, metadata or {}, generation)
-
-    async def _create_in(
-        self,
-        conn: AsyncConnection[Any],
-        items: Sequence[NewTask],
-        meta: dict[str, Any],
-        generation: int = 0,
-    ) -> list[Task]:
-        """One pipelined batch of `task_created` events (version 1 of new streams) + rows."""
-        at = self.clock()
-        tasks: list[Task] = []
-        rows: list[tuple[Any, ...]] = []
-        for tenant_id, spec, group_id, rank, *chosen in items:
-            ev = TaskCreated(
-                task_id=chosen[0] if chosen else new_task_id(),
-                tenant_id=tenant_id,
-                spec=spec,
-                group_id=group_id,
-                rank=rank,
-                generation=generation,
-            )
-            rows.append(
-                (
-                    uuid.uuid4(),
-                    ev.task_id,
-                    ev.stream_type,
-                    1,
-                    ev.type,
-                    ev.schema_version,
-                    projections.as_jsonb(ev),
-                    Jsonb(meta),
-                    at,
-                )
-            )
-            tasks.append(evolve_task(None, ev, at, 1))
-            APPENDED.labels(ev.type).inc()
-        if rows:
-            async with conn.cursor() as cur:
-                await cur.executemany(INSERT_EVENT_NO_RETURN, rows)
+            rows = EventRows(self.clock())
+            tasks = _new_tasks(rows, items, Jsonb(metadata or {}), generation)
+            await self._append(conn, rows)
             await projections.upsert_tasks(conn, tasks)
-        return tasks
+            return tasks
 
     async def create_task(
         self,
@@ -277,9 +328,13 @@ class EventStore:
             task = await self._load_for_update(conn, task_id, tenant_id, include_deleted)
             if not first:
                 return task
-            meta = self._meta(metadata, fence)
-            result: Task = await self._apply(conn, TASKS, task_id, task, decide(task), meta)
-            return result
+            rows = EventRows(self.clock())
+            meta = Jsonb(self._meta(metadata, fence))
+            task = rows.fold(TASKS, task_id, task, decide(task), meta)
+            if rows:
+                await self._append(conn, rows)
+                await projections.upsert_tasks(conn, [task])
+            return task
 
     async def execute_batch(
         self,
@@ -332,10 +387,11 @@ class EventStore:
         *,
         include_deleted: bool,
     ) -> list[Task | DomainError]:
+        """The steps of `execute_batch` and `execute_steps`: every step's rows in one
+        `EventRows`, one `_append` (one pipelined batch), one upsert of the changed tasks."""
         current = await _lock_tasks(conn, {s[0] for s in steps}, known, include_deleted)
         mark_ordered()  # a pipelined consumer's next batch may start deciding now
-        at = self.clock()
-        rows: list[tuple[Any, ...]] = []
+        rows = EventRows(self.clock())
         changed: dict[str, Task] = {}
         out: list[Task | DomainError] = []
         for task_id, decide, metadata in steps:
@@ -348,22 +404,13 @@ class EventStore:
             except DomainError as exc:
                 out.append(exc)
                 continue
-            meta = Jsonb(self._meta(metadata, fence))
-            for ev in events:
-                version = task.version + 1
-                data = projections.as_jsonb(ev)
-                rows.append(
-                    (uuid.uuid4(), task.id, ev.stream_type, version, ev.type)
-                    + (ev.schema_version, data, meta, at)
-                )
-                task = evolve_task(task, ev, at, version)
-                APPENDED.labels(ev.type).inc()
             if events:
+                meta = Jsonb(self._meta(metadata, fence))
+                task = rows.fold(TASKS, task_id, task, events, meta)
                 current[task_id] = changed[task_id] = task
             out.append(task)
         if rows:
-            async with conn.cursor() as c:
-                await c.executemany(INSERT_EVENT_NO_RETURN, rows)
+            await self._append(conn, rows)
             await projections.upsert_tasks(conn, changed.values())
         return out
 
@@ -380,15 +427,21 @@ class EventStore:
     ) -> tuple[M | None, list[Task]]:
         """Append to an aggregate and create tasks in one transaction (group membership);
         `generation`: the group generation the new tasks belong to."""
-        meta = self._meta(metadata, fence)
+        meta = Jsonb(self._meta(metadata, fence))
         async with self.pool.connection() as conn, conn.transaction():
             first = await self._guard(conn, fence, receipt)
             current = await self._lock(conn, agg, agg_id)
             if not first:
                 return current, []
             events, new_tasks = decide(current)
-            result: M | None = await self._apply(conn, agg, agg_id, current, events, meta)
-            return result, await self._create_in(conn, new_tasks, meta, generation)
+            rows = EventRows(self.clock())
+            result: M | None = rows.fold(agg, agg_id, current, events, meta)
+            tasks = _new_tasks(rows, new_tasks, meta, generation)
+            await self._append(conn, rows)
+            if events and result is not None:
+                await projections.upsert(conn, agg, [result])
+            await projections.upsert_tasks(conn, tasks)
+            return result, tasks
 
     async def execute_aggregate(
         self,
@@ -401,13 +454,17 @@ class EventStore:
         receipt: Receipt | None = None,
     ) -> M | None:
         """Like `execute` for any aggregate; `decide` gets None when the stream is new."""
-        meta = self._meta(metadata, fence)
+        meta = Jsonb(self._meta(metadata, fence))
         async with self.pool.connection() as conn, conn.transaction():
             first = await self._guard(conn, fence, receipt)
             current = await self._lock(conn, agg, agg_id)
             if not first:
                 return current
-            new: M | None = await self._apply(conn, agg, agg_id, current, decide(current), meta)
+            rows = EventRows(self.clock())
+            new: M | None = rows.fold(agg, agg_id, current, decide(current), meta)
+            if rows and new is not None:
+                await self._append(conn, rows)
+                await projections.upsert(conn, agg, [new])
             return new
 
     async def _lock(self, conn: AsyncConnection[Any], agg: Aggregate[M], agg_id: str) -> M | None:
@@ -417,24 +474,6 @@ class EventStore:
         cur = await conn.execute(f"SELECT doc FROM {agg.table} WHERE id = %s FOR UPDATE", (agg_id,))
         row = await cur.fetchone()
         return agg.model.model_validate(row[0]) if row else None
-
-    async def _apply(
-        self,
-        conn: AsyncConnection[Any],
-        agg: Aggregate[Any],
-        agg_id: str,
-        current: Any,
-        events: Sequence[Payload],
-        metadata: dict[str, Any] | None,
-    ) -> Any:
-        if not events:
-            return current
-        version = current.version if current is not None else 0
-        stored = await self._insert(conn, agg_id, events, version + 1, metadata or {})
-        for ev, st in zip(events, stored, strict=True):
-            current = agg.evolve(current, ev, st.occurred_at, st.version)
-        await projections.upsert(conn, agg, [current])
-        return current
 
     async def _load_for_update(
         self, conn: AsyncConnection[Any], task_id: str, tenant_id: str | None, deleted: bool
@@ -471,8 +510,11 @@ class EventStore:
                 raise Conflict(
                     f"stream {stream_id} is at version {current}, expected {expected_version}"
                 )
-            meta = self._meta(metadata, fence)
-            stored = await self._insert(conn, stream_id, events, current + 1, meta)
+            rows = EventRows(self.clock())
+            meta = Jsonb(self._meta(metadata, fence))
+            for offset, ev in enumerate(events, start=1):
+                rows.add(stream_id, current + offset, ev, meta)
+            stored = rows.stored(await self._append(conn, rows, positions=True))
             for ev, st in zip(events, stored, strict=True):
                 await projections.apply_other(conn, st, ev)
             return stored
@@ -498,10 +540,13 @@ class EventStore:
             "SELECT position, event_id, stream_id, stream_type, version, type, schema_version,"
             f" payload, occurred_at, metadata FROM events {where}"
         )
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(sql, params)
-            rows = await cur.fetchall()
-        return [StoredEvent(*r) for r in rows]
+        # model_construct: the rows come from our own table (the relay reads them the same way).
+        async with (
+            self.pool.connection() as conn,
+            conn.cursor(row_factory=kwargs_row(StoredEvent.model_construct)) as cur,
+        ):
+            await cur.execute(sql, params)
+            return await cur.fetchall()
 
     async def read_range(
         self, where: EventRange, after_position: int = 0, limit: int = 1000
