@@ -98,7 +98,7 @@ async def _export(args: argparse.Namespace, follow: bool) -> int:
         while True:
             events = await store.read_range(where, after, 5000)
             for ev in events:
-                out.write(json.dumps(ev.envelope()) + "\n")
+                out.write(json.dumps(ev.as_json()) + "\n")
             out.flush()
             if events:
                 after = events[-1].position
@@ -118,7 +118,7 @@ async def _republish(args: argparse.Namespace) -> int:
     it still holds (2-minute window) and consumers are idempotent for the rest."""
     from libs.bus.nats import connect, ensure_streams
     from libs.store.eventstore import EventStore
-    from libs.store.relay import OutboxEvent, envelope_of, headers_of, subject_of
+    from libs.store.relay import envelope_of, headers_of, subject_of
 
     settings = CommonSettings()
     where = _range(args)
@@ -130,20 +130,7 @@ async def _republish(args: argparse.Namespace) -> int:
     try:
         after = 0
         while events := await store.read_range(where, after, 1000):
-            for e in events:
-                ev = OutboxEvent(
-                    position=e.position,
-                    event_id=e.event_id,
-                    stream_id=e.stream_id,
-                    stream_type=e.stream_type,
-                    version=e.version,
-                    type=e.type,
-                    schema_version=e.schema_version,
-                    payload=e.payload,
-                    occurred_at=e.occurred_at,
-                    metadata=e.metadata,
-                    tx_id="0",
-                )
+            for ev in events:
                 await js.publish(subject_of(ev), envelope_of(ev), headers=headers_of(ev))
                 sent += 1
             after = events[-1].position

@@ -37,7 +37,7 @@ import structlog
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from prometheus_client import Counter, Gauge
-from psycopg.rows import class_row
+from psycopg.rows import kwargs_row
 
 from libs.bus import subjects as s
 from libs.bus.broker import Routes
@@ -52,6 +52,7 @@ from .outbox import (
     in_stream_order,
     is_permanent,
     message_size,
+    outbox_row,
     subject_of,
 )
 
@@ -217,7 +218,7 @@ class OutboxRelay:
         """One batch: (events handled, i.e. published or dead-lettered; events published)."""
         assert self._checkpoint is not None
         cp = self._checkpoint
-        async with conn.cursor(row_factory=class_row(OutboxEvent)) as cur:
+        async with conn.cursor(row_factory=kwargs_row(outbox_row)) as cur:
             await cur.execute(
                 _SELECT, {"tx": str(cp.tx_id), "pos": cp.position, "limit": self.batch_size}
             )

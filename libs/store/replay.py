@@ -76,7 +76,17 @@ async def _fold(conn: AsyncConnection[Any]) -> int:
             (list(projections.AGGREGATES),),
         )
         for r in await cur.fetchall():
-            stored = StoredEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], {}, r[8])
+            stored = StoredEvent.model_construct(
+                position=r[0],
+                event_id=r[1],
+                stream_id=r[2],
+                stream_type=r[3],
+                version=r[4],
+                type=r[5],
+                schema_version=r[6],
+                payload={},  # parsed once, from the text, for the projection
+                occurred_at=r[8],
+            )
             await projections.apply_other(conn, stored, _parse(r[5], r[7]))
     for table, rows_of in fold.tables():
         async with conn.cursor().copy(f"COPY {table} FROM STDIN") as copy:

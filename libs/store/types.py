@@ -5,40 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import UUID
 
 from libs.domain.envelope import EventEnvelope
 
-
-@dataclass(frozen=True)
-class StoredEvent:
-    """An event as the store holds it: envelope plus JSON payload."""
-
-    position: int
-    event_id: UUID
-    stream_id: str
-    stream_type: str
-    version: int
-    type: str
-    schema_version: int
-    payload: dict[str, Any]
-    occurred_at: datetime
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def envelope(self) -> dict[str, Any]:
-        """The JSON shape published on the bus and exported by `events export`."""
-        return EventEnvelope(
-            event_id=self.event_id,
-            position=self.position,
-            stream_id=self.stream_id,
-            stream_type=self.stream_type,
-            version=self.version,
-            type=self.type,
-            schema_version=self.schema_version,
-            occurred_at=self.occurred_at,
-            payload=self.payload,
-            metadata=self.metadata,
-        ).as_json()
+# An event as the store holds it is the envelope itself: what `read_stream` returns is what
+# the relay publishes, the bus delivers and `events export` writes, with no conversion between.
+StoredEvent = EventEnvelope
 
 
 @dataclass(frozen=True)

@@ -62,5 +62,4 @@ async def complete(store: EventStore, task_id: str, result: str) -> EventEnvelop
             result=result,
         ),
     )
-    last = (await store.read_stream(task_id))[-1]
-    return EventEnvelope.model_validate(last.envelope())
+    return (await store.read_stream(task_id))[-1]

@@ -289,7 +289,15 @@ async def until_round(relay: OutboxRelay, within_s: float = 5.0) -> None:
 
 def event(stream_id: str, version: int, position: int) -> OutboxEvent:
     return OutboxEvent(
-        position, uuid.uuid4(), stream_id, "task", version, "t", 1, {}, {}, datetime.now(UTC), "1"
+        position=position,
+        event_id=uuid.uuid4(),
+        stream_id=stream_id,
+        stream_type="task",
+        version=version,
+        type="t",
+        payload={},
+        occurred_at=datetime.now(UTC),
+        tx_id="1",
     )
 
 

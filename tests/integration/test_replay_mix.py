@@ -41,15 +41,14 @@ async def _write(conn: AsyncConnection[Any], events: list[Event]) -> None:
         agg = projections.AGGREGATES.get(ev.stream_type)
         if agg is None:
             stored = StoredEvent(
-                n,
-                uuid.uuid4(),
-                ev.stream_id,
-                ev.stream_type,
-                ev.version,
-                ev.type,
-                1,
-                ev.stored,
-                ev.at,
+                position=n,
+                event_id=uuid.uuid4(),
+                stream_id=ev.stream_id,
+                stream_type=ev.stream_type,
+                version=ev.version,
+                type=ev.type,
+                payload=ev.stored,
+                occurred_at=ev.at,
             )
             await projections.apply_other(conn, stored, ev.payload)
             continue
