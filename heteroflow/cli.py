@@ -10,7 +10,8 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import overload
 
 import httpx
 
@@ -20,16 +21,25 @@ from heteroflow.cli_user import register_user_commands
 from heteroflow.settings_help import SettingsHelpParser, agent_settings, up_settings
 from libs.logging import configure
 
-SERVICES = (
-    "api-gateway",
-    "scheduler",
-    "retry-engine",
-    "job-orchestrator",
-    "event-timeline",
-    "autoscaler",
-    "rollout",
-    "relay",
-)
+
+class ServiceNames(Sequence[str]):
+    """The names of heteroflow/services.py, read when `service NAME` is parsed or its help
+    shown: building the parser for another command imports no service."""
+
+    def _names(self) -> tuple[str, ...]:
+        from heteroflow.services import names
+
+        return names()
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
 
 
 def _run_until_signal(
@@ -142,20 +152,9 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def _service(args: argparse.Namespace) -> int:
-    from heteroflow.gateway import fast_loop
-    from heteroflow.platform import (
-        Platform,
-        PlatformSettings,
-        run_autoscaler,
-        run_gateway,
-        run_job_orchestrator,
-        run_relay,
-        run_retry_engine,
-        run_rollout,
-        run_scheduler,
-        run_timeline,
-    )
-    from heteroflow.probe import CONSUMERS, readiness
+    from heteroflow.platform import Platform, PlatformSettings, service_runner
+    from heteroflow.probe import readiness
+    from heteroflow.services import by_name
     from libs.store.eventstore import EventStore
 
     settings = PlatformSettings()
@@ -166,16 +165,8 @@ def _service(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    runner = {
-        "api-gateway": run_gateway,
-        "scheduler": run_scheduler,
-        "retry-engine": run_retry_engine,
-        "job-orchestrator": run_job_orchestrator,
-        "event-timeline": run_timeline,
-        "autoscaler": run_autoscaler,
-        "rollout": run_rollout,
-        "relay": run_relay,
-    }[args.name]
+    spec = by_name(args.name)
+    runner = service_runner(spec)
 
     platform = Platform(settings)
     platform.start_servers()  # resolves the configured URLs; starts nothing embedded
@@ -187,10 +178,8 @@ def _service(args: argparse.Namespace) -> int:
         finally:
             await platform.store.close()
 
-    unmet = readiness(CONSUMERS[args.name], lambda: platform.store)
-    # The gateway process serves HTTP only: it runs on uvloop (heteroflow/gateway.py).
-    loop = fast_loop if args.name == "api-gateway" else None
-    _run_until_signal(args.name, main, (settings.metrics_port, unmet), loop)
+    unmet = readiness(spec.consumers(), lambda: platform.store)
+    _run_until_signal(args.name, main, (settings.metrics_port, unmet), spec.loop)
     return 0
 
 
@@ -225,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
         "service",
         help="run one control-plane service (/readyz and /metrics on HETEROFLOW_METRICS_PORT)",
     )
-    service.add_argument("name", choices=SERVICES)
+    # A metavar: argparse would read the choices to format one, importing every service.
+    service.add_argument("name", choices=ServiceNames(), metavar="NAME", help="%(choices)s")
     service.set_defaults(func=_service)
     register_check_commands(sub)
     register_user_commands(parser, sub)

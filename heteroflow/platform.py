@@ -1,11 +1,11 @@
 """`heteroflow up`: the whole platform on one machine.
 
 With no URLs configured it starts an embedded NATS server and an embedded PostgreSQL under
-the state directory, then every service in this process, or, with `--processes`
-(HETEROFLOW_PROCESSES=true), each service and the local agent as a supervised child process
-(heteroflow/processes.py). On first start it creates an operator token, an agent key and a
-`default` tenant with an API key, and writes them to `credentials.json` (mode 0600). Data
-survive a restart; SIGINT/SIGTERM stop everything.
+the state directory, then every service of heteroflow/services.py in this process, or, with
+`--processes` (HETEROFLOW_PROCESSES=true), each service and the local agent as a supervised
+child process (heteroflow/processes.py). On first start it creates an operator token, an
+agent key and a `default` tenant with an API key, and writes them to `credentials.json`
+(mode 0600). Data survive a restart; SIGINT/SIGTERM stop everything.
 
 Embedded servers: one `up` per state directory (`up.lock`); orphans of a previous `up` that
 was killed are stopped before anything starts (libs/pidfile.py), the servers are restarted
@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -28,13 +27,13 @@ from typing import Any
 
 import structlog
 from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings
 
 from agent.service import AgentSettings
-from heteroflow import gateway
 from heteroflow.node import serve_agent
 from heteroflow.processes import Supervisor, children
+from heteroflow.services import SERVICES, by_name, lease_ttl_s, names, nats_users
 from libs import auth
-from libs.bus import permissions as perms
 from libs.bus.lease import open_lease_bucket
 from libs.bus.nats import connect, ensure_streams
 from libs.config import GatewaySettings
@@ -45,21 +44,10 @@ from libs.looplag import LoopLagMonitor
 from libs.periodic import periodic
 from libs.pidfile import UpLock
 from libs.server_supervisor import Server, ServerSupervisor
-from libs.service import ServiceContext
+from libs.service import ServiceContext, ServiceSpec
 from libs.store import tenants
 from libs.store.eventstore import EventStore
-from libs.store.relay import OutboxRelay
-from services.autoscaler import service as autoscaler_service
-from services.autoscaler.service import AutoscalerSettings
-from services.event_timeline import service as timeline_service
-from services.event_timeline.service import TimelineSettings
-from services.job_orchestrator import service as job_service
-from services.retry_engine import service as retry_service
-from services.retry_engine.service import RetrySettings
-from services.rollout import service as rollout_service
-from services.rollout.service import RolloutSettings
-from services.scheduler import service as scheduler_service
-from services.scheduler.service import SchedulerSettings
+from services.api_gateway import service as gateway_service
 
 log = structlog.get_logger(__name__)
 
@@ -121,7 +109,7 @@ class Platform:
         try:
             js = nc.jetstream()
             await ensure_streams(js)
-            await open_lease_bucket(js, scheduler_service.LEASE_TTL_S)
+            await open_lease_bucket(js, lease_ttl_s())
         finally:
             await nc.drain()
 
@@ -144,7 +132,7 @@ class Platform:
             if s.nats_url:
                 self.nats_url = s.nats_url.get_secret_value()
             else:
-                self._nats = EmbeddedNats(self.home / "nats")
+                self._nats = EmbeddedNats(self.home / "nats", services=nats_users())
                 self._nats.stop_orphans()  # an orphan may hold the saved port
                 port_file = self.home / "nats" / "port"
                 self._nats.port = s.nats_port or saved_or_free_port(port_file, 4222)
@@ -173,13 +161,7 @@ class Platform:
             self._pg.stop()
 
     def jwt_secret(self) -> SecretStr:
-        if self.settings.jwt_secret:
-            return self.settings.jwt_secret
-        path = self.home / "jwt_secret"
-        if not path.exists():
-            path.write_text(secrets.token_urlsafe(48))
-            path.chmod(0o600)
-        return SecretStr(path.read_text().strip())
+        return gateway_service.jwt_secret(self.settings)
 
     async def bootstrap(self) -> dict[str, str]:
         """Create first credentials once; later starts reuse credentials.json."""
@@ -227,26 +209,6 @@ def _write_private(path: Path, text: str) -> None:
     path.chmod(0o600)
 
 
-async def run_gateway(platform: Platform, stop: asyncio.Event) -> None:
-    """The api-gateway: in this process, or as HETEROFLOW_GATEWAY_WORKERS processes."""
-    s = platform.settings
-    settings = s.model_copy(update={"jwt_secret": platform.jwt_secret()})
-    if settings.gateway_workers > 1:
-        workers = gateway.Workers(settings, platform.database_url, platform.url_for(perms.GATEWAY))
-        READINESS.require("api-gateway: workers serving", lambda: workers.ready)
-        await workers.run(stop)
-        return
-    assert platform.store is not None
-    nc = await connect(platform.url_for(perms.GATEWAY), "api-gateway")
-    listening = asyncio.Event()
-    READINESS.require("api-gateway: nats connected", lambda: nc.is_connected)
-    READINESS.require("api-gateway: http listening", listening.is_set)
-    try:
-        await gateway.serve_here(settings, platform.store, nc, stop, started=listening.set)
-    finally:
-        await nc.drain()
-
-
 async def run_node_logins(platform: Platform, stop: asyncio.Event) -> None:
     """Keep the embedded NATS server's node users in step with the registered nodes: a node
     registered through the API can log in within NODE_LOGIN_SYNC_S."""
@@ -256,68 +218,31 @@ async def run_node_logins(platform: Platform, stop: asyncio.Event) -> None:
     await periodic("node_logins", platform.sync_node_logins, stop, NODE_LOGIN_SYNC_S)
 
 
-async def run_relay(platform: Platform, stop: asyncio.Event) -> None:
-    nc = await connect(platform.url_for(perms.RELAY), "outbox-relay")
-    READINESS.require("relay: nats connected", lambda: nc.is_connected)
-    js = nc.jetstream()
-    await ensure_streams(js)
-    async with OutboxRelay(platform.database_url, js) as relay:
-        await relay.run(stop)
-    await nc.drain()
+def service_settings(spec: ServiceSpec, settings: PlatformSettings) -> BaseSettings:
+    """The settings a service runs with: read from the environment, or the platform's own
+    when they extend the service's class (the api-gateway's: `up`'s host, port, secrets)."""
+    return settings if isinstance(settings, spec.Settings) else spec.Settings()
 
 
-async def _open_context(platform: Platform, name: str) -> ServiceContext:
-    ctx = await ServiceContext.open(platform.database_url, platform.url_for(name), name)
-    READINESS.require(f"{name}: nats connected", lambda: ctx.nc.is_connected)
-    return ctx
+def service_runner(spec: ServiceSpec) -> ServiceRunner:
+    """A runner of `spec` in this process: its own store pool and NATS login, as its user."""
 
+    async def run(platform: Platform, stop: asyncio.Event) -> None:
+        settings = service_settings(spec, platform.settings)
+        ctx = await ServiceContext.open(
+            platform.database_url,
+            platform.url_for(spec.nats_user.name),
+            spec.name,
+            pool_max=spec.pool_max(settings),
+        )
+        READINESS.require(f"{spec.name}: nats connected", lambda: ctx.nc.is_connected)
+        try:
+            await spec.run(ctx, stop, settings)
+        finally:
+            await ctx.close()
 
-async def run_scheduler(platform: Platform, stop: asyncio.Event) -> None:
-    ctx = await _open_context(platform, "scheduler")
-    try:
-        await scheduler_service.run(ctx, stop, SchedulerSettings())
-    finally:
-        await ctx.close()
-
-
-async def run_retry_engine(platform: Platform, stop: asyncio.Event) -> None:
-    ctx = await _open_context(platform, "retry-engine")
-    try:
-        await retry_service.run(ctx, stop, RetrySettings())
-    finally:
-        await ctx.close()
-
-
-async def run_job_orchestrator(platform: Platform, stop: asyncio.Event) -> None:
-    ctx = await _open_context(platform, "job-orchestrator")
-    try:
-        await job_service.run(ctx, stop)
-    finally:
-        await ctx.close()
-
-
-async def run_timeline(platform: Platform, stop: asyncio.Event) -> None:
-    ctx = await _open_context(platform, "event-timeline")
-    try:
-        await timeline_service.run(ctx, stop, TimelineSettings())
-    finally:
-        await ctx.close()
-
-
-async def run_autoscaler(platform: Platform, stop: asyncio.Event) -> None:
-    ctx = await _open_context(platform, "autoscaler")
-    try:
-        await autoscaler_service.run(ctx, stop, AutoscalerSettings())
-    finally:
-        await ctx.close()
-
-
-async def run_rollout(platform: Platform, stop: asyncio.Event) -> None:
-    ctx = await _open_context(platform, "rollout")
-    try:
-        await rollout_service.run(ctx, stop, RolloutSettings())
-    finally:
-        await ctx.close()
+    run.__name__ = f"run_{spec.name.replace('-', '_')}"
+    return run
 
 
 async def run_local_agent(platform: Platform, stop: asyncio.Event) -> None:
@@ -408,18 +333,10 @@ async def _serve_services(
     if settings.processes:
         await _serve_processes(platform, creds, stop, ready)
         return
-    runners: list[ServiceRunner] = [
-        run_node_logins,
-        run_relay,
-        run_scheduler,
-        run_retry_engine,
-        run_job_orchestrator,
-        run_timeline,
-        run_autoscaler,
-        run_gateway,
-    ]
-    if settings.rollout_in_up:
-        runners.append(run_rollout)
+    runners: list[ServiceRunner] = [run_node_logins]
+    for spec in SERVICES:
+        if spec.up_flag is None or getattr(settings, spec.up_flag):
+            runners.append(service_runner(spec))
     if settings.local_agent:
         runners.append(run_local_agent)
     tasks = [asyncio.create_task(supervised(r, platform, stop)) for r in runners]
@@ -449,7 +366,7 @@ async def _serve_processes(
         "HETEROFLOW_NATS_URL": platform.nats_url,
         "HETEROFLOW_DATABASE_URL": platform.database_url,
     }
-    kids = children(env, agent=platform.settings.local_agent)
+    kids = children(env, names(), agent=platform.settings.local_agent)
     for kid in kids:  # each logs in to NATS as itself
         if kid.name == "agent":
             url, key = platform.agent_login()
@@ -457,7 +374,7 @@ async def _serve_processes(
             if key is not None:
                 kid.env["HETEROFLOW_AGENT_TOKEN"] = key.get_secret_value()
         else:
-            user = perms.RELAY if kid.name == "relay" else kid.name
+            user = by_name(kid.name).nats_user.name
             kid.env = kid.env | {"HETEROFLOW_NATS_URL": platform.url_for(user)}
     supervisor = Supervisor(kids, platform.home / "processes.json")
     logins = asyncio.create_task(run_node_logins(platform, stop))

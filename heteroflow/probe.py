@@ -2,7 +2,8 @@
 
 On `HETEROFLOW_METRICS_PORT` it serves `/healthz` (the process runs), `/readyz` (200 once the
 process has connected and started its consumers, 503 with what is missing before) and
-`/metrics` (Prometheus). `heteroflow up --processes` waits on every child's `/readyz`.
+`/metrics` (Prometheus). `heteroflow up --processes` waits on every child's `/readyz`. The
+consumers a service waits for are the durables its routes declare (`ServiceSpec.consumers`).
 """
 
 from __future__ import annotations
@@ -21,18 +22,6 @@ from starlette.routing import Route
 from libs.health import READINESS
 from libs.store import health as store_health
 from libs.store.eventstore import EventStore
-
-# The durable consumers each process runs: it is not ready until all of them pull.
-CONSUMERS: dict[str, tuple[str, ...]] = {
-    "api-gateway": (),
-    "relay": (),
-    "scheduler": ("scheduler-dispatch", "scheduler-reports"),
-    "retry-engine": ("retry-engine",),
-    "job-orchestrator": ("job-orchestrator",),
-    "event-timeline": ("event-timeline",),
-    "autoscaler": (),
-    "rollout": (),
-}
 
 
 def agent_consumers(node_id: str) -> tuple[str, ...]:

@@ -1,10 +1,11 @@
 """`heteroflow up --processes`: every service and the local agent as a child process.
 
 The parent keeps what the one-process mode does first (embedded NATS and PostgreSQL, the
-credentials bootstrap), then starts `heteroflow service NAME` for each service and
-`heteroflow agent` with the servers' URLs in their environment, and supervises them: a child
-that dies is started again after a backoff (1 s doubling to 30 s, back to 1 s once a child
-has lived a minute); on shutdown every child gets SIGTERM, and SIGKILL after a grace period.
+credentials bootstrap), then starts `heteroflow service NAME` for each service of
+heteroflow/services.py and `heteroflow agent` with the servers' URLs in their environment,
+and supervises them: a child that dies is started again after a backoff (1 s doubling to 30
+s, back to 1 s once a child has lived a minute); on shutdown every child gets SIGTERM, and
+SIGKILL after a grace period.
 
 Each child serves `/readyz` on a port of its own; the parent says the platform is up once every
 child answers 200, and records who runs where in `<home>/processes.json` (name → pid, probe
@@ -24,6 +25,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,16 +34,6 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-SERVICE_ORDER = (
-    "relay",
-    "scheduler",
-    "retry-engine",
-    "job-orchestrator",
-    "event-timeline",
-    "autoscaler",
-    "rollout",
-    "api-gateway",
-)
 PARENT_PID_ENV = "HETEROFLOW_PARENT_PID"
 STOP_GRACE_S = 20.0
 FIRST_BACKOFF_S = 1.0
@@ -82,10 +74,10 @@ class Child:
         return f"http://127.0.0.1:{self.probe_port}"
 
 
-def children(
-    env: dict[str, str], services: tuple[str, ...] = SERVICE_ORDER, agent: bool = True
-) -> list[Child]:
-    """The children of `up --processes`; `env` carries the URLs and secrets they share."""
+def children(env: dict[str, str], services: Sequence[str], agent: bool = True) -> list[Child]:
+    """The children of `up --processes`, one per service name in `services` (in start order:
+    heteroflow/services.py) and the local agent; `env` carries the URLs and secrets they
+    share."""
     cli = [sys.executable, "-m", "heteroflow.cli"]
     out = [Child(name, [*cli, "service", name], env, free_port()) for name in services]
     if agent:

@@ -71,20 +71,9 @@ def settings_table(
 def up_settings() -> str:
     from agent.settings import AgentSettings
     from heteroflow.platform import PlatformSettings
-    from services.autoscaler.service import AutoscalerSettings
-    from services.event_timeline.service import TimelineSettings
-    from services.retry_engine.service import RetrySettings
-    from services.rollout.service import RolloutSettings
-    from services.scheduler.service import SchedulerSettings
+    from heteroflow.services import SERVICES
 
-    classes = (
-        PlatformSettings,
-        SchedulerSettings,
-        RetrySettings,
-        TimelineSettings,
-        AutoscalerSettings,
-        RolloutSettings,
-    )
+    classes: list[type[BaseSettings]] = [PlatformSettings, *(spec.Settings for spec in SERVICES)]
     seen: set[str] = set()
     return "\n\n".join(
         [

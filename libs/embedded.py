@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,16 +67,18 @@ def nats_server_binary() -> str:
 class EmbeddedNats:
     """A nats-server child process with JetStream under `root`.
 
-    Users: the admin (`heteroflow`) and one per service, with passwords generated once and
-    kept in `users.json` (0600), plus one per registered node (`agent-<node_id>`, bcrypt hash
-    from the store), each with the permissions of libs/bus/permissions.py. `set_nodes`
-    rewrites the configuration and has the running server reload it.
+    Users: the admin (`heteroflow`) and one per service of `services`
+    (heteroflow/services.py hands them over), with passwords generated once and kept in
+    `users.json` (0600), plus one per registered node (`agent-<node_id>`, bcrypt hash from
+    the store), each with the permissions of libs/bus/permissions.py. `set_nodes` rewrites
+    the configuration and has the running server reload it.
     """
 
     root: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     nodes: dict[str, str] = field(default_factory=dict)  # node id -> bcrypt hash
+    services: Sequence[perms.NatsUser] = ()
     # set_nodes (the node-login sync) and a restart by the supervisor run in worker threads:
     # one writes the configuration file at a time.
     _conf_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -89,7 +92,7 @@ class EmbeddedNats:
         users: dict[str, str] = {}
         if self.users_file.exists():
             users = json.loads(self.users_file.read_text())
-        missing = [u for u in (perms.ADMIN, *perms.SERVICE_USERS) if u not in users]
+        missing = [u for u in (perms.ADMIN, *(s.name for s in self.services)) if u not in users]
         if missing:
             users |= {name: secrets.token_urlsafe(24) for name in missing}
             self.root.mkdir(parents=True, exist_ok=True)
@@ -111,12 +114,16 @@ class EmbeddedNats:
         return f"nats://127.0.0.1:{self.port}"
 
     def config(self) -> str:
-        users: list[dict[str, Any]] = []
-        for name, password in self.users().items():
-            entry: dict[str, Any] = {"user": name, "password": password}
-            if name != perms.ADMIN:
-                entry["permissions"] = perms.service_permissions(name)
-            users.append(entry)
+        passwords = self.users()
+        users: list[dict[str, Any]] = [{"user": perms.ADMIN, "password": passwords[perms.ADMIN]}]
+        for service in self.services:
+            users.append(
+                {
+                    "user": service.name,
+                    "password": passwords[service.name],
+                    "permissions": perms.service_permissions(service),
+                }
+            )
         for node_id, bcrypt_hash in sorted(self.nodes.items()):
             users.append(
                 {

@@ -6,10 +6,11 @@ external cluster can copy them.
 
 * `heteroflow` (ADMIN): everything. `up` declares the streams and the lease bucket with it;
   the ops commands use it. Nobody else may administer streams.
-* services (`SERVICE_USERS`): the JetStream API except stream administration; only
-  `scheduler` may publish node commands, only `outbox-relay` domain events, only
-  `api-gateway` the router's figures (the AutoScaler's input, read by `autoscaler`); no
-  service may publish as a node (reports, heartbeats, telemetry).
+* a service (`NatsUser`, declared by each service's `ServiceSpec`, listed in
+  heteroflow/services.py): the JetStream API except stream administration; the subjects of
+  `RESTRICTED` only where its user names them in `may_publish` (node commands: the
+  scheduler; domain events: the outbox relay; the router's figures, the AutoScaler's input:
+  the api-gateway); no service may publish as a node (reports, heartbeats, telemetry).
 * an agent (`agent-<node_id>`, allow-list): publish its own report, heartbeat and telemetry
   subjects, create and read its own command consumer (the create subject names the filter,
   so the consumer cannot be pointed at another node's commands), pull from it and
@@ -19,24 +20,12 @@ external cluster can copy them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .subjects import EVENTS_PREFIX, NODE_PREFIX, NODE_STREAM, SERVING_PREFIX, escape_token
 
 ADMIN = "heteroflow"
-GATEWAY = "api-gateway"
-RELAY = "outbox-relay"
-SCHEDULER = "scheduler"
-SERVICE_USERS: tuple[str, ...] = (
-    GATEWAY,
-    RELAY,
-    SCHEDULER,
-    "retry-engine",
-    "event-timeline",
-    "job-orchestrator",
-    "autoscaler",
-    "rollout",
-)
 
 # Stream administration: create, change, delete, purge, edit messages, snapshot/restore,
 # move leaders. Reads (INFO, NAMES, LIST, MSG.GET, DIRECT.GET) stay open to services.
@@ -63,6 +52,21 @@ NODE_OWN_SUBJECTS = tuple(
 )
 EVENTS = f"{EVENTS_PREFIX}.>"
 SERVING_METRICS = f"{SERVING_PREFIX}.*.metrics"
+# Subjects a service may publish on only when its user names them.
+RESTRICTED: tuple[str, ...] = (NODE_COMMANDS, EVENTS, SERVING_METRICS)
+
+
+@dataclass(frozen=True)
+class NatsUser:
+    """A service's NATS user: its name and the `RESTRICTED` subjects it may publish on."""
+
+    name: str
+    may_publish: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.may_publish) - set(RESTRICTED)
+        if unknown:
+            raise ValueError(f"{self.name}: not a restricted subject: {sorted(unknown)}")
 
 
 def nats_user(node_id: str) -> str:
@@ -80,14 +84,9 @@ def agent_inbox_prefix(node_id: str) -> str:
     return f"_INBOX_{escape_token(node_id)}"
 
 
-def service_permissions(user: str) -> dict[str, Any]:
+def service_permissions(user: NatsUser) -> dict[str, Any]:
     deny = [*STREAM_ADMIN, *NODE_OWN_SUBJECTS]
-    if user != SCHEDULER:
-        deny.append(NODE_COMMANDS)
-    if user != RELAY:
-        deny.append(EVENTS)
-    if user != GATEWAY:
-        deny.append(SERVING_METRICS)
+    deny += [subject for subject in RESTRICTED if subject not in user.may_publish]
     return {"publish": {"deny": deny}}
 
 

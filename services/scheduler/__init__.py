@@ -1,12 +1,13 @@
-"""Placement: a ClusterSnapshot in, a Plan out, no I/O inside (see docs/scheduling.md).
-
-`model` holds the values, `feasibility` the per-node checks, `scoring` the ranking,
-`planner` the evaluation loop with preemption and gangs, `reasons` the named reasons.
-`index`, `ledger` and `search` keep large fleets cheap: node classes, free-card buckets, and
-the walk that checks only the nodes that can fit (see docs/scheduling.md, "Large fleets").
+"""The scheduler service: places tasks (the pure core, `placement/`: a ClusterSnapshot in,
+a Plan out, no I/O inside; docs/scheduling.md), dispatches them to the nodes and applies the
+nodes' reports (`handlers/`), and runs the leader-only loops (`controllers/`). The
+placement's values are re-exported here; `SERVICE` is built on first use, so importing the
+placement imports none of the service's I/O modules.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .placement import (
     Allocation,
@@ -25,6 +26,12 @@ from .placement import (
 )
 from .placement.reasons import Reason
 
+if TYPE_CHECKING:
+    from libs.service import ServiceSpec
+
+    SERVICE: ServiceSpec
+
+
 __all__ = [
     "Allocation",
     "ClusterSnapshot",
@@ -41,3 +48,23 @@ __all__ = [
     "Unplaced",
     "plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "SERVICE":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from libs.bus import permissions as perms
+    from libs.service import ServiceSpec, documented
+
+    from . import service
+
+    spec = ServiceSpec(
+        name="scheduler",
+        Settings=service.SchedulerSettings,
+        run=service.run,
+        routes=documented(service.routes),
+        nats_user=perms.NatsUser("scheduler", may_publish=(perms.NODE_COMMANDS,)),
+        lease_ttl_s=service.LEASE_TTL_S,
+    )
+    globals()["SERVICE"] = spec
+    return spec

@@ -18,6 +18,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from heteroflow.services import nats_users
 from libs.bus import permissions as perms
 from libs.bus import subjects as s
 from libs.bus.nats import ensure_durable_consumer, ensure_streams
@@ -33,7 +34,7 @@ DENIED = "permissions violation"
 async def server() -> AsyncIterator[EmbeddedNats]:
     """The server as `up` runs it: two registered nodes, streams declared by the admin."""
     root = Path(tempfile.mkdtemp(prefix="hf-nats-perms-"))
-    srv = EmbeddedNats(root / "nats")
+    srv = EmbeddedNats(root / "nats", services=nats_users())
     srv.nodes = {n: bcrypt.hashpw(k.encode(), bcrypt.gensalt(4)).decode() for n, k in KEYS.items()}
     srv.start()
     admin = await nats.connect(srv.url)
@@ -148,15 +149,15 @@ async def test_an_agent_key_logs_in_only_as_its_node(server: EmbeddedNats) -> No
 @pytest.mark.parametrize(
     ("user", "subject", "allowed"),
     [
-        (perms.SCHEDULER, s.node_command_subject("n2"), True),
-        (perms.GATEWAY, s.node_command_subject("n2"), False),
+        ("scheduler", s.node_command_subject("n2"), True),
+        ("api-gateway", s.node_command_subject("n2"), False),
         ("retry-engine", s.node_command_subject("n2"), False),
-        (perms.RELAY, s.event_subject("task", "t2", "task_created"), True),
-        (perms.SCHEDULER, s.event_subject("task", "t2", "task_created"), False),
+        ("outbox-relay", s.event_subject("task", "t2", "task_created"), True),
+        ("scheduler", s.event_subject("task", "t2", "task_created"), False),
         ("event-timeline", s.event_subject("task", "t2", "task_created"), False),
-        (perms.SCHEDULER, s.node_report_subject("n2"), False),
-        (perms.GATEWAY, s.node_logs_subject("n2"), True),
-        (perms.GATEWAY, s.serving_metrics_subject("grp-1"), True),
+        ("scheduler", s.node_report_subject("n2"), False),
+        ("api-gateway", s.node_logs_subject("n2"), True),
+        ("api-gateway", s.serving_metrics_subject("grp-1"), True),
         ("autoscaler", s.serving_metrics_subject("grp-1"), False),
     ],
 )
@@ -173,7 +174,7 @@ async def test_services_publish_only_what_is_theirs(
             await c.denied(f'"{subject}"')
 
 
-@pytest.mark.parametrize("user", perms.SERVICE_USERS)
+@pytest.mark.parametrize("user", [u.name for u in nats_users()])
 async def test_only_the_admin_administers_streams(server: EmbeddedNats, user: str) -> None:
     async with service(server, user) as c:
         js = c.nc.jetstream()

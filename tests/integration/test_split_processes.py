@@ -1,5 +1,5 @@
-"""The split mode: `heteroflow up --processes` runs api-gateway, relay, scheduler,
-retry-engine, event-timeline and the local agent as separate processes. A task created over
+"""The split mode: `heteroflow up --processes` runs each service of heteroflow/services.py
+and the local agent as separate processes. A task created over
 HTTP runs to completion in a real container; a scheduler killed with SIGKILL while work is in
 flight is replaced by the supervisor, and every task still completes exactly once."""
 
@@ -25,6 +25,7 @@ import psutil
 import psycopg
 import pytest
 
+from heteroflow.services import names
 from libs.embedded import EmbeddedNats
 
 from . import web
@@ -33,17 +34,7 @@ from .conftest import requires_docker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker, requires_docker]
 
-CHILDREN = {
-    "relay",
-    "scheduler",
-    "retry-engine",
-    "job-orchestrator",
-    "event-timeline",
-    "autoscaler",
-    "rollout",
-    "api-gateway",
-    "agent",
-}
+CHILDREN = {*names(), "agent"}
 HAPPY_PATH = ["pending", "scheduled", "starting", "running", "completed"]
 # A report the killed scheduler had fetched but not acknowledged comes back only after the
 # consumer's ack wait; the new scheduler may meanwhile apply the next report of the same task

@@ -80,10 +80,10 @@ def test_every_container_is_probed_and_requests_resources(doc: dict[str, Any]) -
 
 
 def test_one_deployment_per_service() -> None:
-    from heteroflow.cli import SERVICES
+    from heteroflow.services import names
 
     deployments = by_kind("Deployment")
-    for name in SERVICES:
+    for name in names():
         args = deployments[f"heteroflow-{name}"]["spec"]["template"]["spec"]["containers"][0]
         assert args["args"] == ["service", name]
     assert deployments["heteroflow-api-gateway"]["spec"]["replicas"] >= 2

@@ -1,0 +1,180 @@
+"""One list of services (heteroflow/services.py), and nothing else that lists them.
+
+Every package under services/ exports a `SERVICE` that is in `SERVICES`; no other module
+holds a literal collection of two or more service names (a second list is a list that drifts);
+the deployment manifests run exactly the services of the list; the NATS permissions built
+from the specs are the ones the platform promises (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from heteroflow.services import SERVICES, by_name, lease_ttl_s, names, nats_users
+from libs.bus import permissions as perms
+
+ROOT = Path(__file__).resolve().parents[2]
+REGISTRY = ROOT / "heteroflow" / "services.py"
+# The platform's code. (bench/ builds control planes of its own and names their connections.)
+SCANNED = ("libs", "services", "agent", "heteroflow", "deploy")
+
+
+def test_every_service_package_is_in_the_list() -> None:
+    packages = sorted(p.parent.name for p in (ROOT / "services").glob("*/__init__.py"))
+    listed = [spec.name for spec in SERVICES]
+    assert len(set(listed)) == len(listed), listed
+    for package in packages:
+        spec = importlib.import_module(f"services.{package}").SERVICE
+        assert spec in SERVICES, f"services/{package} is not in heteroflow/services.py"
+        assert by_name(spec.name) is spec
+    assert len(packages) == len(SERVICES)
+
+
+def _service_names() -> set[str]:
+    return {*names(), *(user.name for user in nats_users())}
+
+
+def _literal_lists(path: Path, known: set[str]) -> Iterator[tuple[int, list[str]]]:
+    """(line, names) of each tuple, list, set or dict in `path` whose literal strings (the
+    keys, for a dict) name two or more services."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        items: list[ast.expr | None]
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            items = list(node.elts)
+        elif isinstance(node, ast.Dict):
+            items = list(node.keys)
+        else:
+            continue
+        found = [
+            i.value
+            for i in items
+            if isinstance(i, ast.Constant) and isinstance(i.value, str) and i.value in known
+        ]
+        if len(found) >= 2:
+            yield node.lineno, found
+
+
+def _other_lists(root: Path, known: set[str]) -> list[str]:
+    return [
+        f"{path.relative_to(root)}:{line}: {found}"
+        for package in SCANNED
+        for path in sorted((root / package).rglob("*.py"))
+        if path != root / REGISTRY.relative_to(ROOT) and ".venv" not in path.parts
+        for line, found in _literal_lists(path, known)
+    ]
+
+
+def test_nothing_else_lists_services() -> None:
+    assert _other_lists(ROOT, _service_names()) == []
+
+
+def test_the_check_catches_a_second_list(tmp_path: Path) -> None:
+    """The rule above is only worth having if a new copied list turns it red."""
+    (tmp_path / "heteroflow").mkdir()
+    (tmp_path / "heteroflow" / "x.py").write_text(
+        'ORDER = ("relay", "scheduler")\nUSERS = {"scheduler": 1, "api-gateway": 2}\n'
+        'ONE = ("scheduler",)\n'
+    )
+    found = _other_lists(tmp_path, {"relay", "scheduler", "api-gateway"})
+    assert [line.split(":")[1] for line in found] == ["1", "2"]
+
+
+def _compose_services() -> set[str]:
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    return {
+        svc["command"][1]
+        for svc in compose["services"].values()
+        if isinstance(svc.get("command"), list) and svc["command"][:1] == ["service"]
+    }
+
+
+def _kubernetes_services() -> set[str]:
+    found: set[str] = set()
+    for path in sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") != "Deployment":
+                continue
+            containers: list[dict[str, Any]] = doc["spec"]["template"]["spec"]["containers"]
+            found |= {c["args"][1] for c in containers if c.get("args", [])[:1] == ["service"]}
+    return found
+
+
+@pytest.mark.parametrize(
+    "manifest", [_compose_services, _kubernetes_services], ids=["compose", "k8s"]
+)
+def test_the_manifests_run_exactly_the_services(manifest: Any) -> None:
+    assert manifest() == set(names())
+
+
+@pytest.mark.parametrize(
+    ("subject", "publishers"),
+    [
+        (perms.NODE_COMMANDS, {"scheduler"}),
+        (perms.EVENTS, {"outbox-relay"}),
+        (perms.SERVING_METRICS, {"api-gateway"}),
+    ],
+    ids=["node-commands", "domain-events", "router-figures"],
+)
+def test_only_its_service_publishes_a_restricted_subject(
+    subject: str, publishers: set[str]
+) -> None:
+    allowed = {
+        user.name
+        for user in nats_users()
+        if subject not in perms.service_permissions(user)["publish"]["deny"]
+    }
+    assert allowed == publishers
+
+
+def test_no_service_publishes_as_a_node_or_administers_streams() -> None:
+    for user in nats_users():
+        deny = perms.service_permissions(user)["publish"]["deny"]
+        assert {*perms.STREAM_ADMIN, *perms.NODE_OWN_SUBJECTS} <= set(deny), user.name
+
+
+def test_a_user_may_name_only_restricted_subjects() -> None:
+    with pytest.raises(ValueError, match="not a restricted subject"):
+        perms.NatsUser("x", may_publish=("hf.node.*.report",))
+
+
+def test_the_leading_services_share_the_lease_bucket_ttl() -> None:
+    leaders = {spec.name for spec in SERVICES if spec.lease_ttl_s is not None}
+    assert leaders == {"scheduler", "autoscaler", "rollout"}
+    assert lease_ttl_s() > 0
+
+
+def test_readiness_waits_for_the_durables_the_routes_declare() -> None:
+    consumers = {spec.name: spec.consumers() for spec in SERVICES}
+    assert consumers["scheduler"] == ("scheduler-dispatch", "scheduler-reports")
+    assert consumers["retry-engine"] == ("retry-engine",)
+    assert consumers["api-gateway"] == ()
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import services.scheduler.placement",
+        "import services.retry_engine.decide",
+        "from heteroflow.cli import build_parser; build_parser()",
+    ],
+    ids=["placement", "retry-decide", "cli-parser"],
+)
+def test_a_pure_import_loads_no_service(code: str) -> None:
+    """`SERVICE` is built on first use: a pure module of a service package, or the CLI's
+    parser, does not import the service modules (nor their I/O libraries)."""
+    check = (
+        f"{code}\nimport sys\n"
+        "loaded = [m for m in sys.modules if m.endswith('.service') and m.startswith('services')]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", check], cwd=ROOT, check=True, timeout=60)
