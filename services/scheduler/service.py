@@ -19,7 +19,7 @@ from . import view
 from .controllers.groups import GroupController, policy_from
 from .controllers.node_monitor import NodeMonitor
 from .controllers.placement import PlacementController, Placer
-from .dispatch import Dispatcher
+from .handlers.dispatch import Dispatcher
 from .handlers.reports import ReportHandler
 from .handlers.wake import PlacerWake
 from .routes import routes

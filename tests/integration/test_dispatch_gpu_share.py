@@ -22,7 +22,7 @@ from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
-from services.scheduler.dispatch import Dispatcher
+from services.scheduler.handlers.dispatch import Dispatcher
 
 pytestmark = pytest.mark.integration
 

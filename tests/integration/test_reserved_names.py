@@ -26,7 +26,7 @@ from libs.store.projections import NODES
 from libs.store.replay import rebuild
 from services.job_orchestrator.service import Orchestrator
 from services.scheduler.controllers.groups import GroupController
-from services.scheduler.dispatch import Dispatcher
+from services.scheduler.handlers.dispatch import Dispatcher
 
 from .helpers import Api, complete
 

@@ -23,7 +23,7 @@ from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import Task, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
-from services.scheduler.dispatch import Dispatcher
+from services.scheduler.handlers.dispatch import Dispatcher
 from services.scheduler.handlers.reports import ReportHandler
 
 pytestmark = pytest.mark.integration
