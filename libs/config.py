@@ -146,9 +146,6 @@ class GatewaySettings(CommonSettings):
     serve_adopt_interval_s: float = Field(
         default=30.0, gt=0, description="how often the router looks for serving targets to watch"
     )
-    serve_idle_minute_s: float = Field(
-        default=60.0, gt=0, description="seconds in one minute of idle_timeout_minutes (tests)"
-    )
 
     def task_defaults(self) -> dict[str, object]:
         """Configured values of the task fields whose default is configuration."""

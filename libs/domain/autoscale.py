@@ -3,7 +3,7 @@
 `auto_scale: {metric, target, min_replicas, max_replicas, cooldown_up_s, cooldown_down_s}`.
 Target replicas = ceil(current × metric / target), clamped to [min, max]. Every outcome,
 "no change" included, carries a reason code a program can read (the AutoScaler service,
-services/autoscaler/scaler.py, records each decision as an event).
+services/autoscaler/controllers/scaler.py, records each decision as an event).
 
 The router's figures are totals per target; `metric_value` turns them into the per-replica
 value the formula expects, so a `qps` target of 50 asks for one replica per 50 requests/s.

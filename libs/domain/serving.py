@@ -95,8 +95,9 @@ class ServingMetrics(BaseModel):
     queued_requests: int
     replicas: int
     ready_replicas: int
-    # Seconds since this gateway routed its last request to the target (None: never). The
-    # other gateway processes take it into their idle judgement.
+    # Seconds since this gateway's last request for the target began or ended, or since it
+    # began watching the target when it has routed none (None: not measured). The
+    # idle-sleep controller sleeps a target idle at every router for its timeout.
     idle_s: float | None = None
     at: datetime
     # Requests in flight on each replica (task id → count, zeros left out): the rollout

@@ -7,15 +7,18 @@ transaction of the events they fold; this module is where every read of them liv
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
+from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from libs.domain.errors import DomainError, NotFound
+from libs.domain.events import Payload
 from libs.domain.states import GPU_HOLDING, TaskStatus
 from libs.domain.task import Task
 
-from .eventstore import EventStore
+from .eventstore import EventStore, Step
 from .pool import contains, page_of, rows
 from .types import TaskQuery
 
@@ -275,3 +278,87 @@ async def nodes_of(store: EventStore, ids: Sequence[str]) -> dict[str, tuple[str
         [list(ids)],
     )
     return {r["id"]: (r["node_id"], r["attempt"] or 0) for r in found}
+
+
+# --- commands that depend on the host --------------------------------------------------
+
+# A task command that needs to know whether the task's node is online (libs/domain/
+# serving_control.py: a wake, the end of a stop on a lost host).
+HostDecide = Callable[[Task, bool], Sequence[Payload]]
+
+_LOCK_WITH_NODE = (
+    "SELECT t.id, t.tenant_id, t.deleted_at IS NOT NULL AS deleted, n.status AS node_status"
+    " FROM tasks t LEFT JOIN nodes n ON n.id = t.node_id"
+    " WHERE t.id = ANY(%s) ORDER BY t.id FOR UPDATE OF t"
+)
+
+
+async def _lock_with_node(
+    conn: AsyncConnection[Any], ids: Sequence[str], tenant_id: str | None
+) -> dict[str, bool]:
+    """Lock the visible rows of `ids` and read, in the same statement, whether each one's
+    node is online: task id → online. While the row is locked its placement cannot move,
+    so the answer holds until the caller's commit."""
+    cur = await conn.execute(_LOCK_WITH_NODE, (sorted(ids),))
+    online: dict[str, bool] = {}
+    for task_id, tenant, deleted, node_status in await cur.fetchall():
+        if deleted or (tenant_id is not None and tenant != tenant_id):
+            continue
+        online[task_id] = node_status == "online"
+    return online
+
+
+def _bind(decide: HostDecide, online: bool) -> Callable[[Task], Sequence[Payload]]:
+    return lambda task: decide(task, online)
+
+
+async def execute_by_host(
+    store: EventStore,
+    task_id: str,
+    *decides: HostDecide,
+    tenant_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Task:
+    """Run `decides` on one task in one transaction, each given whether the task's node is
+    online as read under the task's row lock, each deciding on the task as the one before
+    left it. Any refusal raises and nothing is written. Another tenant's or a deleted task
+    is NotFound. Returns the task after the events."""
+    async with store.pool.connection() as conn, conn.transaction():
+        await store._guard(conn, None, None)  # a controller term's fence, when in one
+        online = await _lock_with_node(conn, [task_id], tenant_id)
+        if task_id not in online:
+            raise NotFound("task")
+        steps: list[Step] = [(task_id, _bind(d, online[task_id]), metadata) for d in decides]
+        outcomes = await store._steps(conn, steps, None, {}, include_deleted=False)
+        for outcome in outcomes:
+            if isinstance(outcome, DomainError):
+                raise outcome  # rolls the whole transaction back
+        last = outcomes[-1]
+        assert isinstance(last, Task)
+        return last
+
+
+async def execute_batch_by_host(
+    store: EventStore, decisions: dict[str, HostDecide], *, metadata: dict[str, Any] | None = None
+) -> tuple[dict[str, Task], dict[str, DomainError]]:
+    """`execute_by_host` for many tasks in one transaction (a target's sleeping replicas):
+    a command that is refused is left out and reported, the others commit together."""
+    done: dict[str, Task] = {}
+    refused: dict[str, DomainError] = {}
+    async with store.pool.connection() as conn, conn.transaction():
+        await store._guard(conn, None, None)
+        online = await _lock_with_node(conn, list(decisions), None)
+        steps: list[Step] = [
+            (task_id, _bind(decide, online[task_id]), metadata)
+            for task_id, decide in decisions.items()
+            if task_id in online
+        ]
+        outcomes = await store._steps(conn, steps, None, {}, include_deleted=False)
+        for (task_id, _, _), outcome in zip(steps, outcomes, strict=True):
+            if isinstance(outcome, DomainError):
+                refused[task_id] = outcome
+            else:
+                done[task_id] = outcome
+    for task_id in decisions.keys() - online.keys():
+        refused[task_id] = NotFound("task")
+    return done, refused

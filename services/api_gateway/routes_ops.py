@@ -16,16 +16,15 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from libs import auth
 from libs.bus.subjects import node_logs_subject
-from libs.domain import commands
 from libs.domain.errors import Code, DomainError
 from libs.domain.history import retry_history
-from libs.domain.lending import decide_wake
-from libs.domain.node import Node, NodeStatus
 from libs.domain.protocol import LogsReply, LogsRequest
 from libs.domain.reasons import ReasonCode
+from libs.domain.serving_control import decide_wake
 from libs.domain.states import TERMINAL, TaskStatus
 from libs.domain.task import Task
 from libs.store import nodes as node_rows
+from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, payload_of
 
 from . import timeline
@@ -39,12 +38,6 @@ router = APIRouter(prefix="/api/v1", tags=["operations"])
 S = TaskStatus
 WAKE_WAIT_S = 10.0
 LOG_REQUEST_TIMEOUT_S = 5.0
-
-
-async def _node(store: EventStore, node_id: str | None) -> Node | None:
-    if not node_id:
-        return None
-    return await node_rows.get(store, node_id)
 
 
 WAKE_ACCEPTED: dict[int | str, dict[str, Any]] = {
@@ -65,28 +58,15 @@ async def wake_task(task_id: str, principal: Principal, store: Store) -> JSONRes
             Code.INVALID_STATUS_FOR_OPERATION,
             f"task is not sleeping, current status: {task.status.value}",
         )
-    node = await _node(store, task.node_id)
-    if node is None or node.status is not NodeStatus.ONLINE:
-        # The host is gone: run it again elsewhere; the caller need not retry.
-        await store.execute(
-            task_id,
-            lambda t: commands.decide_transition(
-                t,
-                S.PENDING,
-                actor=actor,
-                expected_status=S.SLEEPING,
-                reason_code=ReasonCode.HOST_OFFLINE_ON_WAKE,
-                reason="wake: host offline",
-                clear_placement=True,
-            ),
-            tenant_id=scope,
-        )
-        return _rescheduling(task_id)
-    task = await store.execute(
+    # The host's status is read under the task's lock, in the transaction of the wake.
+    task = await task_rows.execute_by_host(
+        store,
         task_id,
-        lambda t: decide_wake(t, actor, ReasonCode.USER_WAKE, "wake requested"),
+        lambda t, online: decide_wake(t, online, actor, ReasonCode.USER_WAKE, "wake requested"),
         tenant_id=scope,
     )
+    if task.status is S.PENDING:  # the host is gone: run it again elsewhere, no retry needed
+        return _rescheduling(task_id)
     if task.wake_queued:
         return _queued(task)
     task = await _wait_for(store, task_id, {S.RUNNING, S.PENDING}, WAKE_WAIT_S)

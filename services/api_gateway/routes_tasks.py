@@ -16,8 +16,8 @@ from libs.auth import Principal as PrincipalT
 from libs.auth import Role
 from libs.domain import commands
 from libs.domain.errors import Code, DomainError
-from libs.domain.node import NodeStatus
 from libs.domain.reasons import ReasonCode
+from libs.domain.serving_control import decide_stop_on_lost_host
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.task import (
     REPORT_FIELDS,
@@ -30,9 +30,7 @@ from libs.domain.task import (
     tenant_allow_list,
 )
 from libs.domain.validation import REPORT_TEXT_MAX
-from libs.store import nodes as node_rows
 from libs.store import tasks as task_rows
-from libs.store.eventstore import EventStore
 from libs.store.types import TaskQuery
 
 from . import request_docs
@@ -223,51 +221,31 @@ async def _report(store: Store, task_id: str, principal: PrincipalT, body: dict[
 @router.delete("/{task_id}")
 async def delete_task(task_id: str, principal: Principal, store: Store) -> dict[str, Any]:
     actor = actor_of(principal)
-    task = await store.execute(
+    task = await task_rows.execute_by_host(
+        store,
         task_id,
-        lambda t: commands.decide_delete(t, actor),
+        lambda t, _online: commands.decide_delete(t, actor),
+        decide_stop_on_lost_host,
         tenant_id=tenant_scope(principal),
         metadata={"principal": principal.subject},
     )
-    task = await end_on_lost_host(store, task)
     return operation_view(task, "task deleted")
 
 
 @router.post("/{task_id}/stop")
 async def stop_task(task_id: str, principal: Principal, store: Store) -> dict[str, Any]:
     actor = actor_of(principal)
-    task = await store.execute(
+    # A task told to stop on a node that is offline ends `stopped` in the same transaction:
+    # no agent is there to report it (SPEC §3: `stopping` ends in place on node loss).
+    task = await task_rows.execute_by_host(
+        store,
         task_id,
-        lambda t: commands.decide_stop(t, actor),
+        lambda t, _online: commands.decide_stop(t, actor),
+        decide_stop_on_lost_host,
         tenant_id=tenant_scope(principal),
         metadata={"principal": principal.subject},
     )
-    task = await end_on_lost_host(store, task)
     return operation_view(task, stop_message(task))
-
-
-async def end_on_lost_host(store: EventStore, task: Task) -> Task:
-    """A task told to stop on a node that is offline ends `stopped` now: no agent is there to
-    report it (SPEC §3: `stopping` ends in place on node loss)."""
-    if task.status is not TaskStatus.STOPPING or not task.node_id:
-        return task
-    node = await node_rows.get(store, task.node_id)
-    if node is not None and node.status is NodeStatus.ONLINE:
-        return task
-    why = f"node {task.node_id} is offline: nothing is left to stop"
-    return await store.execute(
-        task.id,
-        lambda t: commands.decide_transition(
-            t,
-            TaskStatus.STOPPED,
-            actor=Actor.CONTROLLER,
-            expected_status=TaskStatus.STOPPING,
-            reason_code=ReasonCode.NODE_LOST,
-            reason=why,
-            error=why,
-        ),
-        include_deleted=True,
-    )
 
 
 def stop_message(task: Task) -> str:

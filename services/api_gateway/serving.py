@@ -1,11 +1,14 @@
 """The serving router's state: targets, their replicas and readiness, the request figures,
-idle sleep and wake on request (docs/serving.md).
+and the wake on request (docs/serving.md).
 
 A target is an inference group (`grp-…`) or a single task that declares `serving`. The
 router learns a target on its first request, then a background loop per target re-reads its
 members from the store, probes each running replica's `health_path` (ready only after a
-2xx), and sleeps the target once it has had no request for its `idle_timeout_minutes`. The
-proxying itself is in routes_serve.py.
+2xx) and publishes the target's figures on the bus. The router routes and measures; it
+decides nothing on its own: idle sleep is the autoscaler's idle-sleep controller, judged
+from these figures (services/autoscaler/controllers/idle_sleep.py), and the wake a request
+asks for is one transaction of the pure `decide_wake` (libs/domain/serving_control.py).
+The proxying itself is in routes_serve.py.
 """
 
 from __future__ import annotations
@@ -24,23 +27,17 @@ import structlog
 from nats.aio.client import Client
 from prometheus_client import Counter, Gauge
 
-from libs.bus.broker import serve
 from libs.bus.subjects import serving_metrics_subject
 from libs.config import GatewaySettings
-from libs.domain import commands
 from libs.domain.errors import Code, DomainError, NotFound
-from libs.domain.group import current_members
-from libs.domain.lending import decide_wake
 from libs.domain.reasons import ReasonCode
 from libs.domain.serving import Replica, RequestWindow, ServingMetrics, ServingSpec, pick
+from libs.domain.serving_control import decide_wake, serving_replicas
 from libs.domain.states import TERMINAL, Actor, TaskStatus
 from libs.domain.task import Task
 from libs.store import groups as group_rows
-from libs.store import nodes as node_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
-
-from .bus import routes
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -57,6 +54,9 @@ SERVE_QUEUED = Gauge(
     "heteroflow_serve_queued_requests", "Requests held for a ready replica", ["target"]
 )
 SERVE_READY = Gauge("heteroflow_serve_ready_replicas", "Replicas passing health", ["target"])
+# A request after this long without one is published at once, not at the next interval:
+# the idle-sleep controller must not take a target that has just been asked for as idle.
+ANNOUNCE_AFTER_S = 1.0
 
 
 class ServeUnavailable(DomainError):
@@ -77,7 +77,9 @@ class Target:
     window: RequestWindow
     replicas: dict[str, Replica] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # The last request's start or end here, or when this router began watching the target.
     last_activity: float = field(default_factory=time.monotonic)
+    announced: float = float("-inf")  # the `last_activity` of the last figures published
     loop: asyncio.Task[None] | None = None
     waking: bool = False
 
@@ -100,6 +102,7 @@ class ServingRouter:
         self.nc = nc
         self.gateway = f"{socket.gethostname()}:{os.getpid()}"
         self.targets: dict[str, Target] = {}
+        self._announcing: set[asyncio.Task[None]] = set()
         self.clock: Callable[[], float] = time.monotonic
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
         timeout = httpx.Timeout(settings.serve_upstream_timeout_s, connect=5.0)
@@ -110,6 +113,8 @@ class ServingRouter:
         for t in self.targets.values():
             if t.loop:
                 t.loop.cancel()
+        for job in list(self._announcing):
+            job.cancel()
         await self.client.aclose()
         await self._probe.aclose()
 
@@ -122,7 +127,7 @@ class ServingRouter:
                 raise NotFound("serving target")
             tasks = await task_rows.of_group(self.store, target_id, include_deleted=False)
             spec = group.spec.template
-            return group.tenant_id, spec.serving, spec.idle_timeout_minutes, _serving(tasks)
+            return group.tenant_id, spec.serving, spec.idle_timeout_minutes, serving_replicas(tasks)
         try:
             task = await self.store.get_task(target_id)
         except NotFound:
@@ -149,6 +154,7 @@ class ServingRouter:
                 if t.loop is None:
                     t.loop = asyncio.create_task(self._watch(t))
                     await self._refresh(t)
+                    self._announce(t)  # watched from now: not idle since before
         if tenant is not None and tenant != t.tenant_id:
             raise NotFound("serving target")
         if t.serving is None:
@@ -193,8 +199,8 @@ class ServingRouter:
         r.ready, r.last_error = ok, "" if ok else why
 
     async def _watch(self, t: Target) -> None:
-        """Refresh, probe and judge idleness every probe interval, while the target lives;
-        export and publish the figures every metrics interval."""
+        """Refresh and probe every probe interval, while the target lives; export and
+        publish the figures every metrics interval."""
         published = self.clock()
         while True:
             await asyncio.sleep(self.settings.serve_probe_interval_s)
@@ -206,7 +212,6 @@ class ServingRouter:
                     if not (t.window.concurrent or t.window.queued):
                         self._forget(t)  # ended: a later request learns it afresh
                         return
-                await self._idle_check(t)
                 if self.clock() - published >= self.settings.serve_metrics_interval_s:
                     published = self.clock()
                     await self.publish(t)
@@ -238,7 +243,7 @@ class ServingRouter:
             queued_requests=int(f["queued_requests"]),
             replicas=len(t.members),
             ready_replicas=len(t.ready()),
-            idle_s=None if t.window.last_request_at is None else now - t.window.last_request_at,
+            idle_s=max(0.0, now - t.last_activity),
             at=datetime.now(UTC),
             outstanding={r.task_id: r.outstanding for r in t.replicas.values() if r.outstanding},
             draining=sorted(r.task_id for r in t.replicas.values() if r.draining),
@@ -247,6 +252,7 @@ class ServingRouter:
     async def publish(self, t: Target) -> None:
         """Export the figures at /metrics and publish them on the bus."""
         m = self.metrics(t)
+        t.announced = t.last_activity
         SERVE_RPS.labels(t.id).set(m.requests_per_second)
         SERVE_CONCURRENT.labels(t.id).set(m.concurrent_requests)
         SERVE_P95.labels(t.id).set(m.latency_p95_ms / 1000)
@@ -255,16 +261,13 @@ class ServingRouter:
         if self.nc is not None and self.nc.is_connected:
             await self.nc.publish(serving_metrics_subject(t.id), m.model_dump_json().encode())
 
-    async def on_metrics(self, m: ServingMetrics) -> None:
-        """Another gateway process's figures: its requests count as activity here too."""
-        t = self.targets.get(m.target_id)
-        if t is None or m.gateway == self.gateway:
+    def _announce(self, t: Target) -> None:
+        """Publish now when the figures last published show no request for a while."""
+        if t.last_activity - t.announced < ANNOUNCE_AFTER_S:
             return
-        now = self.clock()
-        if m.concurrent_requests or m.queued_requests:
-            t.last_activity = now
-        elif m.idle_s is not None:
-            t.last_activity = max(t.last_activity, now - m.idle_s)
+        job = asyncio.create_task(self.publish(t))
+        self._announcing.add(job)
+        job.add_done_callback(self._announcing.discard)
 
     async def adopt(self) -> None:
         """Watch every serving target with an idle timeout, not only those asked for since
@@ -275,61 +278,33 @@ class ServingRouter:
                     await self.target(target_id, None)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """The background part: adopt targets now and then, hear the other gateways."""
+        """The background part: adopt targets now and then."""
+        while not stop.is_set():
+            try:
+                await self.adopt()
+            except Exception:  # the next round tries again
+                log.exception("serving_adopt_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.serve_adopt_interval_s)
 
-        async def adopt_loop() -> None:
-            while not stop.is_set():
-                try:
-                    await self.adopt()
-                except Exception:  # the next round tries again
-                    log.exception("serving_adopt_failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.settings.serve_adopt_interval_s)
-
-        jobs = [adopt_loop()]
-        if self.nc is not None:
-            jobs.append(serve(self.nc, [routes(self.on_metrics)], stop))
-        await asyncio.gather(*jobs)
-
-    # --- idle sleep and wake -------------------------------------------------------------
-
-    async def _idle_check(self, t: Target) -> None:
-        if t.idle_timeout_minutes <= 0 or t.window.concurrent or t.window.queued:
-            return
-        idle_s = t.idle_timeout_minutes * self.settings.serve_idle_minute_s
-        running = [m for m in t.members if m.status is S.RUNNING]
-        if not running or self.clock() - t.last_activity < idle_s:
-            return
-        done, _ = await self.store.execute_batch(
-            {
-                m.id: lambda task: commands.decide_transition(
-                    task,
-                    S.SLEEPING,
-                    actor=Actor.CONTROLLER,
-                    expected_status=S.RUNNING,
-                    reason_code=ReasonCode.IDLE_SLEEP,
-                )
-                for m in running
-            },
-            metadata={"principal": "serving-router"},
-        )
-        log.info("serving_idle_sleep", target=t.id, tasks=sorted(done), idle_s=idle_s)
-        t.replicas.clear()
+    # --- wake on request ---------------------------------------------------------------
 
     async def wake(self, t: Target) -> None:
         """Lazy wake (SPEC §2): sleeping members go `waking`, or back to `pending` when their
-        host is offline (rescheduled elsewhere); the caller waits for a ready replica."""
+        host is offline (rescheduled elsewhere), each decided on its host's status read in
+        the transaction of the wake; the caller waits for a ready replica."""
         sleeping = [m for m in t.members if m.status is S.SLEEPING]
         if not sleeping:
             return
         t.waking = True
-        decisions: dict[str, commands.Decide] = {}
-        for m in sleeping:
-            node = await node_rows.get(self.store, m.node_id) if m.node_id else None
-            online = node is not None and node.status.value == "online"
-            decisions[m.id] = _wake_decision(online)
-        done, refused = await self.store.execute_batch(
-            decisions, metadata={"principal": "serving-router"}
+        decisions: dict[str, task_rows.HostDecide] = {
+            m.id: lambda task, online: decide_wake(
+                task, online, Actor.CONTROLLER, ReasonCode.REQUEST_WAKE
+            )
+            for m in sleeping
+        }
+        done, refused = await task_rows.execute_batch_by_host(
+            self.store, decisions, metadata={"principal": "serving-router"}
         )
         log.info("serving_request_wake", target=t.id, tasks=sorted(done), refused=len(refused))
 
@@ -339,6 +314,7 @@ class ServingRouter:
         """A ready replica (least outstanding), waiting a bounded time in a bounded queue."""
         t.last_activity = self.clock()
         t.window.started(t.last_activity)
+        self._announce(t)
         replica = pick(t.replicas.values(), exclude)
         if replica is not None:
             return replica
@@ -368,25 +344,3 @@ class ServingRouter:
         finally:
             t.window.queued -= 1
             t.last_activity = self.clock()
-
-
-def _serving(tasks: list[Task]) -> list[Task]:
-    """The group's members, plus any other live replica: during a rollout the old replica of
-    a rank serves (and drains) beside its new-generation replacement."""
-    members = current_members(tasks)
-    ids = {m.id for m in members}
-    return members + [t for t in tasks if t.id not in ids and t.status not in TERMINAL]
-
-
-def _wake_decision(online: bool) -> commands.Decide:
-    if online:
-        # A replica whose card is lent queues its wake (libs/domain/lending.py).
-        return lambda task: decide_wake(task, Actor.CONTROLLER, ReasonCode.REQUEST_WAKE, "")
-    return lambda task: commands.decide_transition(
-        task,
-        S.PENDING,
-        actor=Actor.CONTROLLER,
-        expected_status=S.SLEEPING,
-        reason_code=ReasonCode.HOST_OFFLINE_ON_WAKE,
-        clear_placement=True,
-    )

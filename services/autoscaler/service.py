@@ -1,56 +1,31 @@
 """`heteroflow service autoscaler`: the leader-only scaling controllers of one process.
 
-Two controllers, each under its own lease with fenced writes: the AutoScaler (scaler.py,
-lease `autoscaler`) and the schedule-window controller (windows.py, lease
-`schedule-windows`). Every instance listens to the router's figures (metrics.py); only the
-one holding the `autoscaler` lease acts on them.
+Three controllers (controllers/), each under its own lease, every write through its term's
+`FencedWriter`: the AutoScaler (lease `autoscaler`), the schedule-window controller (lease
+`schedule-windows`) and idle sleep (lease `idle-sleep`). Every instance listens to the
+router's figures (routes.py); only the leaders act on them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import UTC, datetime
-
-from pydantic import Field
 
 from libs.bus.broker import serve
 from libs.bus.lease import Lease, open_lease_bucket
-from libs.config import CommonSettings
 from libs.controller import Controller, run_controller
-from libs.domain.autoscale import DRAIN_LIMIT_S, MIN_REPLICA_AGE_S
 from libs.domain.router_figures import RouterFigures
 from libs.service import ServiceContext
 
-from .metrics import routes
-from .scaler import AutoScaler
-from .windows import WindowController
+from .controllers.idle_sleep import IdleSleeper
+from .controllers.scaler import AutoScaler
+from .controllers.windows import WindowController
+from .routes import routes
+from .settings import AutoscalerSettings
+
+__all__ = ["LEASE_TTL_S", "AutoscalerSettings", "controllers", "routes", "run"]
 
 LEASE_TTL_S = 6.0
-
-
-class AutoscalerSettings(CommonSettings):
-    window_interval_s: float = Field(
-        default=60.0, gt=0, description="schedule-window evaluation period"
-    )
-    autoscale_interval_s: float = Field(
-        default=30.0, gt=0, description="AutoScaler evaluation period"
-    )
-    autoscale_metric_max_age_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="a gateway's router figures older than this no longer count",
-    )
-    autoscale_utilization_window_s: float = Field(
-        default=60.0, gt=0, description="gpu_utilization: mean over the samples of this window"
-    )
-    autoscale_min_replica_age_s: float = Field(
-        default=MIN_REPLICA_AGE_S, ge=0, description="a scale-down never removes a younger replica"
-    )
-    autoscale_drain_limit_s: float = Field(
-        default=DRAIN_LIMIT_S, gt=0, description="a replica draining longer than this is ended"
-    )
-    instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
 def wall_clock() -> datetime:
@@ -71,7 +46,15 @@ def controllers(
         drain_limit_s=settings.autoscale_drain_limit_s,
     )
     windows = WindowController(ctx.store, wall_clock, interval_s=settings.window_interval_s)
-    return {"autoscaler": scaler, "schedule-windows": windows}
+    idle = IdleSleeper(
+        ctx.store,
+        book,
+        wall_clock,
+        interval_s=settings.idle_sleep_interval_s,
+        minute_s=settings.serve_idle_minute_s,
+        listen_s=settings.idle_sleep_listen_s,
+    )
+    return {"autoscaler": scaler, "schedule-windows": windows, "idle-sleep": idle}
 
 
 async def run(ctx: ServiceContext, stop: asyncio.Event, settings: AutoscalerSettings) -> None:
@@ -84,7 +67,7 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: AutoscalerSett
             Lease(kv, lease, me, LEASE_TTL_S),
             stop,
             renew_every=LEASE_TTL_S / 3,
-            claim=ctx.store.claim_fence,
+            store=ctx.store,
         )
         for lease, controller in controllers(ctx, settings, book).items()
     ]

@@ -32,13 +32,20 @@ from libs.domain.serving import ServingMetrics
 from libs.domain.states import Actor, TaskStatus
 from libs.domain.telemetry import GpuSample, TelemetryBatch
 from libs.store import telemetry
+from libs.store.fenced import FencedWriter
 from libs.store.fencing import Fence
-from services.autoscaler.scaler import AutoScaler
-from services.autoscaler.windows import WindowController
+from services.autoscaler.controllers.scaler import AutoScaler
+from services.autoscaler.controllers.windows import WindowController
 
 from .helpers import Api
 
 pytestmark = pytest.mark.integration
+
+
+def writer(api: Api) -> FencedWriter:
+    """A leader's writer under a lease of its own (a term no other test contends for)."""
+    return FencedWriter(api.store, Fence(f"test-{uuid.uuid4().hex[:8]}", 1))
+
 
 QPS = {"metric": "qps", "target": 10, "max_replicas": 8, "cooldown_down_s": 120}
 
@@ -110,7 +117,7 @@ async def test_qps_scales_up_then_cooldowns_then_down_to_min(api: Api) -> None:
     gid = await make_group(api)
     book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=60)  # 30 per replica, target 10: ceil(2 × 30 / 10) = 6
-    d = (await AutoScaler(api.store, book, now).scan())[gid]
+    d = (await AutoScaler(api.store, book, now).scan(writer(api)))[gid]
     assert (d.why, d.current, d.computed, d.replicas) == ("scale_up", 2, 6, 6)
     g = await view(api, gid)
     assert g["replicas"] == 6 and live_ranks(g) == [0, 1, 2, 3, 4, 5]
@@ -119,16 +126,18 @@ async def test_qps_scales_up_then_cooldowns_then_down_to_min(api: Api) -> None:
     assert event["source"] == "autoscaler" and event["reason_code"] == "autoscale"
 
     hear(book, gid, rps=100)  # wants 10 → max 8, but the up cooldown (60 s) holds
-    d = (await AutoScaler(api.store, book, now).scan())[gid]
+    d = (await AutoScaler(api.store, book, now).scan(writer(api)))[gid]
     assert (d.why, d.computed, d.replicas) == ("cooldown_up", 8, 6)
     before = len(await decisions(api, gid))
-    await AutoScaler(api.store, book, now).scan()  # the same "no change": not recorded again
+    await AutoScaler(api.store, book, now).scan(
+        writer(api)
+    )  # the same "no change": not recorded again
     assert len(await decisions(api, gid)) == before == 2
 
     hear(book, gid, rps=0)
-    d = (await AutoScaler(api.store, book, later(1)).scan())[gid]
+    d = (await AutoScaler(api.store, book, later(1)).scan(writer(api)))[gid]
     assert (d.why, d.replicas) == ("cooldown_down", 6)  # 120 s since the last scale
-    d = (await AutoScaler(api.store, book, later(10)).scan())[gid]
+    d = (await AutoScaler(api.store, book, later(10)).scan(writer(api)))[gid]
     assert (d.why, d.computed, d.replicas) == ("scale_down", 1, 1)  # min_replicas 1
     g = await view(api, gid)
     assert g["replicas"] == 1 and live_ranks(g) == [0]
@@ -145,16 +154,16 @@ async def test_young_replicas_and_rank_zero_of_a_non_split_group_are_kept(api: A
     await run_members(api, gid)
     book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=0)
-    d = (await AutoScaler(api.store, book, now).scan())[gid]
+    d = (await AutoScaler(api.store, book, now).scan(writer(api)))[gid]
     assert (d.why, d.computed, d.replicas) == ("young_replicas", 0, 3)
     rank0 = next(t["id"] for t in (await view(api, gid))["tasks"] if t["rank"] == 0)
 
-    d = (await AutoScaler(api.store, book, later(2)).scan())[gid]
+    d = (await AutoScaler(api.store, book, later(2)).scan(writer(api)))[gid]
     assert (d.why, d.computed, d.replicas) == ("scale_down", 0, 1)
     g = await view(api, gid)
     assert [(t["rank"], t["id"], t["status"]) for t in g["tasks"]] == [(0, rank0, "running")]
     assert {t["status"] for t in (await view(api, gid))["tasks"]} == {"running"}
-    d = (await AutoScaler(api.store, book, later(60)).scan())[gid]
+    d = (await AutoScaler(api.store, book, later(60)).scan(writer(api)))[gid]
     assert (d.why, d.replicas) == ("at_target", 1)  # rank 0 is never removed
 
 
@@ -165,7 +174,9 @@ async def test_scale_from_zero_after_every_replica_is_stopped(api: Api) -> None:
     old = {t["id"] for t in (await view(api, gid))["tasks"]}
     assert {t["status"] for t in (await view(api, gid))["tasks"]} == {"cancelled"}
 
-    d = (await AutoScaler(api.store, RouterFigures(60), now).scan())[gid]  # no metric needed
+    d = (await AutoScaler(api.store, RouterFigures(60), now).scan(writer(api)))[
+        gid
+    ]  # no metric needed
     assert (d.why, d.current, d.replicas) == ("scale_from_zero", 0, 2)
     g = await view(api, gid)
     assert [(t["rank"], t["status"]) for t in g["tasks"]] == [(0, "pending"), (1, "pending")]
@@ -178,14 +189,14 @@ async def test_quota_caps_new_replicas_and_a_suspended_tenant_gets_none(api: Api
     gid = await make_group(api, QPS | {"cooldown_up_s": 0}, gpu_required=1)
     book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=80)  # wants 8; 2 cards taken, 1 left
-    d = (await AutoScaler(api.store, book, now).scan())[gid]
+    d = (await AutoScaler(api.store, book, now).scan(writer(api)))[gid]
     assert (d.why, d.computed, d.replicas) == ("quota_capped", 8, 3)
-    d = (await AutoScaler(api.store, book, now).scan())[gid]
+    d = (await AutoScaler(api.store, book, now).scan(writer(api)))[gid]
     assert (d.why, d.replicas) == ("quota_exhausted", 3)
 
     r = await api.client.put("/api/v1/tenants/acme", json={"suspended": True}, headers=api.operator)
     assert r.status_code == 200, r.text
-    d = (await AutoScaler(api.store, book, now).scan())[gid]
+    d = (await AutoScaler(api.store, book, now).scan(writer(api)))[gid]
     assert (d.why, d.replicas) == ("tenant_suspended", 3)
     assert [p["why"] for p in await decisions(api, gid)] == [
         "quota_capped",
@@ -216,7 +227,7 @@ async def test_gpu_utilization_is_the_mean_over_the_groups_cards(api: Api) -> No
         for s in (1, 5)
     ]
     await telemetry.write(api.store, TelemetryBatch(node_id="n1", samples=tuple(samples)))
-    d = (await AutoScaler(api.store, RouterFigures(60), now).scan())[gid]
+    d = (await AutoScaler(api.store, RouterFigures(60), now).scan(writer(api)))[gid]
     # mean 90 over two cards, target 50: ceil(2 × 90 / 50) = 4
     assert (d.why, d.replicas) == ("scale_up", 4)
     assert (await decisions(api, gid))[-1]["value"] == pytest.approx(90.0)
@@ -229,9 +240,9 @@ async def test_a_replica_draining_too_long_is_ended(api: Api) -> None:
     await api.store.execute(rank1, decide_drain)
     book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=20)
-    await AutoScaler(api.store, book, later(1)).scan()  # draining 60 s: kept
+    await AutoScaler(api.store, book, later(1)).scan(writer(api))  # draining 60 s: kept
     assert (await api.store.get_task(rank1)).status is TaskStatus.RUNNING
-    await AutoScaler(api.store, book, later(3)).scan()  # past 120 s: ended
+    await AutoScaler(api.store, book, later(3)).scan(writer(api))  # past 120 s: ended
     ended = await api.store.get_task(rank1)
     assert ended.status is TaskStatus.STOPPING and ended.status_reason_code == "autoscale"
 
@@ -240,10 +251,10 @@ async def test_no_change_while_a_window_action_is_in_force(api: Api) -> None:
     window = {"start": "22:00", "end": "06:00", "action": "scale", "scale_to": 0}
     gid = await make_group(api, QPS, schedule_window=window)
     noon = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
-    assert await WindowController(api.store, lambda: noon).scan() == 1
+    assert await WindowController(api.store, lambda: noon).scan(writer(api)) == 1
     book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=500)
-    d = (await AutoScaler(api.store, book, later(30)).scan())[gid]
+    d = (await AutoScaler(api.store, book, later(30)).scan(writer(api)))[gid]
     assert (d.why, d.current, d.replicas) == ("schedule_window", 0, 0)
     g = await view(api, gid)
     assert g["replicas"] == 0 and live_ranks(g) == []
@@ -257,7 +268,7 @@ async def test_no_change_while_a_rollout_holds_the_group(api: Api) -> None:
     assert r.status_code == 202, r.text
     book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=500)
-    d = (await AutoScaler(api.store, book, now).scan())[gid]
+    d = (await AutoScaler(api.store, book, now).scan(writer(api)))[gid]
     assert (d.why, d.replicas) == ("rollout", 2)
     assert (await view(api, gid))["replicas"] == 2
 
@@ -267,11 +278,10 @@ async def test_a_deposed_leaders_scale_is_refused_by_the_fence(api: Api) -> None
     book = RouterFigures(max_age_s=60)
     hear(book, gid, rps=500)
     old = AutoScaler(api.store, book, now)
-    old.fence = Fence("autoscaler", 1)
     await api.store.claim_fence(Fence("autoscaler", 2))  # a newer leader was elected
     versions = [e.version for e in await api.store.read_stream(gid)]
     with pytest.raises(Fenced):
-        await old.scan()
+        await old.scan(FencedWriter(api.store, Fence("autoscaler", 1)))
     assert [e.version for e in await api.store.read_stream(gid)] == versions  # nothing written
     g = await view(api, gid)
     assert g["replicas"] == 2 and len(g["tasks"]) == 2 and g["last_autoscale"] is None

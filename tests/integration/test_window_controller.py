@@ -3,6 +3,7 @@ and back (across a controller restart), pause then wake, stop stays stopped."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -13,12 +14,19 @@ from libs.domain.commands import decide_transition
 from libs.domain.errors import Fenced
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
+from libs.store.fenced import FencedWriter
 from libs.store.fencing import Fence
-from services.autoscaler.windows import WindowController
+from services.autoscaler.controllers.windows import WindowController
 
 from .helpers import Api
 
 pytestmark = pytest.mark.integration
+
+
+def writer(api: Api) -> FencedWriter:
+    """A leader's writer under a lease of its own (a term no other test contends for)."""
+    return FencedWriter(api.store, Fence(f"test-{uuid.uuid4().hex[:8]}", 1))
+
 
 NOON = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)  # outside 22:00-06:00
 NIGHT = datetime(2026, 1, 5, 23, 0, tzinfo=UTC)  # inside
@@ -50,9 +58,11 @@ async def run_members(api: Api, gid: str) -> None:
 
 async def test_scale_to_zero_and_back_across_a_restart(api: Api) -> None:
     gid = await make_group(api, {"action": "scale", "scale_to": 0})
-    assert await WindowController(api.store, lambda: NIGHT).scan() == 0  # inside: nothing
+    assert (
+        await WindowController(api.store, lambda: NIGHT).scan(writer(api)) == 0
+    )  # inside: nothing
 
-    assert await WindowController(api.store, lambda: NOON).scan() == 1
+    assert await WindowController(api.store, lambda: NOON).scan(writer(api)) == 1
     g = await view(api, gid)
     assert g["replicas"] == 0
     assert g["group_labels"] == {
@@ -60,10 +70,10 @@ async def test_scale_to_zero_and_back_across_a_restart(api: Api) -> None:
         "heteroflow.window.original_replicas": "2",
     }
     assert {t["status"] for t in g["tasks"]} == {"cancelled"}
-    assert await WindowController(api.store, lambda: NOON).scan() == 0  # in force: once
+    assert await WindowController(api.store, lambda: NOON).scan(writer(api)) == 0  # in force: once
 
     # a new controller (process restart) reads the count to restore from the label
-    assert await WindowController(api.store, lambda: NIGHT).scan() == 1
+    assert await WindowController(api.store, lambda: NIGHT).scan(writer(api)) == 1
     g = await view(api, gid)
     assert g["replicas"] == 2 and g["group_labels"] == {}
     assert [(t["rank"], t["status"]) for t in g["tasks"]] == [(0, "pending"), (1, "pending")]
@@ -73,11 +83,11 @@ async def test_pause_sleeps_then_wakes(api: Api) -> None:
     gid = await make_group(api, {"action": "pause"})
     await run_members(api, gid)
     ctl = WindowController(api.store, lambda: NOON)
-    assert await ctl.scan() == 1
+    assert await ctl.scan(writer(api)) == 1
     g = await view(api, gid)
     assert {t["status"] for t in g["tasks"]} == {"sleeping"} and g["replicas"] == 2
     ctl.clock = lambda: NIGHT
-    assert await ctl.scan() == 1
+    assert await ctl.scan(writer(api)) == 1
     g = await view(api, gid)
     assert {t["status"] for t in g["tasks"]} == {"waking"} and g["group_labels"] == {}
 
@@ -86,10 +96,10 @@ async def test_stop_stays_stopped(api: Api) -> None:
     gid = await make_group(api, {"action": "stop"})
     await run_members(api, gid)
     ctl = WindowController(api.store, lambda: NOON)
-    assert await ctl.scan() == 1
+    assert await ctl.scan(writer(api)) == 1
     assert {t["status"] for t in (await view(api, gid))["tasks"]} == {"stopping"}
     ctl.clock = lambda: NIGHT
-    assert await ctl.scan() == 0
+    assert await ctl.scan(writer(api)) == 0
     g = await view(api, gid)
     assert {t["status"] for t in g["tasks"]} == {"stopping"}
     assert g["group_labels"]["heteroflow.window.action"] == "stop"
@@ -98,10 +108,9 @@ async def test_stop_stays_stopped(api: Api) -> None:
 async def test_a_deposed_leader_is_refused_by_the_fence(api: Api) -> None:
     gid = await make_group(api, {"action": "scale", "scale_to": 0})
     old = WindowController(api.store, lambda: NOON)
-    old.fence = Fence("schedule-windows", 1)
     await api.store.claim_fence(Fence("schedule-windows", 2))  # a newer leader was elected
     with pytest.raises(Fenced):
-        await old.scan()
+        await old.scan(FencedWriter(api.store, Fence("schedule-windows", 1)))
     g = await view(api, gid)
     assert g["replicas"] == 2 and g["group_labels"] == {}
     assert {t["status"] for t in g["tasks"]} == {"pending"}

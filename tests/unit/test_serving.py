@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from libs.domain.errors import DomainError
@@ -73,33 +75,36 @@ def test_request_window_figures() -> None:
     assert w.figures(now=100.0)["requests_per_second"] == 0
 
 
-async def test_other_gateways_requests_count_as_activity() -> None:
-    from datetime import UTC, datetime
+async def test_figures_date_the_last_request_or_the_watch_and_a_request_is_told_at_once() -> None:
     from typing import Any, cast
 
     from libs.config import GatewaySettings
-    from libs.domain.serving import ServingMetrics, ServingSpec
+    from libs.domain.serving import ServingSpec
     from services.api_gateway.serving import ServingRouter, Target
 
     router = ServingRouter(cast(Any, None), GatewaySettings())
     now = [1000.0]
     router.clock = lambda: now[0]
-    t = Target("grp-x", "acme", ServingSpec(port=80), 1, [], RequestWindow(), last_activity=0.0)
-    router.targets[t.id] = t
+    published: list[float | None] = []
 
-    def figures(gateway: str, idle_s: float | None, concurrent: int = 0) -> ServingMetrics:
-        return ServingMetrics(
-            target_id="grp-x", tenant_id="acme", gateway=gateway, requests_per_second=0,
-            concurrent_requests=concurrent, latency_p95_ms=0, queued_requests=0, replicas=1,
-            ready_replicas=1, idle_s=idle_s, at=datetime.now(UTC),
-        )  # fmt: skip
+    async def publish(t: Target) -> None:
+        published.append(router.metrics(t).idle_s)
+        t.announced = t.last_activity
 
-    await router.on_metrics(figures(router.gateway, 1.0))
-    assert t.last_activity == 0.0, "its own figures are not news"
-    await router.on_metrics(figures("other:1", 10.0))
-    assert t.last_activity == 990.0
-    await router.on_metrics(figures("other:1", 500.0))
-    assert t.last_activity == 990.0, "older news never moves it back"
-    await router.on_metrics(figures("other:1", None, concurrent=2))
-    assert t.last_activity == 1000.0
+    router.publish = publish  # type: ignore[method-assign]
+    t = Target("grp-x", "acme", ServingSpec(port=80), 1, [], RequestWindow(), last_activity=900.0)
+    t.replicas["r1"] = Replica("r1", "127.0.0.1:1", ready=True)
+    assert router.metrics(t).idle_s == 100.0, "watched since 900, no request yet"
+    await router.acquire(t, set())
+    await asyncio.sleep(0)
+    assert published == [0.0], "the first request after a quiet spell is published at once"
+    now[0] = 1000.5
+    await router.acquire(t, set())
+    await asyncio.sleep(0)
+    assert published == [0.0], "within a second of the last told: left to the interval"
+    now[0] = 1030.0
+    assert router.metrics(t).idle_s == 29.5
+    await router.acquire(t, set())
+    await asyncio.sleep(0)
+    assert published == [0.0, 0.0]
     await router.close()

@@ -1,10 +1,10 @@
 """The schedule-window controller: leader-only, every `interval_s` (60 s by default).
 
 Each pass asks `decide_window` (pure) what each windowed group needs at `clock()` (a wall
-clock, injectable so tests cross midnight without waiting) and carries it out with the
-term's fence: the window event (its labels hold the action and the count to restore) and,
-for a scale, the group_scaled event and the new members are one transaction; member
-sleeps, wakes and stops follow in one batch.
+clock, injectable so tests cross midnight without waiting) and carries it out through the
+term's writer (every write under its fence): the window event (its labels hold the action
+and the count to restore) and, for a scale, the group_scaled event and the new members are
+one transaction; member sleeps, wakes and stops follow in one batch.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from libs.domain.window_control import WindowStep, decide_window
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
+from libs.store.fenced import FencedWriter
 from libs.store.projections import GROUPS
 
 log = structlog.get_logger(__name__)
@@ -45,15 +46,16 @@ class WindowController(Controller):
         self.interval_s = interval_s
 
     async def evaluate(self, term: Term) -> None:
-        await self.scan()
+        await self.scan(term.writer)
 
-    async def scan(self) -> int:
+    async def scan(self, out: FencedWriter) -> int:
+        """One pass over every windowed group, writing through `out`: how many acted."""
         now = self.clock()
         groups = await group_rows.with_windows(self.store)
-        done = await for_each(groups, lambda g: self.apply(g, now), "window_apply_failed")
+        done = await for_each(groups, lambda g: self.apply(g, now, out), "window_apply_failed")
         return sum(acted for _, acted in done)
 
-    async def apply(self, group: Group, now: datetime) -> int:
+    async def apply(self, group: Group, now: datetime, out: FencedWriter) -> int:
         step = decide_window(group, now)
         if step is None:
             return 0
@@ -78,14 +80,14 @@ class WindowController(Controller):
                 events.append(plan.event)
             return events, list(plan.new_members(current))
 
-        await self.store.execute_with_tasks(
-            GROUPS, group.id, decide, metadata=META, fence=self.fence
-        )
-        await self._move_members(step, plan, tasks)
+        await out.execute_with_tasks(GROUPS, group.id, decide, metadata=META)
+        await self._move_members(step, plan, tasks, out)
         log.info("window_applied", group_id=group.id, action=step.action, replicas=step.replicas)
         return 1
 
-    async def _move_members(self, step: WindowStep, plan: ScalePlan, tasks: list[Task]) -> None:
+    async def _move_members(
+        self, step: WindowStep, plan: ScalePlan, tasks: list[Task], out: FencedWriter
+    ) -> None:
         live = [m for m in current_members(tasks) if is_live(m)]
         why = step.event.reason
         decisions: dict[str, commands.Decide] = {}
@@ -98,7 +100,7 @@ class WindowController(Controller):
         elif step.action == "restore" and step.replicas is None:
             decisions = {m.id: _waker(why) for m in live if m.status is S.SLEEPING}
         if decisions:
-            await self.store.execute_batch(decisions, metadata=META, fence=self.fence)
+            await out.execute_batch(decisions, metadata=META)
 
 
 def _stopper(why: str) -> commands.Decide:

@@ -4,7 +4,8 @@ rollout is running, paused or rolling back.
 For each group it first takes or renews the group's rollout lease (a `rollout_lease_renewed`
 event, at most every `lease_renew`), or, when another holder has been silent past the
 recovery window, fails the rollout with the reason. Then it asks the pure `plan_rollout`
-(libs/domain/rollout_plan.py) for the next step and carries it out with the term's fence:
+(libs/domain/rollout_plan.py) for the next step and carries it out through the term's
+writer (every write under its fence):
 the group events and the new replicas in one transaction (a compare-and-set on the group's
 version: a group that moved since it was read is left to the next pass), then the replicas'
 drain marks, ends and stops in one batch.
@@ -47,9 +48,10 @@ from libs.ownership import own_members
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
+from libs.store.fenced import FencedWriter
 from libs.store.projections import GROUPS
 
-from .inflight import HealthProbe
+from ..inflight import HealthProbe
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -79,25 +81,31 @@ class RolloutController(Controller):
         self.inflight = inflight
         self.probe = probe
         self.interval_s = interval_s
+        self.out: FencedWriter | None = None  # the current term's writer
+
+    async def elected(self, term: Term) -> None:
+        await super().elected(term)
+        self.out = term.writer
 
     async def evaluate(self, term: Term) -> None:
-        await self.scan()
+        await self.scan(term.writer)
 
     async def deposed(self) -> None:
         """The term ended (stopping, or leadership released or lost): hand every group
         rollout lease this instance holds over to the next holder. A write refused because a
         newer term already leads changes nothing: that leader then waits out the window."""
-        if self.fence is None:
+        out, self.out = self.out, None
+        if out is None:
             return
         try:
-            released = await asyncio.wait_for(self.release_leases(), RELEASE_TIMEOUT_S)
+            released = await asyncio.wait_for(self.release_leases(out), RELEASE_TIMEOUT_S)
             log.info("rollout_leases_released", holder=self.holder, groups=released)
         except Fenced:
             log.info("rollout_leases_not_released_fenced", holder=self.holder)
         except Exception:
             log.warning("rollout_leases_not_released", holder=self.holder, exc_info=True)
 
-    async def release_leases(self) -> list[str]:
+    async def release_leases(self, out: FencedWriter) -> list[str]:
         groups = await group_rows.with_active_rollout(self.store, PHASES)
         released: list[str] = []
         for group in groups:
@@ -105,20 +113,22 @@ class RolloutController(Controller):
             if r is None or r.holder != self.holder:
                 continue
             event = RolloutLeaseReleased(group_id=group.id, rollout_id=r.id, holder=self.holder)
-            if await self._append(group, [event], [], 0) is not None:
+            if await self._append(group, [event], [], 0, out) is not None:
                 released.append(group.id)
         return released
 
-    async def scan(self) -> int:
+    async def scan(self, out: FencedWriter) -> int:
+        """One pass over the groups with an active rollout, writing through `out`: how many
+        acted."""
         groups = await group_rows.with_active_rollout(self.store, PHASES)
-        done = await for_each(groups, self.reconcile, "rollout_reconcile_failed")
+        done = await for_each(groups, lambda g: self.reconcile(g, out), "rollout_reconcile_failed")
         return sum(acted for _, acted in done)
 
-    async def reconcile(self, group: Group) -> int:
+    async def reconcile(self, group: Group, out: FencedWriter) -> int:
         now = self.clock()
         ours, events = decide_lease(group, self.holder, now, self.policy)
         if events:
-            moved = await self._append(group, events, [], 0)
+            moved = await self._append(group, events, [], 0, out)
             if moved is None:
                 return 0
             group = moved
@@ -133,7 +143,7 @@ class RolloutController(Controller):
         step = plan_rollout(group, tasks, now, healthy, self._drained(group, tasks), self.policy)
         if step.empty:
             return 1 if events else 0
-        await self.apply(group, step)
+        await self.apply(group, step, out)
         return 1
 
     def _drained(self, group: Group, tasks: Sequence[Task]) -> frozenset[str]:
@@ -144,7 +154,7 @@ class RolloutController(Controller):
             if t.draining and t.status is S.RUNNING and self.inflight.drained(group.id, t.id)
         )
 
-    async def apply(self, group: Group, step: RolloutStep) -> None:
+    async def apply(self, group: Group, step: RolloutStep, out: FencedWriter) -> None:
         r = group.rollout
         assert r is not None
         new: list[NewTask] = []
@@ -158,9 +168,12 @@ class RolloutController(Controller):
         elif step.restore:
             generation = r.from_generation
             new = [(tenant, replica_spec(group, r.previous, k), group.id, k) for k in step.restore]
-        if (step.events or new) and await self._append(group, step.events, new, generation) is None:
-            return
-        await self._move(step)
+        written = not (step.events or new) or (
+            await self._append(group, step.events, new, generation, out) is not None
+        )
+        if not written:
+            return  # the group moved since it was read: the next pass plans again
+        await self._move(step, out)
         log.info(
             "rollout_step",
             group_id=group.id,
@@ -174,7 +187,12 @@ class RolloutController(Controller):
         )
 
     async def _append(
-        self, seen: Group, events: Sequence[Payload], new: Sequence[NewTask], generation: int
+        self,
+        seen: Group,
+        events: Sequence[Payload],
+        new: Sequence[NewTask],
+        generation: int,
+        out: FencedWriter,
     ) -> Group | None:
         """Append and create in one transaction if the group is still as we read it."""
         moved = False
@@ -186,12 +204,12 @@ class RolloutController(Controller):
                 return [], []
             return list(events), list(new)
 
-        group, _ = await self.store.execute_with_tasks(
-            GROUPS, seen.id, decide, metadata=META, fence=self.fence, generation=generation
+        group, _ = await out.execute_with_tasks(
+            GROUPS, seen.id, decide, metadata=META, generation=generation
         )
         return None if moved else group
 
-    async def _move(self, step: RolloutStep) -> None:
+    async def _move(self, step: RolloutStep, out: FencedWriter) -> None:
         decisions: dict[str, commands.Decide] = {}
         for task_id in step.drain:
             decisions[task_id] = lambda t: list(decide_drain(t))
@@ -200,7 +218,7 @@ class RolloutController(Controller):
         for task_id in step.stop:
             decisions[task_id] = _stop_new
         if decisions:
-            await self.store.execute_batch(decisions, metadata=META, fence=self.fence)
+            await out.execute_batch(decisions, metadata=META)
 
 
 def _describe(event: Payload) -> str:

@@ -4,11 +4,11 @@
 One pass per group: end replicas draining past the limit, read the metric (the router's
 figures from the bus, or the mean NVML utilisation of the group's cards from the telemetry
 store), ask `decide_autoscale` (pure) what to do, keep a scale-down off young replicas (and
-off rank 0 outside `split`), then write with the term's fence: the decision event and, for
-a change, the `group_scaled` event and the new members in one transaction (the same
-`decide_scale` manual scale uses); removed members are stopped right after. A decision
-identical to the group's last recorded one is not written again (a steady group's stream
-does not grow every pass); the decisions counter counts every one.
+off rank 0 outside `split`), then write through the term's writer (every write under its
+fence): the decision event and, for a change, the `group_scaled` event and the new members
+in one transaction (the same `decide_scale` manual scale uses); removed members are stopped
+right after. A decision identical to the group's last recorded one is not written again (a
+steady group's stream does not grow every pass); the decisions counter counts every one.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from libs.store import tasks as task_rows
 from libs.store import telemetry
 from libs.store import tenants as tenant_rows
 from libs.store.eventstore import EventStore, NewTask
+from libs.store.fenced import FencedWriter
 from libs.store.projections import GROUPS
 
 log = structlog.get_logger(__name__)
@@ -85,16 +86,19 @@ class AutoScaler(Controller):
         self.drain_limit_s = drain_limit_s
 
     async def evaluate(self, term: Term) -> None:
-        await self.scan()
+        await self.scan(term.writer)
 
-    async def scan(self) -> dict[str, Decision]:
-        """One pass over every group with `auto_scale`: group id → the decision taken."""
+    async def scan(self, out: FencedWriter) -> dict[str, Decision]:
+        """One pass over every group with `auto_scale`, writing through `out`: group id →
+        the decision taken."""
         now = self.clock()
         groups = await group_rows.with_auto_scale(self.store)
-        done = await for_each(groups, lambda g: self.evaluate_group(g, now), "autoscale_failed")
+        done = await for_each(
+            groups, lambda g: self.evaluate_group(g, now, out), "autoscale_failed"
+        )
         return {group.id: decision for group, decision in done}
 
-    async def evaluate_group(self, group: Group, now: datetime) -> Decision:
+    async def evaluate_group(self, group: Group, now: datetime, out: FencedWriter) -> Decision:
         cfg = group.spec.auto_scale
         assert cfg is not None
         tasks = await task_rows.of_group(self.store, group.id, include_deleted=False)
@@ -105,13 +109,13 @@ class AutoScaler(Controller):
         ]
         # Draining replicas are often remnants (a rollout's old generation): look at all.
         draining = [self._replica(t, now) for t in tasks if is_live(t) and _draining(t)]
-        await self._end_drains(overdue_drains(draining, self.drain_limit_s))
+        await self._end_drains(overdue_drains(draining, self.drain_limit_s), out)
         replicas = [self._replica(m, now) for m in live]
         current = group.size if live else 0
         value = await self._metric(group, cfg.metric, live, current, now)
         decision = decide_autoscale(cfg, await self._inputs(group, current, value, now))
         decision = self._keep_safe(group, decision, replicas)
-        await self._apply(group, tasks, cfg, value, decision)
+        await self._apply(group, tasks, cfg, value, decision, out)
         DECISIONS.labels(decision.why.value).inc()
         if decision.changes:
             log.info(
@@ -185,6 +189,7 @@ class AutoScaler(Controller):
         cfg: AutoScale,
         value: float | None,
         d: Decision,
+        out: FencedWriter,
     ) -> None:
         last = group.last_autoscale
         if not d.changes and last is not None and last.same(d):
@@ -211,22 +216,19 @@ class AutoScaler(Controller):
                 events.append(plan.event)
             return events, list(plan.new_members(current))
 
-        await self.store.execute_with_tasks(
-            GROUPS, group.id, decide, metadata=META, fence=self.fence
-        )
+        await out.execute_with_tasks(GROUPS, group.id, decide, metadata=META)
         if plan.stop:
-            await self.store.execute_batch(
+            await out.execute_batch(
                 {m.id: _stopper(f"rank {m.rank} removed by the AutoScaler") for m in plan.stop},
                 metadata=META,
-                fence=self.fence,
             )
 
-    async def _end_drains(self, overdue: list[str]) -> None:
+    async def _end_drains(self, overdue: list[str], out: FencedWriter) -> None:
         if not overdue:
             return
         why = f"draining for more than {self.drain_limit_s:g} s: ended by the AutoScaler"
-        done, _ = await self.store.execute_batch(
-            {tid: _drain_ender(why) for tid in overdue}, metadata=META, fence=self.fence
+        done, _ = await out.execute_batch(
+            {tid: _drain_ender(why) for tid in overdue}, metadata=META
         )
         log.info("autoscale_drains_ended", tasks=sorted(done))
 

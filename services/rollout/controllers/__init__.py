@@ -1,0 +1,1 @@
+"""The rollout service's leader-only loop: the rollout controller (rollout.py)."""
