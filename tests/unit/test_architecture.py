@@ -4,6 +4,8 @@
   package (`heteroflow/`, the wiring and the CLIs).
 * A service imports no other service and not the agent; the agent imports no service.
 * `libs/domain` is pure: no I/O library (asyncio, nats, psycopg, docker, pynvml, faststream).
+* The scheduler's placement core (`services/scheduler/placement`) is pure too: the standard
+  library, the domain and itself; no store, bus, logging or metrics.
 * SQL lives in `libs/store` only: every table has one owner module there.
 """
 
@@ -88,6 +90,55 @@ def test_the_domain_does_no_io() -> None:
         if _top(name) in IO_LIBRARIES
     ]
     assert found == []
+
+
+PLACEMENT = "services/scheduler/placement"
+
+
+def _impure_placement_imports() -> list[str]:
+    """The placement core's imports of anything but the standard library's pure modules, the
+    domain and the core itself: it reads a snapshot and returns a plan, nothing more."""
+    own = PLACEMENT.replace("/", ".")
+    found = []
+    for path in _modules(PLACEMENT):
+        for line, name in _imports(path):
+            top = _top(name)
+            impure = (
+                top in IO_LIBRARIES
+                or top in ("agent", "heteroflow", "prometheus_client", "structlog")
+                or (top == "libs" and _top(name, 2) != "libs.domain")
+                or (top == "services" and not (name == own or name.startswith(own + ".")))
+            )
+            if impure:
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    return found
+
+
+def test_the_placement_core_does_no_io() -> None:
+    assert _impure_placement_imports() == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import asyncio\n",
+        "from libs.store import tasks\n",
+        "from libs.bus.broker import Routes\n",
+        "from services.scheduler import view\n",
+        "from .. import view\n",
+        "import structlog\n",
+    ],
+    ids=["asyncio", "store", "bus", "scheduler-view", "relative-view", "logging"],
+)
+def test_the_placement_check_catches_an_io_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    target = tmp_path / PLACEMENT / "x.py"
+    target.parent.mkdir(parents=True)
+    target.write_text(source)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    found = _impure_placement_imports()
+    assert found and all(f.startswith(f"{PLACEMENT}/x.py:1 imports ") for f in found)
 
 
 # A string that reads as a statement: the verbs that start SQL, followed by what they act on.
