@@ -332,9 +332,7 @@ async def test_a_second_instance_never_acts_while_the_first_holds_the_lease(
     def start(ctl: Counting, who: str, stop: asyncio.Event) -> asyncio.Task[None]:
         lease = Lease(kv, "autoscaler", who, 1.0)
         return asyncio.create_task(
-            run_controller(
-                ctl, lease, stop, renew_every=0.2, retry_every=0.1, claim=api.store.claim_fence
-            )
+            run_controller(ctl, lease, stop, renew_every=0.2, retry_every=0.1, store=api.store)
         )
 
     ta = start(a, "a", stop_a)
