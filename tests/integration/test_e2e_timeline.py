@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from functools import partial
 
 import nats
 import psycopg
 import pytest
 
-from libs.bus.subjects import event_subject
+from libs.bus.subjects import EVENTS_STREAM, event_subject
+from tests.wait import wait_until_async
 
 from . import web
 from .cluster import Cluster
@@ -60,6 +60,26 @@ async def republish(cluster: Cluster, stream_ids: list[str]) -> int:
     return len(rows)
 
 
+TIMELINE_CONSUMER = "event-timeline"  # the event timeline's durable on HF_EVENTS
+
+
+async def until_the_timeline_acked_everything(cluster: Cluster) -> None:
+    """Wait until the timeline's durable consumer has acknowledged every event the stream
+    holds now (an entry is written before its event is acked)."""
+    nc = await nats.connect(cluster.nats.url)
+    try:
+        js = nc.jetstream()
+        last: int = (await js.stream_info(EVENTS_STREAM)).state.last_seq
+
+        async def acked() -> bool:
+            info = await js.consumer_info(EVENTS_STREAM, TIMELINE_CONSUMER)
+            return info.ack_floor is not None and info.ack_floor.stream_seq >= last
+
+        await wait_until_async(acked, 30, 0.1, f"the timeline consumer acked through {last}")
+    finally:
+        await nc.close()
+
+
 def has_migration_entry(cluster: Cluster, task_id: str) -> bool:
     return any(e["kind"] == "node_lost_migration" for e in timeline(cluster, task_id))
 
@@ -87,6 +107,8 @@ def test_agent_kill_gives_one_migration_entry_per_task(cluster: Cluster) -> None
         lambda: all(cluster.task(t["id"])["status"] == "running" for t in tasks),
         "tasks running again",
     )
-    time.sleep(2)  # let the consumer work through the republished events
+    # The barrier: the timeline's consumer has acknowledged every event up to the last
+    # republished one, so whatever they would add is in by now.
+    asyncio.run(until_the_timeline_acked_everything(cluster))
     after = {t["id"]: timeline(cluster, t["id"]) for t in tasks}
     assert after == before, "redelivered events added nothing"
