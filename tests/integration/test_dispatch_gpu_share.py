@@ -15,6 +15,7 @@ from libs.bus import subjects as s
 from libs.bus.nats import connect, ensure_streams
 from libs.domain.commands import decide_transition
 from libs.domain.envelope import EventEnvelope
+from libs.domain.events import TaskStatusChanged
 from libs.domain.node import GpuCard, NodeInventory, NodeRegistered
 from libs.domain.protocol import GpuShare, NodeCommand
 from libs.domain.reasons import ReasonCode
@@ -78,7 +79,13 @@ def scheduled(task: Task) -> EventEnvelope:
         version=task.version,
         type="task_status_changed",
         occurred_at=datetime.now(UTC),
-        payload={"task_id": task.id, "to_status": "scheduled"},
+        payload=TaskStatusChanged(
+            task_id=task.id,
+            from_status=TaskStatus.PENDING,
+            to_status=TaskStatus.SCHEDULED,
+            actor="scheduler",
+            reason_code=ReasonCode.PLACED,
+        ).model_dump(mode="json"),
     )
 
 

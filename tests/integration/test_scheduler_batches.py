@@ -18,6 +18,7 @@ from libs.bus import subjects as s
 from libs.bus.nats import connect, ensure_streams
 from libs.domain.commands import decide_transition
 from libs.domain.envelope import EventEnvelope
+from libs.domain.events import TaskStatusChanged
 from libs.domain.protocol import AgentReport, CommandKind, Fact, NodeCommand, NodeReport
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import Actor, TaskStatus
@@ -162,7 +163,13 @@ def envelope(task: Task, to: TaskStatus) -> EventEnvelope:
         version=task.version,
         type="task_status_changed",
         occurred_at=datetime.now(UTC),
-        payload={"task_id": task.id, "to_status": to.value},
+        payload=TaskStatusChanged(
+            task_id=task.id,
+            from_status=S.PENDING,
+            to_status=to,
+            actor="scheduler",
+            reason_code=ReasonCode.PLACED,
+        ).model_dump(mode="json"),
     )
 
 
