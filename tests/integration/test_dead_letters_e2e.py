@@ -1,28 +1,109 @@
-"""Poison messages reach the dead-letter queue, end to end on `heteroflow up` (real processes,
-real NATS and PostgreSQL): a task event that no consumer can read fails `max_deliver` times
-in every consumer of its subject, and each consumer's forwarder-made copy lands in HF_DLQ
-once, where `heteroflow events dead-letters --consumers` shows it."""
+"""Poison messages reach the dead-letter queue, end to end on `heteroflow up` with its embedded
+NATS and PostgreSQL (every service on its own NATS user, the local agent on its node's): a
+task event that no consumer can read fails `max_deliver` times in every consumer of its
+subject, and each consumer's copy lands in HF_DLQ once, made by the forwarder its process
+runs; `heteroflow events dead-letters --consumers` shows them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import signal
+import socket
 import subprocess
+import tempfile
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from nats.js.errors import NotFoundError
 
+from heteroflow.asyncapi import all_routes
 from libs.bus import subjects as s
 from libs.bus.nats import HDR_DLQ_CONSUMER, connect
+from libs.embedded import EmbeddedNats
 
-from .cluster import BIN, Cluster
+from . import web
+from .cluster import BIN
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+READY_WITHIN_S = 90.0
 # Every consumer of the subject tries 8 times, a second apart (the default nak delay).
 DEAD_WITHIN_S = 90.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Up:
+    home: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes]
+
+    def output(self) -> str:
+        path = self.home.parent / "up.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    @property
+    def nats_url(self) -> str:
+        """The embedded server's admin URL, as the ops commands find it."""
+        root = self.home / "nats"
+        return EmbeddedNats(root, port=int((root / "port").read_text())).url
+
+    def wait(self, cond: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert self.proc.poll() is None, self.output()
+            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.output()}"
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def up() -> Iterator[Up]:
+    """`heteroflow up` with its own embedded NATS and PostgreSQL under a fresh home."""
+    root = Path(tempfile.mkdtemp(prefix="hf-dlq-"))
+    home = root / "home"
+    (home / "nats").mkdir(parents=True)
+    # The embedded NATS port as `up` saves it, where the ops commands look it up.
+    (home / "nats" / "port").write_text(str(_free_port()))
+    port = _free_port()
+    env = os.environ | {"HETEROFLOW_HOME": str(home), "HETEROFLOW_PORT": str(port)}
+    env.pop("HETEROFLOW_NATS_PORT", None)
+    env.pop("HETEROFLOW_NATS_URL", None)
+    env.pop("HETEROFLOW_DATABASE_URL", None)
+    out = (root / "up.log").open("ab")
+    proc = subprocess.Popen([str(BIN), "up"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    platform = Up(home, env, proc)
+
+    def ready() -> bool:
+        try:
+            return web.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        platform.wait(ready, "the platform ready", READY_WITHIN_S)
+        yield platform
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        out.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def matches(filter_subject: str, subject: str) -> bool:
@@ -84,22 +165,31 @@ async def _dead(url: str, dlq: str) -> list[dict[str, Any]]:
     return out
 
 
-def test_a_task_event_no_consumer_can_read_lands_in_the_dlq_once_per_consumer(
-    cluster: Cluster,
-) -> None:
+def test_a_task_event_no_consumer_can_read_lands_in_the_dlq_once_per_consumer(up: Up) -> None:
     task_id = f"poison-{uuid.uuid4().hex[:8]}"
     subject = s.event_subject("task", task_id, "task_status_changed")
     body = b'{"not": "an event envelope"}'  # every consumer's decode fails, on every delivery
-    url = cluster.nats.url
-    consumers = asyncio.run(_consumers_of(url, subject))
+    url = up.nats_url
+    # What the code declares: every durable on the subject, with its max_deliver.
+    consumers = {
+        d.durable: d.max_deliver
+        for r in all_routes()
+        for d in r.durables
+        if d.stream == s.EVENTS_STREAM and matches(d.subject, subject)
+    }
     assert consumers, "no consumer on the task's status events"
+    up.wait(  # /readyz may answer before every service has declared its consumers
+        lambda: asyncio.run(_consumers_of(url, subject)) == consumers,
+        f"the consumers {sorted(consumers)} declared",
+        READY_WITHIN_S,
+    )
 
     asyncio.run(_publish(url, subject, body))
     dlq = s.dlq_subject(subject)
-    cluster.wait(
+    up.wait(
         lambda: {d["consumer"] for d in asyncio.run(_dead(url, dlq))} == set(consumers),
         f"a dead letter on {dlq} from each of {sorted(consumers)}",
-        timeout=DEAD_WITHIN_S,
+        DEAD_WITHIN_S,
     )
     dead = asyncio.run(_dead(url, dlq))
     assert sorted(d["consumer"] for d in dead) == sorted(consumers)  # one copy per consumer
@@ -107,7 +197,7 @@ def test_a_task_event_no_consumer_can_read_lands_in_the_dlq_once_per_consumer(
 
     done = subprocess.run(
         [str(BIN), "events", "dead-letters", "--consumers"],
-        env=cluster.env,
+        env=up.env,
         capture_output=True,
         text=True,
         timeout=60,
