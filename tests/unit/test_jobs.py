@@ -4,7 +4,7 @@ the cascade that creates, skips and settles (seed 004, SPEC §7)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -28,7 +28,12 @@ from libs.domain.job_state import (
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import TaskId, TenantId
-from services.job_orchestrator.handlers.task_ended import retry_outcome, status_outcome
+from libs.store.eventstore import EventStore
+from services.job_orchestrator.handlers.task_ended import (
+    Orchestrator,
+    retry_outcome,
+    status_outcome,
+)
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 ALLOW = ["/data"]
@@ -426,3 +431,9 @@ def test_a_retry_decision_that_ends_a_job_task(action: str, outcome: N | None) -
         }
     )
     assert retry_outcome(decided) is outcome
+
+
+def test_the_orchestrator_takes_status_changes_and_retry_decisions() -> None:
+    """A failed job task is final only with the retry engine's decision: both types count."""
+    orchestrator = Orchestrator(cast(EventStore, None))
+    assert orchestrator.handlers.types == {TaskStatusChanged.type, TaskRetryDecided.type}

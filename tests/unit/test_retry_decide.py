@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 import pytest
@@ -13,6 +13,7 @@ from libs.domain.events import TaskRetryDecided, TaskStatusChanged
 from libs.domain.reasons import ReasonCode
 from libs.domain.states import TaskStatus
 from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.store.eventstore import EventStore
 from services.retry_engine.decide import (
     Evidence,
     NodeFacts,
@@ -20,7 +21,7 @@ from services.retry_engine.decide import (
     backoff_delay,
     decide_retry,
 )
-from services.retry_engine.handlers.failures import evidence_of
+from services.retry_engine.handlers.failures import RetryEngine, evidence_of
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 CFG = RetryConfig(retry_delay_s=30, backoff_multiplier=2, oom_memory_limit_mb=16384)
@@ -183,3 +184,8 @@ def test_the_failure_event_is_the_evidence() -> None:
         update={"oom_killed": None, "error_kind": None, "error": None, "result": None}
     )
     assert evidence_of(envelope, bare) == ev(exit_code=137)
+
+
+def test_the_engine_takes_status_changes_only() -> None:
+    engine = RetryEngine(cast(EventStore, None), CFG)
+    assert engine.handlers.types == {TaskStatusChanged.type}
