@@ -15,6 +15,7 @@ from libs.domain.task import Task, TaskSpec, TenantId
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 from services.scheduler import view
+from services.scheduler.controllers.placement import Placer
 from services.scheduler.placement.model import Allocation, Node
 
 pytestmark = pytest.mark.integration
@@ -192,3 +193,26 @@ async def test_between_listings_the_view_only_overstates_what_is_held(store: Eve
     await stop(store, placed.id)
     await always.refresh(store)
     assert always.allocations == ()
+
+
+async def test_a_rounds_placement_event_records_why_this_node(store: EventStore) -> None:
+    """The placer commits the chosen node's named scores with the placement: the stored
+    event says the node was left with no free card (bin-pack), the other with one more."""
+    for node_id in ("n1", "n2"):
+        await register(store, node_id)
+    held, pending = await store.create_tasks(
+        [
+            (T, TaskSpec(name="h", image="i", gpu_required=1), None, None),
+            (T, TaskSpec(name="p", image="i", gpu_required=1, memory_mb=4_096), None, None),
+        ]
+    )
+    await place(store, held.id, "n2", "n2-g0")
+    result = await Placer(store, store.clock).round()
+    assert result.placements == [pending.id]
+    (event,) = [e for e in await store.read_stream(pending.id) if e.version == 2]
+    assert event.payload["node_id"] == "n2"
+    assert event.payload["scores"] == {
+        "free_cards_after": 0,
+        "card_room_after": 0.0,
+        "free_memory_mb_after": 65_536 - 4_096 - 2_048,
+    }
