@@ -178,3 +178,21 @@ def test_a_pure_import_loads_no_service(code: str) -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", check], cwd=ROOT, check=True, timeout=60)
+
+
+def test_a_services_up_flag_is_a_switch_of_up() -> None:
+    from heteroflow.platform import PlatformSettings
+
+    flags = {spec.name: spec.up_flag for spec in SERVICES if spec.up_flag is not None}
+    assert flags == {"rollout": "rollout_in_up"}
+    for flag in flags.values():
+        assert PlatformSettings.model_fields[flag].annotation is bool
+
+
+def test_up_hands_the_gateway_its_own_settings_and_the_others_theirs() -> None:
+    from heteroflow.platform import PlatformSettings, service_settings
+
+    platform = PlatformSettings(port=4444)
+    assert service_settings(by_name("api-gateway"), platform) is platform
+    scheduler = by_name("scheduler")
+    assert type(service_settings(scheduler, platform)) is scheduler.Settings
