@@ -50,7 +50,6 @@ class ServiceContext:
         await self.store.close()
 
 
-ServiceMain = Callable[[ServiceContext, asyncio.Event], Awaitable[None]]
 ServiceRun = Callable[[ServiceContext, asyncio.Event, Any], Awaitable[None]]
 
 
