@@ -9,6 +9,10 @@ generated from their routes: all of it from `SERVICES`. Adding a service is a pa
 
 The order is the start order of `up --processes`: the relay first (every consumer waits on
 the events it publishes), the api-gateway last (it takes requests once the rest is up).
+
+Not services: the local agent (a node's process, `heteroflow agent`, which `up` adds unless
+HETEROFLOW_LOCAL_AGENT=false) and the node-login sync (a loop of `up` itself over the
+embedded NATS server it owns, heteroflow/platform.py).
 """
 
 from __future__ import annotations
