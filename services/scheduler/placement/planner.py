@@ -45,7 +45,7 @@ from .model import (
     Unplaced,
 )
 from .queues import check_queue, pool_full, with_queues
-from .rankers import named_scores, rank, seeded_shuffle
+from .rankers import named, ranked, seeded_shuffle
 from .reasons import CAPACITY_REASONS, Reason, Verdict, reject
 from .search import Search, Tally, reason_at, search, tally
 from .stages import NODE_STAGE_ORDER, check_node
@@ -247,7 +247,7 @@ def schedule_task(ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt:
     found, unplaced = _search(ev, ledger, task, quota)
     if found.fits:
         refused: Verdict | None = None
-        for best in rank(found.fits, task):
+        for scores, best in ranked(found.fits, task):
             ports = allocate_ports(ev, ledger, task, best.node)
             if isinstance(ports, Verdict):
                 refused = refused or ports
@@ -260,7 +260,7 @@ def schedule_task(ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt:
                 fractions=best.grant.fractions,
                 gpu_label=gpu_label(best.node.gpus, best.grant.gpu_ids),
                 ports=ports,
-                scores=named_scores(best, task),
+                scores=named(scores),
             )
             holding = _holding(task, best)
             if ports:

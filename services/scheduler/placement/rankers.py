@@ -64,6 +64,9 @@ RANKERS: tuple[Ranker, ...] = (
 )
 
 
+NAMES: tuple[str, ...] = tuple(r.name for r in RANKERS)
+
+
 def score(fit: Fit, task: PendingTask) -> Score:
     """Lower is better: every ranker's score, in `RANKERS` order."""
     return tuple([r.score(fit, task) for r in RANKERS])
@@ -81,7 +84,23 @@ def seeded_shuffle(items: Sequence[T], seed: str, key: Callable[[T], str]) -> li
     return out
 
 
+def ranked(fits: Sequence[Fit], task: PendingTask) -> list[tuple[Score, Fit]]:
+    """(score, fit), best first; equal scores keep their seeded-shuffle order."""
+    shuffled = seeded_shuffle(fits, task.task_id, key=lambda f: f.node.id)
+    scored = [(score(f, task), f) for f in shuffled]
+    scored.sort(key=_by_score)  # stable: ties stay in shuffle order
+    return scored
+
+
+def _by_score(scored: tuple[Score, Fit]) -> Score:
+    return scored[0]
+
+
 def rank(fits: Sequence[Fit], task: PendingTask) -> list[Fit]:
     """Best first; equal scores keep their seeded-shuffle order."""
-    shuffled = seeded_shuffle(fits, task.task_id, key=lambda f: f.node.id)
-    return sorted(shuffled, key=lambda f: score(f, task))
+    return [f for _, f in ranked(fits, task)]
+
+
+def named(scores: Score) -> dict[str, float]:
+    """A score by its rankers' names."""
+    return dict(zip(NAMES, scores, strict=True))

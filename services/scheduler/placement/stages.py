@@ -102,7 +102,7 @@ VRAM = Stage("vram", Reason.INSUFFICIENT_VRAM, True, check_vram)
 WHOLE_CARDS = CardStage(
     "whole_cards",
     Reason.INSUFFICIENT_GPUS,
-    lambda req: bool(req.gpu_count) and not req.is_fractional,
+    lambda req: req.gpu_count > 0,  # a fraction has no whole cards
     allocate_whole,
 )
 FRACTION = CardStage(
