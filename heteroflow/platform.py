@@ -306,7 +306,9 @@ async def serve(
             platform.embedded_servers(), first_backoff_s=settings.embedded_restart_backoff_s
         )
         watch = asyncio.create_task(servers.run(stop))
-        platform.store = await EventStore.open(platform.database_url, max_size=settings.db_pool_max)
+        # For the credentials bootstrap and the node-login sync: every service, the gateway
+        # included, opens a pool of its own.
+        platform.store = await EventStore.open(platform.database_url, max_size=2)
         await _serve_services(platform, stop, ready)
     finally:
         stop.set()
