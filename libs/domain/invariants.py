@@ -373,8 +373,8 @@ class HistoryChecker:
         vram = self._vram.get(card)
         if task.whole_gpus:
             return _Share(1.0, vram, placed)
-        # As the scheduler accounts a fraction (services/scheduler/model.py `share_on`): a
-        # request naming one dimension holds the matching share of the other.
+        # As the scheduler accounts a fraction (services/scheduler/placement/model.py
+        # `share_on`): a request naming one dimension holds the matching share of the other.
         need = task.frac_vram_mb or (math.ceil(task.frac_ratio * vram) if vram else 0)
         ratio = task.frac_ratio or (min(1.0, need / vram) if vram else 0.0)
         return _Share(ratio, need or None, placed)
