@@ -24,18 +24,23 @@ class WaitTimeout(AssertionError):
     """The predicate never held within the timeout (an AssertionError: a failed test)."""
 
 
-def _failure(message: str, timeout: float, last: object) -> WaitTimeout:
-    return WaitTimeout(f"{message or 'condition'} not met within {timeout:g} s (last: {last!r})")
+Message = str | Callable[[], object]
+
+
+def _failure(message: Message, timeout: float, last: object) -> WaitTimeout:
+    text = message() if callable(message) else message
+    return WaitTimeout(f"{text or 'condition'} not met within {timeout:g} s (last: {last!r})")
 
 
 def wait_until(
     predicate: Callable[[], T],
     timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = DEFAULT_INTERVAL_S,
-    message: str = "",
+    message: Message = "",
 ) -> T:
     """Call `predicate` every `interval` s until it returns a truthy value, and return that;
-    raise `WaitTimeout` once `timeout` s have passed (it is always tried at least once)."""
+    raise `WaitTimeout` once `timeout` s have passed (it is always tried at least once).
+    `message` may be a function: it is called only on a timeout (to add a log, a state)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -51,7 +56,7 @@ async def wait_until_async(
     predicate: Callable[[], Awaitable[T]],
     timeout: float = ...,  # noqa: ASYNC109 - the same signature as wait_until
     interval: float = ...,
-    message: str = ...,
+    message: Message = ...,
 ) -> T: ...
 
 
@@ -60,7 +65,7 @@ async def wait_until_async(
     predicate: Callable[[], T],
     timeout: float = ...,  # noqa: ASYNC109
     interval: float = ...,
-    message: str = ...,
+    message: Message = ...,
 ) -> T: ...
 
 
@@ -68,7 +73,7 @@ async def wait_until_async(
     predicate: Callable[[], Any],
     timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109 - the same signature as wait_until
     interval: float = DEFAULT_INTERVAL_S,
-    message: str = "",
+    message: Message = "",
 ) -> Any:
     """`wait_until` for a coroutine: the loop keeps running between tries, and a predicate
     that returns an awaitable is awaited."""

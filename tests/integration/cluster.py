@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from libs.embedded import EmbeddedNats
+from tests.wait import wait_until
 
 from . import web
 
@@ -169,12 +170,10 @@ class Cluster(TenantCalls):
         return dict(r.json())
 
     def wait(self, cond: Callable[[], bool], what: str, timeout: float = 30.0) -> float:
+        """Poll `cond` until it holds (the seconds it took); a timeout shows the control log."""
         started = time.monotonic()
-        while time.monotonic() - started < timeout:
-            if cond():
-                return time.monotonic() - started
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}\n--- control\n{self.log('control')}")
+        wait_until(cond, timeout, 0.1, lambda: f"{what}\n--- control\n{self.log('control')}")
+        return time.monotonic() - started
 
     def wait_status(self, task_id: str, *statuses: str, timeout: float = 30.0) -> dict[str, Any]:
         self.wait(

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,8 @@ import httpx
 import psycopg
 import yaml
 from docker.models.containers import Container
+
+from tests.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "compose.yaml"
@@ -44,15 +45,14 @@ POLL_S = 0.2
 
 def wait(cond: Callable[[], bool], what: str, timeout: float, logs: Callable[[], str]) -> None:
     """Poll `cond` until it holds; fail with `what` and `logs()` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def holds() -> bool:
         try:
-            if cond():
-                return
+            return cond()
         except (httpx.HTTPError, psycopg.OperationalError):
-            pass
-        time.sleep(POLL_S)
-    raise AssertionError(f"not within {timeout}s: {what}\n{logs()}")
+            return False  # not up yet
+
+    wait_until(holds, timeout, POLL_S, lambda: f"{what}\n{logs()}")
 
 
 def why_not_here() -> str:

@@ -36,6 +36,7 @@ from libs.store.fenced import FencedWriter
 from libs.store.fencing import Fence
 from services.autoscaler.controllers.scaler import AutoScaler
 from services.autoscaler.controllers.windows import WindowController
+from tests.wait import wait_until_async
 
 from .helpers import Api
 
@@ -309,13 +310,6 @@ class Counting(AutoScaler):
         await super().evaluate(term)
 
 
-async def wait_for(cond: Callable[[], bool], what: str, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_a_second_instance_never_acts_while_the_first_holds_the_lease(
     api: Api, nc: Client
 ) -> None:
@@ -336,16 +330,18 @@ async def test_a_second_instance_never_acts_while_the_first_holds_the_lease(
         )
 
     ta = start(a, "a", stop_a)
-    await wait_for(lambda: a.passes >= 1, "a leads")
+    await wait_until_async(lambda: a.passes >= 1, 10.0, 0.05, "a leads")
     tb = start(b, "b", stop_b)
     try:
-        await wait_for(lambda: a.passes >= 40, "a keeps leading for many passes")
+        await wait_until_async(
+            lambda: a.passes >= 40, 10.0, 0.05, "a keeps leading for many passes"
+        )
         assert b.passes == 0
         assert (await view(api, gid))["replicas"] == 3
         stop_a.set()
         await ta
         hear(book, gid, rps=50)  # wants 5: only b can act now
-        await wait_for(lambda: b.passes >= 1, "b takes over once a has gone")
+        await wait_until_async(lambda: b.passes >= 1, 10.0, 0.05, "b takes over once a has gone")
         deadline = time.monotonic() + 10
         while (await view(api, gid))["replicas"] != 5:
             assert time.monotonic() < deadline, "b did not scale"

@@ -21,6 +21,7 @@ from libs.bus import pull
 from libs.bus import subjects as s
 from libs.bus.broker import Routes, serve
 from libs.bus.nats import HDR_DLQ_CONSUMER, connect, ensure_stream, ensure_streams
+from tests.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +37,6 @@ async def nc(nats_url: str) -> AsyncIterator[Client]:
     client = await connect(nats_url, "test-broker")
     yield client
     await client.close()
-
-
-async def _until(check: object, what: str) -> None:
-    end = time.monotonic() + DEADLINE_S
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_durable_handles_in_order_naks_failures_and_skips_bad_bodies(nc: Client) -> None:
@@ -76,7 +70,9 @@ async def test_durable_handles_in_order_naks_failures_and_skips_bad_bodies(nc: C
             if i == 100:
                 await js.publish(f"{prefix}.k.item", b"not an item")
             await js.publish(f"{prefix}.k{i % 3}.item", Item(n=i).model_dump_json().encode())
-        await _until(lambda: 7 in seen and len(seen) == 300, "every item")
+        await wait_until_async(
+            lambda: 7 in seen and len(seen) == 300, DEADLINE_S, 0.02, "every item"
+        )
         assert [n for n in seen if n != 7] == [n for n in range(300) if n != 7]
         assert failed == [7] and seen.index(7) > 7  # retried after the nak, not lost
         info = await js.consumer_info(stream, f"d{tag}")
@@ -130,11 +126,13 @@ async def test_a_listener_on_a_stream_subject_leaves_the_publish_ack_alone(nc: C
     stop = asyncio.Event()
     server = asyncio.create_task(serve(nc, [routes], stop))
     try:
-        await _until(lambda: server.done() or _subscribed(nc, prefix), "the subscription")
+        await wait_until_async(
+            lambda: server.done() or _subscribed(nc, prefix), DEADLINE_S, 0.02, "the subscription"
+        )
         for i in range(50):
             ack = await js.publish(f"{prefix}.k", Item(n=i).model_dump_json().encode())
             assert ack.stream == stream and ack.seq == i + 1
-        await _until(lambda: len(heard) == 50, "every message heard")
+        await wait_until_async(lambda: len(heard) == 50, DEADLINE_S, 0.02, "every message heard")
     finally:
         stop.set()
         await server
@@ -186,7 +184,7 @@ async def test_a_pipelined_consumer_starts_the_next_batch_once_the_last_is_order
     js = nc.jetstream()
     try:
         await js.publish(f"{prefix}.k.item", Item(n=0).model_dump_json().encode())
-        await _until(lambda: seen == [0], "the first batch")
+        await wait_until_async(lambda: seen == [0], DEADLINE_S, 0.02, "the first batch")
         await js.publish(f"{prefix}.k.item", Item(n=1).model_dump_json().encode())
         await asyncio.wait_for(second_started.wait(), DEADLINE_S)
         assert not gate.is_set()  # the first batch is still holding
@@ -225,14 +223,14 @@ async def test_a_batch_that_is_not_ordered_holds_back_the_next(nc: Client) -> No
     js = nc.jetstream()
     try:
         await js.publish(f"{prefix}.k.item", Item(n=0).model_dump_json().encode())
-        await _until(lambda: events == ["start 0"], "the first batch")
+        await wait_until_async(lambda: events == ["start 0"], DEADLINE_S, 0.02, "the first batch")
         await js.publish(f"{prefix}.k.item", Item(n=1).model_dump_json().encode())
         # A pipelined start would come within milliseconds; a second is a wide margin.
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(asyncio.shield(second_started.wait()), 1.0)
         gate.set()
         await asyncio.wait_for(second_started.wait(), DEADLINE_S)
-        await _until(lambda: len(events) == 4, "the second batch's end")
+        await wait_until_async(lambda: len(events) == 4, DEADLINE_S, 0.02, "the second batch's end")
         assert events == ["start 0", "end 0", "start 1", "end 1"]
     finally:
         gate.set()
@@ -318,11 +316,11 @@ async def test_an_eager_fetch_takes_what_is_held_at_once_and_waits_for_nothing_m
     stop = asyncio.Event()
     server = asyncio.create_task(serve(nc, [routes], stop))
     try:
-        await _until(lambda: len(handled) == 50, "the held messages")
+        await wait_until_async(lambda: len(handled) == 50, DEADLINE_S, 0.02, "the held messages")
         assert batches == [list(range(0, 20)), list(range(20, 40)), list(range(40, 50))]
         sent = time.monotonic()
         await js.publish(f"{prefix}.k.item", Item(n=50).model_dump_json().encode())
-        await _until(lambda: 50 in handled, "the lone message")
+        await wait_until_async(lambda: 50 in handled, DEADLINE_S, 0.02, "the lone message")
         assert batches[-1] == [50]
         assert handled[50] - sent < pull.IDLE_FETCH_S / 2  # not held for the idle window
     finally:
@@ -363,10 +361,14 @@ async def test_lanes_keep_the_order_of_a_key_and_run_keys_side_by_side(nc: Clien
     try:
         for i in range(20):
             await js.publish(f"{prefix}.k.item", Item(n=i).model_dump_json().encode())
-        await _until(lambda: len(seen["b"]) == 10, "key b while key a is held")
+        await wait_until_async(
+            lambda: len(seen["b"]) == 10, DEADLINE_S, 0.02, "key b while key a is held"
+        )
         assert seen["a"] == [] and seen["b"] == list(range(1, 20, 2))
         gate.set()
-        await _until(lambda: len(seen["a"]) == 10, "key a once released")
+        await wait_until_async(
+            lambda: len(seen["a"]) == 10, DEADLINE_S, 0.02, "key a once released"
+        )
         assert seen["a"] == list(range(0, 20, 2))
         await _until_acked_pending(js, stream, f"d{tag}", 0, at_most=True)
     finally:

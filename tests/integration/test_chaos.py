@@ -41,6 +41,7 @@ import pytest
 
 from libs import pidfile
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
+from tests.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -121,10 +122,12 @@ class Up:
     def until(self, cond: Callable[[], bool], what: str, within_s: float) -> float:
         """Poll `cond` until it holds; the seconds it took."""
         started = time.monotonic()
-        while not cond():
+
+        def alive_and_holds() -> bool:
             assert self.proc is None or self.proc.poll() is None, f"up exited\n{self.output()}"
-            assert time.monotonic() - started < within_s, f"not within {within_s}s: {what}"
-            time.sleep(0.1)
+            return cond()
+
+        wait_until(alive_and_holds, within_s, 0.1, what)
         return time.monotonic() - started
 
     def readyz(self) -> tuple[int, dict[str, str]]:

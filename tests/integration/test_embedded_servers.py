@@ -13,8 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -25,6 +24,7 @@ from libs.bus.nats import connect
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.pidfile import StoreInUse
 from libs.server_supervisor import RESTARTS, ServerSupervisor
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -73,13 +73,6 @@ def alive(pid: int) -> bool:
 
 def servers_of(server: EmbeddedNats | EmbeddedPostgres) -> list[int]:
     return pidfile.find(server._is_server)
-
-
-def until(cond: Callable[[], bool], what: str, within_s: float = 30.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def has_table(url: str) -> bool:
@@ -144,12 +137,16 @@ async def test_the_supervisor_starts_a_killed_server_again(root: Path) -> None:
         for pid in old.values():
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
-        await _until_async(  # counted once a server is back and ready
+        await wait_until_async(
             lambda: all(RESTARTS.labels(n)._value.get() == before[n] + 1 for n in before),
+            60.0,
+            0.05,
             "both servers started again",
         )
         assert nats.pid != old["nats-server"] and pg.pid != old["postgres"]
-        await _until_async(lambda: nc.is_connected, "the NATS client reconnected by itself")
+        await wait_until_async(
+            lambda: nc.is_connected, 60.0, 0.05, "the NATS client reconnected by itself"
+        )
         assert pg.url == url and nats.port == port
         assert await asyncio.to_thread(has_table, url)
         assert servers_of(nats) == [nats.pid] and servers_of(pg) == [pg.pid]
@@ -164,13 +161,6 @@ async def test_the_supervisor_starts_a_killed_server_again(root: Path) -> None:
 def _make_table(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE kept (n int)")
-
-
-async def _until_async(cond: Callable[[], bool], what: str, within_s: float = 60.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not cond():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
 
 
 def _free_port() -> int:

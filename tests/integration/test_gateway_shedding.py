@@ -23,6 +23,7 @@ from libs.config import GatewaySettings
 from libs.embedded import EmbeddedPostgres
 from libs.store.eventstore import EventStore
 from services.api_gateway.app import create_app
+from tests.wait import wait_until_async
 
 from . import web
 from .helpers import bearer
@@ -57,13 +58,6 @@ async def gateway(
         await store.close()
 
 
-async def _until(check: object, what: str) -> None:
-    end = time.monotonic() + DEADLINE_S
-    while not await check():  # type: ignore[operator]
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def test_writes_past_the_bound_are_shed_at_once_reads_served_nothing_lost(
     database_url: str,
 ) -> None:
@@ -80,7 +74,9 @@ async def test_writes_past_the_bound_are_shed_at_once_reads_served_nothing_lost(
             async def both_in_flight() -> bool:
                 return (REGISTRY.get_sample_value(IN_FLIGHT_WRITES, {"kind": "write"}) or 0) >= 2
 
-            await _until(both_in_flight, "two creates in flight behind the lock")
+            await wait_until_async(
+                both_in_flight, DEADLINE_S, 0.02, "two creates in flight behind the lock"
+            )
             assert not any(h.done() for h in held)
             started = time.monotonic()
             shed = await client.post("/api/v1/tasks", json=TASK, headers=acme)
@@ -150,7 +146,9 @@ async def test_with_the_database_gone_requests_are_503_within_the_bound_then_rec
                 r = await client.post("/api/v1/tasks", json=TASK, headers=acme)
                 return r.status_code == 201
 
-            await _until(served, "a create served after the database came back")
+            await wait_until_async(
+                served, DEADLINE_S, 0.02, "a create served after the database came back"
+            )
             assert (await client.get("/readyz")).json() == {
                 "status": "ok",
                 "checks": {"postgres": "ok"},

@@ -10,8 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import psutil
@@ -19,6 +18,7 @@ import pytest
 
 from libs import auth
 from libs.store.eventstore import EventStore
+from tests.wait import wait_until
 
 from . import web
 from .cluster import free_port
@@ -26,15 +26,6 @@ from .cluster import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BODY = {"name": "w", "image": "busybox:latest"}
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def workers_of(parent: psutil.Process) -> set[int]:
@@ -105,7 +96,7 @@ def test_two_workers_serve_restart_and_stop(
     parent = psutil.Process(proc.pid)
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {key}"}
-    wait_for(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), "every worker ready")
+    wait_until(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), 60.0, 0.2, "every worker ready")
 
     first = workers_of(parent)
     assert len(first) == 2
@@ -116,8 +107,8 @@ def test_two_workers_serve_restart_and_stop(
 
     victim = min(first)
     os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: len(workers_of(parent) - first) == 1, "a replacement worker")
-    wait_for(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), "ready again")
+    wait_until(lambda: len(workers_of(parent) - first) == 1, 60.0, 0.2, "a replacement worker")
+    wait_until(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), 60.0, 0.2, "ready again")
     second = workers_of(parent)
     assert victim not in second and len(second) == 2
     r = web.post(f"{url}/api/v1/tasks", json=BODY, headers=headers, timeout=10)
@@ -125,4 +116,4 @@ def test_two_workers_serve_restart_and_stop(
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
-    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in second), "workers gone", 15)
+    wait_until(lambda: not any(psutil.pid_exists(pid) for pid in second), 15, 0.2, "workers gone")

@@ -5,9 +5,8 @@ connected to is SIGKILLed; the stream ends up holding every committed event once
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psycopg
@@ -24,20 +23,13 @@ from libs.bus.lease import open_lease_bucket
 from libs.bus.nats import connect, ensure_streams
 from libs.store.migrations import migrate
 from libs.store.relay import OutboxRelay
+from tests.wait import wait_until_async
 
 from .nats_cluster import NatsCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DEADLINE_S = 30.0
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {DEADLINE_S}s: {what}")
-        await asyncio.sleep(0.2)
 
 
 @pytest.fixture
@@ -61,7 +53,7 @@ async def nc(cluster: NatsCluster, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
         except Exception:  # noqa: BLE001 - "no meta leader yet" comes as several errors
             return False
 
-    await eventually(declared, "the streams are declared")
+    await wait_until_async(declared, DEADLINE_S, 0.2, "the streams are declared")
     yield client
     await client.close()
 
@@ -117,7 +109,9 @@ async def test_relay_keeps_publishing_when_a_server_is_killed(
             async def first_batch() -> bool:
                 return len(await stored_ids(js, stream_type)) == 100
 
-            await eventually(first_batch, "the first 100 events are in the stream")
+            await wait_until_async(
+                first_batch, DEADLINE_S, 0.2, "the first 100 events are in the stream"
+            )
             victim = cluster.by_url(str(nc.connected_url.geturl() if nc.connected_url else ""))
             victim.kill()
             # Committed while the client reconnects and the stream may elect a new leader.
@@ -131,7 +125,7 @@ async def test_relay_keeps_publishing_when_a_server_is_killed(
                 except (NatsTimeoutError, APIError):
                     return False  # this reader's own requests during the failover
 
-            await eventually(everything, "all 300 events are in the stream")
+            await wait_until_async(everything, DEADLINE_S, 0.2, "all 300 events are in the stream")
         finally:
             stop.set()
             await running
@@ -147,7 +141,7 @@ async def test_relay_keeps_publishing_when_a_server_is_killed(
             return False
         return True
 
-    await eventually(read_back, "the stream read back")
+    await wait_until_async(read_back, DEADLINE_S, 0.2, "the stream read back")
     assert stored == ids
     info = await js.stream_info(s.EVENTS_STREAM)
     assert info.cluster is not None

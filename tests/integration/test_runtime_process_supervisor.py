@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import pytest
 
 from agent.runtimes.base import ErrorKind, Handle, RunSpec, RunState, RuntimeStartError
 from agent.runtimes.process import ProcessRuntime
+from tests.wait import wait_until_async
 
 pytestmark = [
     pytest.mark.integration,
@@ -76,15 +77,6 @@ def _fds(pid: int) -> dict[str, str]:
     return fds
 
 
-async def _until(
-    check: Callable[[], bool], seen: Callable[[], object], within_s: float = 5
-) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        assert time.monotonic() < deadline, seen()
-        await asyncio.sleep(0.02)
-
-
 def _cgroup_procs(cgroup: str) -> list[str]:
     return Path(cgroup, "cgroup.procs").read_text().split()
 
@@ -117,7 +109,9 @@ async def test_the_jobs_process(runtimes: list[ProcessRuntime], tmp_path: Path) 
     assert int(_status(pid)["SigIgn"], 16) & (1 << (signal.SIGPIPE - 1)) == 0
     log = str(d / "output.log")
     # Nothing else leaks in. (Polled: while `sleep` is being loaded, ld.so has a file open.)
-    await _until(lambda: _fds(pid) == {"0": "/dev/null", "1": log, "2": log}, lambda: _fds(pid))
+    await wait_until_async(
+        lambda: _fds(pid) == {"0": "/dev/null", "1": log, "2": log}, 5, 0.02, lambda: _fds(pid)
+    )
     assert os.readlink(f"/proc/{pid}/cwd") == str(d / "work")
     assert int(_status(pid)["Uid"].split()[0]) == os.geteuid()
 
@@ -203,7 +197,9 @@ async def test_the_supervisor_holds_only_the_log_and_dev_null(
     h = await rt.start(spec("exec sleep 30"))
     sup = _pids(rt, h)["supervisor_pid"]
     log = str(rt.tasks_dir / f"{h.task_id}-0" / "output.log")
-    await _until(lambda: _fds(sup) == {"0": "/dev/null", "2": log}, lambda: _fds(sup))
+    await wait_until_async(
+        lambda: _fds(sup) == {"0": "/dev/null", "2": log}, 5, 0.02, lambda: _fds(sup)
+    )
     assert rt.forker_pid is not None
     assert _environ(rt.forker_pid) == b""  # no agent secrets
     assert _environ(sup) == b""
@@ -223,7 +219,9 @@ async def test_ended_supervisors_are_reaped_at_once(
     def zombies() -> list[int]:
         return [c.pid for c in forker.children() if c.status() == psutil.STATUS_ZOMBIE]
 
-    await _until(lambda: not forker.children(), lambda: (forker.children(), zombies()), 1.0)
+    await wait_until_async(
+        lambda: not forker.children(), 1.0, 0.02, lambda: (forker.children(), zombies())
+    )
 
 
 async def test_a_dead_forker_is_started_again(

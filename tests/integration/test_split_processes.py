@@ -27,6 +27,7 @@ import pytest
 
 from heteroflow.services import names
 from libs.embedded import EmbeddedNats
+from tests.wait import wait_until
 
 from . import web
 from .cluster import free_port
@@ -63,13 +64,11 @@ class Split:
         return path.read_text(errors="replace")[-8000:] if path.exists() else ""
 
     def wait(self, cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def alive_and_holds() -> bool:
             assert self.proc.poll() is None, f"platform exited\n{self.output()}"
-            if cond():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}\n{self.output()}")
+            return cond()
+
+        wait_until(alive_and_holds, timeout, 0.2, lambda: f"{what}\n{self.output()}")
 
     def children(self) -> dict[str, dict[str, Any]]:
         path = self.home / "processes.json"

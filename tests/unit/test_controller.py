@@ -14,6 +14,7 @@ from libs.controller import Controller, Term, for_each, run_controller
 from libs.domain.errors import Fenced
 from libs.store.fencing import Fence
 from services.scheduler.controllers.groups import GroupController, policy_from
+from tests.wait import wait_until_async
 
 FAST = 0.01
 
@@ -93,13 +94,6 @@ class Recorder(Controller):
         self.depositions += 1
 
 
-async def until(cond: Callable[[], bool], what: str, within_s: float = 5.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(FAST / 2)
-
-
 def start(
     ctl: Controller, lease: FakeLease, clock: Callable[[], float] = time.monotonic
 ) -> tuple[asyncio.Event, asyncio.Task[None]]:
@@ -118,7 +112,7 @@ async def finish(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
 async def test_each_pass_gets_the_terms_fence_and_the_injected_clock() -> None:
     ctl, lease, clock = Recorder(), FakeLease("node-monitor"), ManualClock()
     stop, task = start(ctl, lease, clock)
-    await until(lambda: len(ctl.passes) >= 3, "three passes")
+    await wait_until_async(lambda: len(ctl.passes) >= 3, 5.0, FAST / 2, "three passes")
     await finish(stop, task)
     (term,) = ctl.elections
     assert term.fence == Fence("node-monitor", 1)
@@ -133,7 +127,7 @@ async def test_without_the_lease_nothing_is_evaluated() -> None:
     ctl, lease = Recorder(), FakeLease()
     lease.available = False
     stop, task = start(ctl, lease)
-    await until(lambda: lease.attempts >= 5, "five attempts at the lease")
+    await wait_until_async(lambda: lease.attempts >= 5, 5.0, FAST / 2, "five attempts at the lease")
     await finish(stop, task)
     assert ctl.passes == [] and ctl.elections == []
 
@@ -142,7 +136,12 @@ async def test_a_fenced_write_ends_the_term_and_the_next_term_has_a_new_token() 
     ctl, lease = Recorder(), FakeLease()
     ctl.raise_on = lambda term, n: Fenced("ctl", 1, 7) if term.fence.token == 1 and n == 2 else None
     stop, task = start(ctl, lease)
-    await until(lambda: any(token == 2 for token, _ in ctl.passes), "a pass of the second term")
+    await wait_until_async(
+        lambda: any(token == 2 for token, _ in ctl.passes),
+        5.0,
+        FAST / 2,
+        "a pass of the second term",
+    )
     await finish(stop, task)
     tokens = [token for token, _ in ctl.passes]
     assert tokens[:2] == [1, 1] and set(tokens[2:]) == {2}  # nothing more under token 1
@@ -153,12 +152,14 @@ async def test_a_fenced_write_ends_the_term_and_the_next_term_has_a_new_token() 
 async def test_a_lost_lease_stops_evaluation() -> None:
     ctl, lease = Recorder(), FakeLease()
     stop, task = start(ctl, lease)
-    await until(lambda: len(ctl.passes) >= 2, "two passes")
+    await wait_until_async(lambda: len(ctl.passes) >= 2, 5.0, FAST / 2, "two passes")
     lease.available = False  # another holder took over
-    await until(lambda: ctl.depositions == 1, "the term to end")
+    await wait_until_async(lambda: ctl.depositions == 1, 5.0, FAST / 2, "the term to end")
     after = len(ctl.passes)
     tried = lease.attempts
-    await until(lambda: lease.attempts >= tried + 5, "five more attempts at the lease")
+    await wait_until_async(
+        lambda: lease.attempts >= tried + 5, 5.0, FAST / 2, "five more attempts at the lease"
+    )
     await finish(stop, task)
     assert len(ctl.passes) == after
     assert len(ctl.elections) == 1
@@ -168,7 +169,7 @@ async def test_a_failure_outside_a_pass_ends_the_term_and_it_contends_again() ->
     ctl, lease = Recorder(), FakeLease()
     ctl.fail_election = 1
     stop, task = start(ctl, lease)
-    await until(lambda: bool(ctl.passes), "a pass")
+    await wait_until_async(lambda: bool(ctl.passes), 5.0, FAST / 2, "a pass")
     await finish(stop, task)
     assert [t.fence.token for t in ctl.elections] == [1, 2]
     assert {token for token, _ in ctl.passes} == {2}
@@ -187,7 +188,7 @@ async def test_a_failing_pass_does_not_end_the_term() -> None:
 
     ctl.raise_on = once
     stop, task = start(ctl, lease)
-    await until(lambda: len(ctl.passes) >= 3, "passes after the failure")
+    await wait_until_async(lambda: len(ctl.passes) >= 3, 5.0, FAST / 2, "passes after the failure")
     await finish(stop, task)
     assert failed and len(ctl.elections) == 1
 
@@ -234,7 +235,7 @@ async def test_a_term_shows_its_fence_before_acting_and_ends_if_it_is_stale() ->
     task = asyncio.create_task(
         run_controller(ctl, lease, stop, renew_every=FAST, retry_every=FAST, claim=claim)
     )
-    await until(lambda: bool(ctl.passes), "a pass")
+    await wait_until_async(lambda: bool(ctl.passes), 5.0, FAST / 2, "a pass")
     await finish(stop, task)
     assert [f.token for f in claimed] == [1, 2]
     assert [t.fence.token for t in ctl.elections] == [2]  # the stale term never began

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from libs.server_supervisor import RESTARTS, ServerSupervisor
+from tests.wait import wait_until_async
 
 
 @dataclass
@@ -37,13 +37,6 @@ class FakeServer:
         self.code = None
 
 
-async def wait_until(cond: Callable[[], bool], within_s: float = 5.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 def restarts(name: str) -> float:
     return float(RESTARTS.labels(name)._value.get())
 
@@ -54,11 +47,11 @@ async def test_a_dead_server_is_started_again_after_the_backoff() -> None:
     stop = asyncio.Event()
     watch = asyncio.create_task(sup.run(stop))
     before = restarts("unit-a")
-    await wait_until(lambda: server.looked >= 5)  # watched a few rounds
+    await wait_until_async(lambda: server.looked >= 5, 5.0, 0.01)  # watched a few rounds
     assert server.restarts_at == []  # running: nothing to do
     died = time.monotonic()
     server.code = -9
-    await wait_until(lambda: server.code is None)
+    await wait_until_async(lambda: server.code is None, 5.0, 0.01)
     assert server.restarts_at[0] - died >= 0.2
     assert restarts("unit-a") == before + 1
     stop.set()
@@ -71,7 +64,7 @@ async def test_failed_starts_are_retried_with_a_doubling_backoff() -> None:
     stop = asyncio.Event()
     before = restarts("unit-b")
     watch = asyncio.create_task(sup.run(stop))
-    await wait_until(lambda: server.code is None)
+    await wait_until_async(lambda: server.code is None, 5.0, 0.01)
     first, second, third = server.restarts_at
     assert second - first >= 0.2 and third - second >= 0.4  # 0.1, then 0.2, then 0.4
     assert restarts("unit-b") == before + 1  # only the start that worked counts

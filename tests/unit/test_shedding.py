@@ -4,7 +4,7 @@ slot given back when the answer starts, and the token bucket with an injected cl
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import httpx
@@ -13,6 +13,7 @@ import pytest
 from libs import auth
 from libs.domain.errors import Code, Throttled
 from services.api_gateway.shedding import Shedding, TenantRates
+from tests.wait import wait_until_async
 
 
 class Clock:
@@ -67,14 +68,6 @@ def test_tenants_have_their_own_buckets() -> None:
         rates.take("acme")
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    for _ in range(10_000):  # 10 s at most
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition not reached")
-
-
 class Held:
     """An ASGI app whose answers wait until released; counts what reached it."""
 
@@ -101,14 +94,14 @@ async def test_writes_over_the_bound_are_503_at_once_and_reads_keep_their_room()
     transport = httpx.ASGITransport(app=shed)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
         held = [asyncio.create_task(client.post("/w", json={})) for _ in range(2)]
-        await _until(lambda: app.entered >= 2)
+        await wait_until_async(lambda: app.entered >= 2, 10, 0.001)
         over = await client.post("/w", json={})
         assert over.status_code == 503 and over.headers["retry-after"] == "1"
         assert over.json()["code"] == Code.OVERLOADED
         assert app.entered == 2  # the refused one did no work
         read = asyncio.create_task(client.get("/r"))
         health = asyncio.create_task(client.get("/healthz"))  # never shed
-        await _until(lambda: app.entered >= 4)
+        await wait_until_async(lambda: app.entered >= 4, 10, 0.001)
         app.release.set()
         assert (await health).status_code == 200
         assert (await read).status_code == 200
@@ -133,10 +126,10 @@ async def test_a_stream_gives_its_slot_back_when_its_answer_starts() -> None:
         return asyncio.create_task(shed(scope, receive, send))
 
     stream = call("/stream")
-    await _until(lambda: bool(sent))
+    await wait_until_async(lambda: bool(sent), 10, 0.001)
     assert shed.in_flight["read"] == 0  # headers sent: the slot is free, the body still open
     second = call("/r")
-    await _until(lambda: app.entered >= 2)
+    await wait_until_async(lambda: app.entered >= 2, 10, 0.001)
     app.release.set()
     await asyncio.gather(stream, second)
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200, 200]
@@ -148,7 +141,7 @@ async def test_routed_inference_traffic_is_not_counted() -> None:
     transport = httpx.ASGITransport(app=shed)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
         held = [asyncio.create_task(client.post("/serve/g1/v1/completions")) for _ in range(3)]
-        await _until(lambda: app.entered >= 3)  # all three reached the router
+        await wait_until_async(lambda: app.entered >= 3, 10, 0.001)  # all three reached the router
         assert shed.in_flight == {"read": 0, "write": 0}
         app.release.set()
         assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200, 200]

@@ -8,23 +8,16 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from heteroflow.processes import PARENT_PID_ENV, Child, Supervisor, watch_parent
+from tests.wait import wait_until_async
 
 
 def child(name: str, code: str) -> Child:
     return Child(name, [sys.executable, "-c", code], {}, probe_port=0)
-
-
-async def wait_until(cond: Callable[[], object], within_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_dying_child_is_restarted_and_stop_ends_every_child(tmp_path: Path) -> None:
@@ -35,8 +28,10 @@ async def test_a_dying_child_is_restarted_and_stop_ends_every_child(tmp_path: Pa
     stop = asyncio.Event()
     running = asyncio.create_task(sup.run(stop))
 
-    await wait_until(lambda: dies.restarts >= 2)
-    await wait_until(lambda: state.exists() and json.loads(state.read_text())["dies"]["restarts"])
+    await wait_until_async(lambda: dies.restarts >= 2, 10.0, 0.05)
+    await wait_until_async(
+        lambda: state.exists() and json.loads(state.read_text())["dies"]["restarts"], 10.0, 0.05
+    )
     assert sleeps.proc is not None and sleeps.restarts == 0
     assert json.loads(state.read_text())["sleeps"]["pid"] == sleeps.proc.pid
 
@@ -55,7 +50,7 @@ async def test_a_child_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path
     sup = Supervisor([stubborn], tmp_path / "processes.json", stop_grace_s=0.5)
     stop = asyncio.Event()
     running = asyncio.create_task(sup.run(stop))
-    await wait_until(lambda: stubborn.proc is not None)
+    await wait_until_async(lambda: stubborn.proc is not None, 10.0, 0.05)
     await asyncio.sleep(0.5)  # let it install its handler; the kill is what is measured
     stop.set()
     await asyncio.wait_for(running, 10)
