@@ -76,7 +76,7 @@ class Placer:
     cluster: view.ClusterView = field(default_factory=view.ClusterView)
     planner: Planner = field(default_factory=Planner)
     # The last round left a task waiting for a node's in-flight starts (STARTS_IN_FLIGHT):
-    # a start reaching running is then worth a round (see `frees_a_start`).
+    # a start reaching running is then worth a round (handlers/wake.py, `frees_a_start`).
     waiting_on_starts: bool = False
 
     @property
