@@ -15,6 +15,10 @@ test:
 unit:
     .venv/bin/pytest tests/unit -q
 
+# every test that starts no server (marks follow from fixtures; starting one is an error)
+quick:
+    HETEROFLOW_TEST_FORBID_SERVERS=1 .venv/bin/pytest -q -m "not integration and not slow"
+
 # format, then the checks CI runs (ruff check, ruff format --check, mypy)
 lint:
     .venv/bin/ruff format . && bash .ci/lint
