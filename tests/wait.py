@@ -33,7 +33,7 @@ def _failure(message: Message, timeout: float, last: object) -> WaitTimeout:
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = DEFAULT_INTERVAL_S,
     message: Message = "",
@@ -53,7 +53,7 @@ def wait_until(
 
 @overload
 async def wait_until_async(
-    predicate: Callable[[], Awaitable[T]],
+    predicate: Callable[[], Awaitable[T | None]],
     timeout: float = ...,  # noqa: ASYNC109 - the same signature as wait_until
     interval: float = ...,
     message: Message = ...,
@@ -62,7 +62,7 @@ async def wait_until_async(
 
 @overload
 async def wait_until_async(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float = ...,  # noqa: ASYNC109
     interval: float = ...,
     message: Message = ...,

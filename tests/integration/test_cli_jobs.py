@@ -4,10 +4,12 @@ control plane and a process-runtime agent."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.wait import wait_until
 
 from .cluster import Cluster
 from .test_cli import hf
@@ -43,13 +45,13 @@ def test_pools_queues_and_a_job_from_the_cli(cluster: Cluster, tmp_path: Path) -
     submitted = hf(cluster, "-o", "json", "jobs", "submit", str(job))
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        shown = json.loads(hf(cluster, "-o", "json", "jobs", "describe", job_id).stdout)
-        if shown["status"] == "succeeded":
-            break
-        time.sleep(0.5)
-    assert shown["status"] == "succeeded", shown
+    shown: dict[str, Any] = {}
+
+    def succeeded() -> bool:
+        shown.update(json.loads(hf(cluster, "-o", "json", "jobs", "describe", job_id).stdout))
+        return bool(shown["status"] == "succeeded")
+
+    wait_until(succeeded, 60, 0.5, lambda: f"the job succeeded: {shown}")
     table = hf(cluster, "jobs", "describe", job_id)
     assert table.returncode == 0 and "KEY" in table.stdout and "after:a" in table.stdout
     listed = hf(cluster, "queues", "describe", "q")

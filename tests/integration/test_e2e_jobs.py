@@ -5,13 +5,14 @@ producer failed with the artifact complete."""
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.wait import wait_until
 
 from . import web
 from .cluster import Cluster
@@ -48,13 +49,18 @@ def job(cluster: Cluster, job_id: str) -> dict[str, Any]:
 
 
 def wait_job(cluster: Cluster, job_id: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        now = job(cluster, job_id)
-        if now["status"] in JOB_TERMINAL:
-            return now
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} not finished: {now}\n{cluster.log('control')[-3000:]}")
+    now: dict[str, Any] = {}
+
+    def finished() -> dict[str, Any] | None:
+        now.update(job(cluster, job_id))
+        return now if now["status"] in JOB_TERMINAL else None
+
+    return wait_until(
+        finished,
+        timeout,
+        0.3,
+        lambda: f"job {job_id} finished: {now}\n{cluster.log('control')[-3000:]}",
+    )
 
 
 def stage(key: str, command: str, volume: Path, **extra: Any) -> dict[str, Any]:

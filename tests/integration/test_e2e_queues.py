@@ -5,11 +5,12 @@ pending task's reason names what blocked it."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+
+from tests.wait import wait_until
 
 from . import web
 from .cluster import Cluster
@@ -68,14 +69,16 @@ def wait_for(
     cluster: Cluster, ids: list[str], cond: Callable[[list[dict[str, Any]]], bool]
 ) -> list[dict[str, Any]]:
     """Poll the tasks until `cond` holds; on timeout say where each one is."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        now = [cluster.task(i) for i in ids]
-        if cond(now):
-            return now
-        time.sleep(0.2)
-    states = [(t["name"], t["status"], t["node_id"], t["pending_reason"]) for t in now]
-    raise AssertionError(f"timed out: {states}")
+    now: list[dict[str, Any]] = []
+
+    def holds() -> list[dict[str, Any]] | None:
+        now[:] = [cluster.task(i) for i in ids]
+        return list(now) if cond(now) else None
+
+    def where() -> str:
+        return str([(t["name"], t["status"], t["node_id"], t["pending_reason"]) for t in now])
+
+    return wait_until(holds, 60, 0.2, where)
 
 
 def holding_intervals(cluster: Cluster, ids: list[str]) -> list[tuple[float, float]]:

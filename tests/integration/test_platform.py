@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.wait import wait_until
+
 from . import web
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -58,16 +60,14 @@ def _output(home: Path) -> str:
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], home: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         assert proc.poll() is None, _output(home)[-3000:]
         try:
-            if web.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
+            return web.get(f"{url}/readyz", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("platform did not become ready:\n" + _output(home)[-3000:])
+            return False
+
+    wait_until(ready, READY_TIMEOUT_S, 0.2, lambda: "platform ready:\n" + _output(home)[-3000:])
 
 
 def _stop(proc: subprocess.Popen[bytes], home: Path) -> str:

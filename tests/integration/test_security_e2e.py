@@ -12,12 +12,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.wait import wait_until
 
 from . import web
 from .cluster import free_port
@@ -40,16 +41,16 @@ def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
     return subprocess.Popen([str(BIN), *args], env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _wait(cond: object, what: str, log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _wait(cond: Callable[[], bool], what: str, log: Path, timeout: float = 60.0) -> None:
+    """`wait_until`, an HTTP error counting as not yet; a timeout shows `log`'s end."""
+
+    def holds() -> bool:
         try:
-            if cond():  # type: ignore[operator]
-                return
+            return cond()
         except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}\n{log.read_text()[-4000:]}")
+            return False
+
+    wait_until(holds, timeout, 0.2, lambda: f"{what}\n{log.read_text()[-4000:]}")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
