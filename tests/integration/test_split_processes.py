@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -191,10 +190,8 @@ def test_split_processes_run_a_task_and_survive_a_killed_scheduler(split: Split)
     # Shutdown: SIGTERM to the parent stops every child; nothing of the group remains.
     split.proc.send_signal(signal.SIGTERM)
     assert split.proc.wait(60) == 0, split.output()
-    deadline = time.monotonic() + 10
-    while _group_alive(split.proc.pid):
-        assert time.monotonic() < deadline, "a child outlived `heteroflow up --processes`"
-        time.sleep(0.2)
+    pid = split.proc.pid
+    wait_until(lambda: not _group_alive(pid), 10, 0.2, "every child of `up --processes` ended")
     assert not (split.home / "processes.json").exists()
 
 
