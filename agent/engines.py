@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from libs.domain.serving import image_repository
+from libs.domain.group.serving import image_repository
 
 # Engine → whole words in the image repository that name it.
 ENGINES: dict[str, tuple[str, ...]] = {

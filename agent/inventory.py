@@ -21,7 +21,7 @@ import psutil
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from libs.domain.node import DEFAULT_PORT_RANGE
+from libs.domain.node.model import DEFAULT_PORT_RANGE
 
 log = structlog.get_logger(__name__)
 

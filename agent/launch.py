@@ -2,7 +2,7 @@
 and user environment, published serving port) and the running timeout.
 
 The memory is the spec's as placed: the inference memory boost is applied when the task is
-created (libs/domain/boost.py), so the node runs what the scheduler counted; so is a
+created (libs/domain/task/boost.py), so the node runs what the scheduler counted; so is a
 fraction's share of its card (`TaskRunSpec.gpu_share`, agent/runtimes/sharing.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-task liveness evidence for the heartbeats (libs/domain/liveness.py, docs/serving.md).
+"""Per-task liveness evidence for the heartbeats (libs/domain/task/liveness.py, docs/serving.md).
 
 For every tracked inference task: the runtime's view of its container and, when the task
 declares a health path, whether it answers 2xx within `timeout_s`. Collected in its own
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import httpx
 
-from libs.domain.liveness import Health, TaskLiveness
+from libs.domain.task.liveness import Health, TaskLiveness
 
 from .runtimes.base import Handle, Runtime
 

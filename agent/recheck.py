@@ -6,7 +6,7 @@ cannot mount what the node's operator did not allow.
 
 The gateway sees only a path's text; the agent resolves each volume's host path on its own
 host at every start (`resolve_host_path`): every symlink on the path is followed, and the
-real path must lie under one of the real prefixes of the task's tenant (libs/domain/task.py
+real path must lie under one of the real prefixes of the task's tenant (libs/domain/task/model.py
 `tenant_allow_list`). A symlink a task planted in a directory it may write (`ln -s / x`), a
 symlinked parent or a `..` is refused naming the volume; the runtime is given the resolved
 path, so a bind source it receives holds no symlink at the time of the check.
@@ -22,7 +22,7 @@ import os
 import posixpath
 from collections.abc import Iterable
 
-from libs.domain.task import host_path_allowed, tenant_allow_list
+from libs.domain.task.model import host_path_allowed, tenant_allow_list
 from libs.domain.validation import image_reference_error, normalise_container_path
 
 from .runtimes.base import RunSpec, VolumeMount

@@ -30,8 +30,6 @@ from libs.bus.subjects import (
     node_report_subject,
     node_telemetry_subject,
 )
-from libs.domain.failure import ErrorKind
-from libs.domain.liveness import TaskLiveness
 from libs.domain.protocol import (
     AgentReport,
     CommandKind,
@@ -42,7 +40,9 @@ from libs.domain.protocol import (
     NodeCommand,
     Registration,
 )
-from libs.domain.states import TaskStatus
+from libs.domain.task.failure import ErrorKind
+from libs.domain.task.liveness import TaskLiveness
+from libs.domain.task.states import TaskStatus
 from libs.domain.telemetry import TelemetryBatch
 from libs.installation import installation_id
 from libs.periodic import periodic

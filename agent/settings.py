@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 
 from libs.config import DEFAULT_VOLUME_ALLOW_LIST, CommonSettings, VolumeAllowList
-from libs.domain.node import DEFAULT_PORT_RANGE, GpuCard, NodeInventory
+from libs.domain.node.model import DEFAULT_PORT_RANGE, GpuCard, NodeInventory
 
 from .inventory import Inventory
 from .runtimes.base import ISOLATIONS, KEPT_CAPABILITIES, LINUX_CAPABILITIES

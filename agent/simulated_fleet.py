@@ -33,7 +33,7 @@ from nats.js import JetStreamContext
 from libs.bus import broker
 from libs.bus.nats import connect
 from libs.bus.subjects import NODE_PREFIX, NODE_STREAM, node_heartbeat_subject, node_report_subject
-from libs.domain.node import GpuCard, NodeInventory
+from libs.domain.node.model import GpuCard, NodeInventory
 from libs.domain.protocol import (
     AgentReport,
     CommandKind,
@@ -42,7 +42,7 @@ from libs.domain.protocol import (
     NodeCommand,
     Registration,
 )
-from libs.domain.states import TaskStatus
+from libs.domain.task.states import TaskStatus
 from libs.periodic import periodic
 
 log = structlog.get_logger(__name__)

@@ -6,8 +6,8 @@ import asyncio
 from dataclasses import dataclass
 
 from libs.domain.protocol import NodeCommand
-from libs.domain.states import TaskStatus
-from libs.domain.task import TaskSpec
+from libs.domain.task.model import TaskSpec
+from libs.domain.task.states import TaskStatus
 
 from .runtimes.base import Handle
 

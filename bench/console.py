@@ -18,7 +18,7 @@ import time
 import httpx
 
 from libs import auth
-from libs.domain.task import TaskSpec, TenantId
+from libs.domain.task.model import TaskSpec, TenantId
 from libs.store.eventstore import EventStore
 
 from . import Context

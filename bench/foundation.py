@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from functools import partial
 
 from libs import auth
-from libs.domain.commands import decide_transition
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import TaskId, TaskSpec, TenantId
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.model import TaskId, TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 
 from . import Context

@@ -17,10 +17,12 @@ import psycopg
 from psycopg import Copy
 from psycopg.types.json import Jsonb
 
-from libs.domain.events import Payload, TaskCreated, TaskStatusChanged, evolve_task
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import TaskStatus as S
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.events import TaskCreated, TaskStatusChanged
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus as S
 from libs.store.eventstore import EventStore
 from libs.store.projections import TASK_COLUMNS, task_row
 from libs.store.replay import rebuild

@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from agent import simulated_fleet
 from agent.simulated_fleet import fleet_inventories
 from libs.bus.nats import connect, ensure_streams
-from libs.domain.task import TaskId, TaskSpec, TenantId
+from libs.domain.task.model import TaskId, TaskSpec, TenantId
 from libs.service import ServiceContext
 from libs.store.eventstore import EventStore
 from libs.store.pool import rows as query

@@ -20,19 +20,20 @@ from psycopg.types.json import Jsonb
 
 from agent.simulated_fleet import fleet_inventories
 from libs.bus.nats import connect
-from libs.domain.events import Payload
-from libs.domain.node import NodeInventory, NodeRegistered, evolve_node
-from libs.domain.pool import (
+from libs.domain.node.events import NodeRegistered
+from libs.domain.node.evolve import evolve_node
+from libs.domain.node.model import NodeInventory
+from libs.domain.payload import Payload
+from libs.domain.pool.events import PoolCreated, QueueCreated
+from libs.domain.pool.model import (
     NodeSelector,
-    PoolCreated,
     PoolSpec,
-    QueueCreated,
     QueueQuota,
     QueueSpec,
     pool_stream,
     queue_stream,
 )
-from libs.domain.task import TaskSpec, TenantId
+from libs.domain.task.model import TaskSpec, TenantId
 from libs.store import projections
 from libs.store.eventstore import INSERT_EVENT, EventStore
 from libs.store.pool import rows as query

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from libs.domain.task import TaskSpec, TenantId
+from libs.domain.task.model import TaskSpec, TenantId
 from libs.store.eventstore import EventStore
 
 from .report import Row, against

@@ -23,12 +23,12 @@ from typing import Any
 import psutil
 
 from libs import auth
-from libs.domain import commands
-from libs.domain.events import TaskStatusChanged
+from libs.domain.group.serving import ServingSpec
 from libs.domain.reasons import ReasonCode
-from libs.domain.serving import ServingSpec
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskSpec, TaskType, TenantId
+from libs.domain.task import decide as commands
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.model import Task, TaskSpec, TaskType, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 
 from . import Context

@@ -27,7 +27,8 @@ import jwt
 
 from libs.bus.permissions import nats_user as nats_user
 from libs.domain.errors import Code, Conflict, DomainError
-from libs.domain.events import (
+from libs.domain.task.model import TenantId
+from libs.domain.tenant.events import (
     ApiKeyIssued,
     JoinTokenIssued,
     NodeJoined,
@@ -35,7 +36,6 @@ from libs.domain.events import (
     TenantCreated,
     TenantUpdated,
 )
-from libs.domain.task import TenantId
 from libs.store import tenants
 from libs.store.eventstore import EventStore
 

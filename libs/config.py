@@ -11,7 +11,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from libs.domain.task import RetryStrategy, allow_list_entry_error
+from libs.domain.task.model import RetryStrategy, allow_list_entry_error
 
 
 def _allow_list(entries: list[str]) -> list[str]:

@@ -13,9 +13,9 @@ from typing import Any
 import structlog
 from prometheus_client import Counter
 
-from libs.domain.group import Group
-from libs.domain.job_state import Job, JobNode
-from libs.domain.task import Task
+from libs.domain.group.model import Group
+from libs.domain.job.model import Job, JobNode
+from libs.domain.task.model import Task
 
 log = structlog.get_logger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # The kinds travel in agent reports, so the message-facing enum lives in the domain.
-from libs.domain.failure import ErrorKind as ErrorKind
+from libs.domain.task.failure import ErrorKind as ErrorKind
 
 #: How many trailing output lines an `ExitReport` carries.
 OUTPUT_TAIL_LINES = 50

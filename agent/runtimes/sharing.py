@@ -36,8 +36,8 @@ from typing import Any
 
 import structlog
 
-from libs.domain.failure import ErrorKind
 from libs.domain.protocol import TaskRunSpec
+from libs.domain.task.failure import ErrorKind
 
 from ..inventory import nvml_session, nvml_text
 from .base import RuntimeStartError

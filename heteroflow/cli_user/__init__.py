@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from libs.domain.autoscale import Metric
+from libs.domain.group.autoscale import Metric
 
 from . import commands, events, jobs, rollout, scale
 from .client import Client, CliError, Context, resolve_target

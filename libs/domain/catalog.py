@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from . import events, group, job_state, lending, node, pool
-from .events import PAYLOAD_TYPES, Payload, parse_payload
+from libs.domain.group import events as group_events
+from libs.domain.job import events as job_events
+from libs.domain.node import events as node_events
+from libs.domain.payload import PAYLOAD_TYPES, Payload, parse_payload
+from libs.domain.pool import events as pool_events
+from libs.domain.rollout import events as rollout_events
+from libs.domain.task import events as task_events
+from libs.domain.task import lending
+from libs.domain.tenant import events as tenant_events
 
 __all__ = [
     "PAYLOAD_TYPES",
     "Payload",
-    "events",
-    "group",
-    "job_state",
+    "group_events",
+    "job_events",
     "lending",
-    "node",
+    "node_events",
     "parse_payload",
-    "pool",
+    "pool_events",
+    "rollout_events",
+    "task_events",
+    "tenant_events",
 ]

@@ -28,11 +28,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .catalog import PAYLOAD_TYPES, Payload
-from .events import TaskConfigUpdated, TaskCreated, TaskStatusChanged
-from .lending import TaskCardLent, TaskCardReturned
-from .node import NodeRegistered
-from .states import GPU_HOLDING, TERMINAL, Actor, TaskStatus, is_allowed
+from libs.domain.catalog import PAYLOAD_TYPES, Payload
+from libs.domain.node.events import NodeRegistered
+from libs.domain.task.events import TaskConfigUpdated, TaskCreated, TaskStatusChanged
+from libs.domain.task.lending import TaskCardLent, TaskCardReturned
+from libs.domain.task.states import GPU_HOLDING, TERMINAL, Actor, TaskStatus, is_allowed
 
 S = TaskStatus
 EPSILON = 1e-9

@@ -14,15 +14,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
-from .commands import decide_transition
-from .errors import Conflict
-from .events import TaskStatusChanged, evolve_task
-from .failure import ErrorKind
-from .liveness import TaskLiveness
-from .node import NodeInventory
-from .reasons import report_reason
-from .states import TERMINAL, Actor, TaskStatus
-from .task import Task, TaskSpec
+from libs.domain.errors import Conflict
+from libs.domain.node.model import NodeInventory
+from libs.domain.reasons import report_reason
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.failure import ErrorKind
+from libs.domain.task.liveness import TaskLiveness
+from libs.domain.task.model import Task, TaskSpec
+from libs.domain.task.states import TERMINAL, Actor, TaskStatus
 
 S = TaskStatus
 

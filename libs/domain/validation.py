@@ -14,10 +14,10 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .errors import Code, DomainError
+from libs.domain.errors import Code, DomainError
 
 if TYPE_CHECKING:
-    from .task import TaskSpec
+    from libs.domain.task.model import TaskSpec
 
 # Per-field limits (characters unless said otherwise); named in every refusal.
 IMAGE_MAX = 512

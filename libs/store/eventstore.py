@@ -34,8 +34,10 @@ from psycopg.types.json import Jsonb
 
 from libs.domain.catalog import parse_payload
 from libs.domain.errors import Conflict, DomainError, NotFound, StoreUnavailable
-from libs.domain.events import Payload, TaskCreated, evolve_task
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.payload import Payload
+from libs.domain.task.events import TaskCreated
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
 from libs.ordering import mark_ordered
 
 from . import fencing, inbox, projections

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from libs.domain.errors import DomainError
-from libs.domain.events import Payload
-from libs.domain.task import Task
+from libs.domain.payload import Payload
+from libs.domain.task.model import Task
 
 from .eventstore import Decide, EventStore, NewTask, Step
 from .fencing import Fence

@@ -12,8 +12,8 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from libs.domain.group import Group, GroupStatus
-from libs.domain.windows import ACTION_LABEL
+from libs.domain.group.model import Group, GroupStatus
+from libs.domain.group.windows import ACTION_LABEL
 
 from .eventstore import EventStore
 from .pool import contains, page_of, rows

@@ -5,7 +5,7 @@ Rows are written only by the append path (`eventstore` + `projections`).
 
 from __future__ import annotations
 
-from libs.domain.job_state import Job
+from libs.domain.job.model import Job
 
 from .eventstore import EventStore
 from .pool import live_page, rows

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from libs.domain.node import Node, NodeStatus
+from libs.domain.node.model import Node, NodeStatus
 
 from .eventstore import EventStore
 from .pool import rows

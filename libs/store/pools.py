@@ -5,7 +5,7 @@ Rows are written only by the append path (`eventstore` + `projections`).
 
 from __future__ import annotations
 
-from libs.domain.pool import Pool, pool_stream
+from libs.domain.pool.model import Pool, pool_stream
 
 from .eventstore import EventStore
 from .pool import rows

@@ -16,22 +16,26 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
-from libs.domain.events import (
+from libs.domain.group.evolve import evolve_group
+from libs.domain.group.model import Group
+from libs.domain.job.evolve import evolve_job
+from libs.domain.job.model import Job
+from libs.domain.node.evolve import evolve_node
+from libs.domain.node.model import Node
+from libs.domain.payload import Payload
+from libs.domain.pool.evolve import evolve_pool, evolve_queue
+from libs.domain.pool.model import Pool, Queue
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.model import Task
+from libs.domain.tenant.events import (
     ApiKeyIssued,
     ApiKeyRevoked,
     JoinTokenIssued,
     NodeJoined,
-    Payload,
     SystemCredentialIssued,
     TenantCreated,
     TenantUpdated,
-    evolve_task,
 )
-from libs.domain.group import Group, evolve_group
-from libs.domain.job_state import Job, evolve_job
-from libs.domain.node import Node, evolve_node
-from libs.domain.pool import Pool, Queue, evolve_pool, evolve_queue
-from libs.domain.task import Task
 
 from .types import StoredEvent
 

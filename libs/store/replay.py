@@ -22,7 +22,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from libs.domain.catalog import PAYLOAD_TYPES
-from libs.domain.events import Payload
+from libs.domain.payload import Payload
 
 from . import projections, timeline
 from .eventstore import EventStore

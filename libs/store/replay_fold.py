@@ -29,22 +29,19 @@ import orjson
 from pydantic import BaseModel
 
 from libs.domain.catalog import PAYLOAD_TYPES
-from libs.domain.events import (
-    CARRIED_FIELDS,
-    CLEARED_PLACEMENT,
-    SLEEP_ONLY,
-    Payload,
+from libs.domain.payload import Payload
+from libs.domain.reasons import ReasonCode
+from libs.domain.task.events import (
     TaskCreated,
     TaskDeleted,
     TaskDrainMarked,
     TaskPendingReason,
     TaskRetryDecided,
     TaskStatusChanged,
-    evolve_task,
 )
-from libs.domain.reasons import ReasonCode
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.evolve import CARRIED_FIELDS, CLEARED_PLACEMENT, SLEEP_ONLY, evolve_task
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 
 from .projections import AGGREGATES, TASKS
 
@@ -97,7 +94,7 @@ def _created(doc: Doc | None, p: Doc, at: datetime, version: int) -> Doc | None:
 
 
 def _status_changed(doc: Doc, p: Doc, at: datetime) -> None:
-    """`_status_changes` of libs/domain/events.py, on the document."""
+    """`_status_changes` of libs/domain/task/evolve.py, on the document."""
     to = p["to_status"]
     was_started = doc["started_at"] is not None
     doc["status"] = to

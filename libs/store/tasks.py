@@ -14,9 +14,9 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from libs.domain.errors import DomainError, NotFound
-from libs.domain.events import Payload
-from libs.domain.states import GPU_HOLDING, TaskStatus
-from libs.domain.task import Task
+from libs.domain.payload import Payload
+from libs.domain.task.model import Task
+from libs.domain.task.states import GPU_HOLDING, TaskStatus
 
 from .eventstore import EventStore, Step
 from .pool import contains, page_of, rows
@@ -113,7 +113,7 @@ async def holding_versions(store: EventStore) -> dict[str, int]:
 
 
 async def lenders(store: EventStore) -> list[Task]:
-    """Sleeping tasks whose card is lent (libs/domain/lending.py): the scheduler checks each
+    """Sleeping tasks whose card is lent (libs/domain/task/lending.py): the scheduler checks each
     round whether the borrower still holds it."""
     sql = (
         "SELECT doc::text AS doc FROM tasks WHERE status = 'sleeping'"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from libs.domain.energy import PowerSample
+from libs.domain.task.energy import PowerSample
 from libs.domain.telemetry import TelemetryBatch
 
 from .eventstore import EventStore

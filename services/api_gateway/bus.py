@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from libs.bus.broker import Routes
 from libs.bus.subjects import SERVING_PREFIX
-from libs.domain.serving import ServingMetrics
+from libs.domain.group.serving import ServingMetrics
 
 
 def routes(target: str = "{target_id}") -> Routes:

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from libs.domain.energy import task_energy
 from libs.domain.errors import Code, DomainError, NotFound
-from libs.domain.task import Task
+from libs.domain.task.energy import task_energy
+from libs.domain.task.model import Task
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store import telemetry

@@ -8,8 +8,8 @@ A request that could never fit the queue's quota is refused at submission, namin
 from __future__ import annotations
 
 from libs.domain.errors import Code, DomainError
-from libs.domain.pool import Queue
-from libs.domain.task import TaskSpec
+from libs.domain.pool.model import Queue
+from libs.domain.task.model import TaskSpec
 from libs.store import queues as queue_rows
 from libs.store.eventstore import EventStore
 

@@ -20,13 +20,13 @@ from pydantic import BaseModel
 
 from libs.config import GatewaySettings
 from libs.domain import validation as v
-from libs.domain.group import GroupShape, Parallelism
-from libs.domain.job import KEY_PATTERN, MAX_TASKS, JobSpec
-from libs.domain.pool import PoolSpec, QueueSpec
-from libs.domain.rollout_model import RolloutRequest
-from libs.domain.serving import _PATH as SERVING_PATH
-from libs.domain.states import TaskStatus
-from libs.domain.task import (
+from libs.domain.group.model import GroupShape, Parallelism
+from libs.domain.group.serving import _PATH as SERVING_PATH
+from libs.domain.group.windows import DAYS, ScheduleWindow
+from libs.domain.job.spec import KEY_PATTERN, MAX_TASKS, JobSpec
+from libs.domain.pool.model import PoolSpec, QueueSpec
+from libs.domain.rollout.model import RolloutRequest
+from libs.domain.task.model import (
     NAME_MAX,
     REPORT_FIELDS,
     RESERVED_ENV_PREFIX,
@@ -34,7 +34,7 @@ from libs.domain.task import (
     TENANT_PLACEHOLDER,
     TaskSpec,
 )
-from libs.domain.windows import DAYS, ScheduleWindow
+from libs.domain.task.states import TaskStatus
 
 from .schemas import model_schema
 
@@ -129,7 +129,7 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
     for prop in props.values():
         prop.pop("title", None)
     props["name"] |= {"pattern": NOT_BLANK, "maxLength": NAME_MAX}
-    # null, like an omitted image: a plain process (NULLABLE in libs/domain/task.py).
+    # null, like an omitted image: a plain process (NULLABLE in libs/domain/task/model.py).
     props["image"] = {
         "anyOf": [
             {"type": "string", "pattern": image_pattern(), "maxLength": v.IMAGE_NAME_MAX},
@@ -174,7 +174,7 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
         "description": "under one of " + ", ".join(settings.volume_allow_list),
     }
     volume["container_path"] |= {"maxLength": v.PATH_MAX, "pattern": container_path_pattern()}
-    # The serving paths: empty, or an absolute URL path (libs/domain/serving.py).
+    # The serving paths: empty, or an absolute URL path (libs/domain/group/serving.py).
     url_path = {"pattern": f"^(?:{SERVING_PATH.pattern.strip('^$')})?$"}
     for field in ("health_path", "metrics_path"):
         schema["$defs"]["ServingSpec"]["properties"][field] |= url_path
@@ -334,7 +334,7 @@ def group_create(settings: GatewaySettings) -> dict[str, Any]:
 
 
 def job_create(settings: GatewaySettings) -> dict[str, Any]:
-    """`JobSpec`'s schema with each task as the parser takes it (libs/domain/job.py): a
+    """`JobSpec`'s schema with each task as the parser takes it (libs/domain/job/spec.py): a
     task create body (no `queue`: a job's tasks run in the job's queue) with `key` and
     `metrics` beside its fields, not a `{key, spec}` pair."""
     schema = model_schema(JobSpec)

@@ -14,24 +14,23 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs import auth
-from libs.domain import commands
 from libs.domain.errors import NotFound
-from libs.domain.events import Payload
-from libs.domain.group import (
+from libs.domain.group.events import GroupCreated, GroupDeleted
+from libs.domain.group.model import (
     Group,
-    GroupCreated,
-    GroupDeleted,
     GroupSpec,
     current_members,
     is_live,
     parse_group,
     sized_members,
 )
-from libs.domain.group_update import parse_group_update
-from libs.domain.lending import decide_wake
+from libs.domain.group.update import parse_group_update
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TenantId, boost_line, tenant_allow_list
+from libs.domain.task import decide as commands
+from libs.domain.task.lending import decide_wake
+from libs.domain.task.model import Task, TenantId, boost_line, tenant_allow_list
+from libs.domain.task.states import TaskStatus
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask
@@ -216,7 +215,7 @@ async def wake_group(group_id: str, principal: Principal, store: Store) -> dict[
     return await _each_member(
         store,
         group,
-        # A member whose card is lent queues its wake (libs/domain/lending.py).
+        # A member whose card is lent queues its wake (libs/domain/task/lending.py).
         lambda t: (
             decide_wake(t, actor, ReasonCode.USER_WAKE, "group wake")
             if t.status is S.SLEEPING

@@ -14,22 +14,16 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs import auth
-from libs.domain import commands
 from libs.domain.errors import DomainError, NotFound
-from libs.domain.events import Payload
-from libs.domain.job import parse_job
-from libs.domain.job_state import (
-    DONE,
-    Job,
-    JobDeleted,
-    JobStopRequested,
-    JobSubmitted,
-    advance,
-    cascade,
-    evolve_job,
-)
-from libs.domain.states import TERMINAL
-from libs.domain.task import Task, TenantId, tenant_allow_list
+from libs.domain.job.decide import advance, cascade
+from libs.domain.job.events import JobDeleted, JobStopRequested, JobSubmitted
+from libs.domain.job.evolve import evolve_job
+from libs.domain.job.model import DONE, Job
+from libs.domain.job.spec import parse_job
+from libs.domain.payload import Payload
+from libs.domain.task import decide as commands
+from libs.domain.task.model import Task, TenantId, tenant_allow_list
+from libs.domain.task.states import TERMINAL
 from libs.store import jobs as job_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask, new_task_id

@@ -17,12 +17,12 @@ from nats.errors import TimeoutError as NatsTimeout
 from libs import auth
 from libs.bus.subjects import node_logs_subject
 from libs.domain.errors import Code, DomainError
-from libs.domain.history import retry_history
+from libs.domain.group.serving_control import decide_wake
 from libs.domain.protocol import LogsReply, LogsRequest
 from libs.domain.reasons import ReasonCode
-from libs.domain.serving_control import decide_wake
-from libs.domain.states import TERMINAL, TaskStatus
-from libs.domain.task import Task
+from libs.domain.task.history import retry_history
+from libs.domain.task.model import Task
+from libs.domain.task.states import TERMINAL, TaskStatus
 from libs.store import nodes as node_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, payload_of

@@ -12,18 +12,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from libs.domain.errors import Code, Conflict, DomainError, NotFound
-from libs.domain.events import Payload
-from libs.domain.node import Node, NodeStatus
-from libs.domain.pool import (
-    Pool,
-    PoolCreated,
-    PoolDeleted,
-    PoolSpec,
-    PoolUpdated,
-    parse_pool,
-    pool_stream,
-)
-from libs.domain.task import Task
+from libs.domain.node.model import Node, NodeStatus
+from libs.domain.payload import Payload
+from libs.domain.pool.decide import parse_pool
+from libs.domain.pool.events import PoolCreated, PoolDeleted, PoolUpdated
+from libs.domain.pool.model import Pool, PoolSpec, pool_stream
+from libs.domain.task.model import Task
 from libs.store import nodes as node_rows
 from libs.store import pools as pool_rows
 from libs.store import queues as queue_rows

@@ -11,16 +11,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from libs.domain.errors import Code, Conflict, DomainError, NotFound
-from libs.domain.events import Payload
-from libs.domain.pool import (
-    Queue,
-    QueueCreated,
-    QueueDeleted,
-    QueueSpec,
-    QueueUpdated,
-    parse_queue,
-    queue_stream,
-)
+from libs.domain.payload import Payload
+from libs.domain.pool.decide import parse_queue
+from libs.domain.pool.events import QueueCreated, QueueDeleted, QueueUpdated
+from libs.domain.pool.model import Queue, QueueSpec, queue_stream
 from libs.store import pools as pool_rows
 from libs.store import queues as queue_rows
 from libs.store import tasks as task_rows

@@ -15,10 +15,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs.domain.errors import NotFound
-from libs.domain.group import Group
-from libs.domain.rollout import decide_action, decide_start
-from libs.domain.states import TERMINAL
-from libs.domain.task import Task, tenant_allow_list
+from libs.domain.group.model import Group
+from libs.domain.rollout.decide import decide_action, decide_start
+from libs.domain.task.model import Task, tenant_allow_list
+from libs.domain.task.states import TERMINAL
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore

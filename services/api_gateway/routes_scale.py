@@ -12,11 +12,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from libs import auth
-from libs.domain import commands
-from libs.domain.events import Payload
-from libs.domain.group import Group
+from libs.domain.group.model import Group
+from libs.domain.group.scaling import ScalePlan, check_scalable, decide_scale, parse_replicas
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.scaling import ScalePlan, check_scalable, decide_scale, parse_replicas
+from libs.domain.task import decide as commands
 from libs.store import tasks as task_rows
 from libs.store.eventstore import NewTask
 from libs.store.projections import GROUPS

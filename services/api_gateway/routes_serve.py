@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from libs.domain.errors import Code, DomainError
-from libs.domain.serving import Replica
+from libs.domain.group.serving import Replica
 
 from .deps import Principal, tenant_scope
 from .errors import error_body

@@ -14,12 +14,11 @@ from fastapi.responses import JSONResponse
 from libs import auth
 from libs.auth import Principal as PrincipalT
 from libs.auth import Role
-from libs.domain import commands
 from libs.domain.errors import Code, DomainError
+from libs.domain.group.serving_control import decide_stop_on_lost_host
 from libs.domain.reasons import ReasonCode
-from libs.domain.serving_control import decide_stop_on_lost_host
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import (
+from libs.domain.task import decide as commands
+from libs.domain.task.model import (
     REPORT_FIELDS,
     SERVER_OWNED,
     Task,
@@ -29,6 +28,7 @@ from libs.domain.task import (
     parse_update,
     tenant_allow_list,
 )
+from libs.domain.task.states import Actor, TaskStatus
 from libs.domain.validation import REPORT_TEXT_MAX
 from libs.store import tasks as task_rows
 from libs.store.types import TaskQuery

@@ -29,12 +29,12 @@ from pydantic import (
 )
 
 from libs.config import GatewaySettings
-from libs.domain.autoscale import AutoScale
 from libs.domain.errors import Code, DomainError
-from libs.domain.group import GroupStatus
-from libs.domain.states import TaskStatus
+from libs.domain.group.autoscale import AutoScale
+from libs.domain.group.model import GroupStatus
+from libs.domain.group.windows import ScheduleWindow
+from libs.domain.task.states import TaskStatus
 from libs.domain.validation import INT_FIELD_MAX, exactly_int
-from libs.domain.windows import ScheduleWindow
 
 from .limits import read_json_object
 

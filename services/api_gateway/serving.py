@@ -7,7 +7,7 @@ members from the store, probes each running replica's `health_path` (ready only 
 2xx) and publishes the target's figures on the bus. The router routes and measures; it
 decides nothing on its own: idle sleep is the autoscaler's idle-sleep controller, judged
 from these figures (services/autoscaler/controllers/idle_sleep.py), and the wake a request
-asks for is one transaction of the pure `decide_wake` (libs/domain/serving_control.py).
+asks for is one transaction of the pure `decide_wake` (libs/domain/group/serving_control.py).
 The proxying itself is in routes_serve.py.
 """
 
@@ -30,11 +30,11 @@ from prometheus_client import Counter, Gauge
 from libs.bus.subjects import serving_metrics_subject
 from libs.config import GatewaySettings
 from libs.domain.errors import Code, DomainError, NotFound
+from libs.domain.group.serving import Replica, RequestWindow, ServingMetrics, ServingSpec, pick
+from libs.domain.group.serving_control import decide_wake, serving_replicas
 from libs.domain.reasons import ReasonCode
-from libs.domain.serving import Replica, RequestWindow, ServingMetrics, ServingSpec, pick
-from libs.domain.serving_control import decide_wake, serving_replicas
-from libs.domain.states import TERMINAL, Actor, TaskStatus
-from libs.domain.task import Task
+from libs.domain.task.model import Task
+from libs.domain.task.states import TERMINAL, Actor, TaskStatus
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore

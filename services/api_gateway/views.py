@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from libs.domain.task import Task
+from libs.domain.task.model import Task
 
 
 def task_view(task: Task) -> dict[str, Any]:

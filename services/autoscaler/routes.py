@@ -3,7 +3,7 @@
 Every gateway process publishes its own figures for each target it routes to on
 `hf.serving.<target>.metrics` (core NATS, every `HETEROFLOW_SERVE_METRICS_INTERVAL_S`, and
 at once on a request after a quiet second); a `RouterFigures` book
-(libs/domain/router_figures.py) keeps the latest of each and forgets what is older than
+(libs/domain/group/router_figures.py) keeps the latest of each and forgets what is older than
 `HETEROFLOW_AUTOSCALE_METRIC_MAX_AGE_S`. Every instance listens (cheap); only the leaders
 read: the AutoScaler (requests/s, concurrency, latency, queue) and the idle-sleep controller
 (idle seconds, requests in flight or queued).
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from libs.bus.broker import Routes
 from libs.bus.subjects import SERVING_PREFIX
-from libs.domain.router_figures import RouterFigures
-from libs.domain.serving import ServingMetrics
+from libs.domain.group.router_figures import RouterFigures
+from libs.domain.group.serving import ServingMetrics
 
 
 def routes(book: RouterFigures | None = None) -> Routes:

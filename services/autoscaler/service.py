@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from libs.bus.broker import serve
 from libs.bus.lease import Lease, open_lease_bucket
 from libs.controller import Controller, run_controller
-from libs.domain.router_figures import RouterFigures
+from libs.domain.group.router_figures import RouterFigures
 from libs.service import ServiceContext
 
 from .controllers.idle_sleep import IdleSleeper

@@ -8,7 +8,7 @@ import uuid
 from pydantic import Field
 
 from libs.config import CommonSettings
-from libs.domain.autoscale import DRAIN_LIMIT_S, MIN_REPLICA_AGE_S
+from libs.domain.group.autoscale import DRAIN_LIMIT_S, MIN_REPLICA_AGE_S
 
 
 class AutoscalerSettings(CommonSettings):

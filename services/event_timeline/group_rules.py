@@ -6,15 +6,15 @@ See `rules.py`: one rule per event type, keyed on kinds, steps, phases and reaso
 from __future__ import annotations
 
 from libs.domain.envelope import EventEnvelope
-from libs.domain.group import (
+from libs.domain.group.events import (
     GroupRecovery,
     GroupScaled,
-    GroupStatus,
     GroupStatusChanged,
     GroupWindowApplied,
 )
+from libs.domain.group.model import GroupStatus
 from libs.domain.reasons import ReasonCode
-from libs.domain.rollout_model import RolloutBatchRecorded, RolloutPhaseChanged, RolloutStarted
+from libs.domain.rollout.events import RolloutBatchRecorded, RolloutPhaseChanged, RolloutStarted
 
 from .entry import Entry, entry
 

@@ -13,19 +13,25 @@ from collections.abc import Callable
 from typing import Any
 
 from libs.domain.envelope import EventEnvelope
-from libs.domain.events import Payload, TaskRetryDecided, TaskStatusChanged
-from libs.domain.group import GroupRecovery, GroupScaled, GroupStatusChanged, GroupWindowApplied
-from libs.domain.lending import (
+from libs.domain.group.events import (
+    GroupRecovery,
+    GroupScaled,
+    GroupStatusChanged,
+    GroupWindowApplied,
+)
+from libs.domain.node.events import GpuLost, GpuRecovered, NodeOffline
+from libs.domain.payload import Payload
+from libs.domain.reasons import ReasonCode
+from libs.domain.rollout.events import RolloutBatchRecorded, RolloutPhaseChanged, RolloutStarted
+from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.lending import (
     TaskCardBorrowed,
     TaskCardLent,
     TaskCardReturned,
     TaskSleepMeasured,
     TaskWakeQueued,
 )
-from libs.domain.node import GpuLost, GpuRecovered, NodeOffline
-from libs.domain.reasons import ReasonCode
-from libs.domain.rollout_model import RolloutBatchRecorded, RolloutPhaseChanged, RolloutStarted
-from libs.domain.states import TaskStatus
+from libs.domain.task.states import TaskStatus
 
 from .entry import KINDS, Entry, entry
 from .group_rules import (

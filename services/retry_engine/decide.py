@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from libs.domain.commands import decide_transition
-from libs.domain.events import Payload, TaskRetryDecided
-from libs.domain.failure import Failure, FailureClass, classify
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import RetryStrategy, Task, TaskType
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.events import TaskRetryDecided
+from libs.domain.task.failure import Failure, FailureClass, classify
+from libs.domain.task.model import RetryStrategy, Task, TaskType
+from libs.domain.task.states import Actor, TaskStatus
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Which replicas pass their health, and how long a silent router still counts.
 
 The routers' in-flight figures arrive through routes.py into a `RouterFigures` book
-(libs/domain/router_figures.py): a draining replica is done when it is `drained` there.
+(libs/domain/group/router_figures.py): a draining replica is done when it is `drained` there.
 Health is probed here the way the router probes it: `GET <serve_address><health_path>`
 answering 2xx.
 """
@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 import httpx
 
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task
+from libs.domain.task.model import Task
+from libs.domain.task.states import TaskStatus
 
 # A router silent this long about a target no longer routes to it (or has gone).
 ROUTER_SILENT_S = 30.0

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from libs.bus.broker import Routes
 from libs.bus.subjects import SERVING_PREFIX
-from libs.domain.router_figures import RouterFigures
-from libs.domain.serving import ServingMetrics
+from libs.domain.group.router_figures import RouterFigures
+from libs.domain.group.serving import ServingMetrics
 
 
 def routes(figures: RouterFigures | None = None) -> Routes:

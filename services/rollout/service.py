@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from libs.bus.broker import serve
 from libs.bus.lease import Lease, open_lease_bucket
 from libs.controller import run_controller
-from libs.domain.router_figures import RouterFigures
+from libs.domain.group.router_figures import RouterFigures
 from libs.service import ServiceContext
 
 from .controllers.rollout import RolloutController

@@ -9,7 +9,7 @@ from datetime import timedelta
 from pydantic import Field
 
 from libs.config import CommonSettings
-from libs.domain.rollout_plan import RolloutPolicy
+from libs.domain.rollout.plan import RolloutPolicy
 
 
 class RolloutSettings(CommonSettings):

@@ -16,8 +16,8 @@ from nats.js.api import PubAck
 
 from libs.bus.subjects import node_command_subject
 from libs.domain.protocol import CommandKind, GpuShare, NodeCommand, TaskRunSpec
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task
+from libs.domain.task.model import Task
+from libs.domain.task.states import TaskStatus
 
 from .placement.model import Allocation, Gpu
 

@@ -16,11 +16,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from libs.domain.node import Node as NodeDoc
-from libs.domain.node import NodeStatus
-from libs.domain.pool import NodeSelector, Pool, Queue, QueuePolicy
-from libs.domain.states import GPU_HOLDING
-from libs.domain.task import Task
+from libs.domain.node.model import Node as NodeDoc
+from libs.domain.node.model import NodeStatus
+from libs.domain.pool.model import NodeSelector, Pool, Queue, QueuePolicy
+from libs.domain.task.model import Task
+from libs.domain.task.states import GPU_HOLDING
 from libs.store import groups as group_rows
 from libs.store import nodes as node_rows
 from libs.store import pools as pool_rows

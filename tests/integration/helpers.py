@@ -8,10 +8,10 @@ from functools import partial
 import httpx
 
 from libs.config import GatewaySettings
-from libs.domain.commands import decide_transition
 from libs.domain.envelope import EventEnvelope
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 
 

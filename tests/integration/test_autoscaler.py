@@ -23,13 +23,13 @@ from nats.aio.client import Client
 from libs.bus.lease import Lease, open_lease_bucket
 from libs.bus.nats import connect
 from libs.controller import Term, run_controller
-from libs.domain.commands import decide_transition
 from libs.domain.errors import Fenced
+from libs.domain.group.router_figures import RouterFigures
+from libs.domain.group.serving import ServingMetrics
 from libs.domain.reasons import ReasonCode
-from libs.domain.rollout import decide_drain
-from libs.domain.router_figures import RouterFigures
-from libs.domain.serving import ServingMetrics
-from libs.domain.states import Actor, TaskStatus
+from libs.domain.rollout.decide import decide_drain
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.states import Actor, TaskStatus
 from libs.domain.telemetry import GpuSample, TelemetryBatch
 from libs.store import telemetry
 from libs.store.fenced import FencedWriter

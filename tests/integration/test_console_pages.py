@@ -9,10 +9,11 @@ import re
 from datetime import UTC, datetime, time, timedelta
 from urllib.parse import urlencode
 
-from libs.domain.commands import decide_transition
-from libs.domain.node import GpuCard, NodeInventory, NodeRegistered
+from libs.domain.node.events import NodeRegistered
+from libs.domain.node.model import GpuCard, NodeInventory
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.projections import NODES
 from services.api_gateway.console.web import csrf_token
 

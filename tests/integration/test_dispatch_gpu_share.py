@@ -13,14 +13,15 @@ from nats.js.api import ConsumerConfig
 
 from libs.bus import subjects as s
 from libs.bus.nats import connect, ensure_streams
-from libs.domain.commands import decide_transition
 from libs.domain.envelope import EventEnvelope
-from libs.domain.events import TaskStatusChanged
-from libs.domain.node import GpuCard, NodeInventory, NodeRegistered
+from libs.domain.node.events import NodeRegistered
+from libs.domain.node.model import GpuCard, NodeInventory
 from libs.domain.protocol import GpuShare, NodeCommand
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskSpec, TenantId
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.model import Task, TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 from services.scheduler.handlers.dispatch import Dispatcher

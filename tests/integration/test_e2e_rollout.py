@@ -16,7 +16,7 @@ import httpx
 import psycopg
 import pytest
 
-from libs.domain.rollout import decide_drain
+from libs.domain.rollout.decide import decide_drain
 from libs.store.eventstore import EventStore
 
 from . import web

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 
 from libs import auth
-from libs.domain.commands import decide_config_update, decide_transition
 from libs.domain.errors import Code, Conflict, DomainError, NotFound
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import TaskSpec, TenantId
+from libs.domain.task.decide import decide_config_update, decide_transition
+from libs.domain.task.model import TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 from libs.store.migrations import MIGRATIONS, migrate

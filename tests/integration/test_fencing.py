@@ -18,8 +18,8 @@ from libs import auth
 from libs.bus.lease import Lease, open_lease_bucket
 from libs.bus.nats import connect
 from libs.domain.errors import Fenced
-from libs.domain.states import TaskStatus
-from libs.domain.task import TaskSpec, TenantId
+from libs.domain.task.model import TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 from libs.store.eventstore import EventStore
 from libs.store.fenced import FencedWriter
 from libs.store.fencing import Fence

@@ -14,7 +14,7 @@ import pytest
 
 from libs.bus.subjects import node_heartbeat_subject, node_report_subject
 from libs.domain.protocol import AgentReport, Fact, Heartbeat
-from libs.domain.states import TaskStatus
+from libs.domain.task.states import TaskStatus
 
 from . import web
 from .cluster import Cluster, run_async

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from libs.domain.group import evolve_group
+from libs.domain.group.evolve import evolve_group
 from libs.store import groups as group_rows
 from libs.store.eventstore import payload_of
 

@@ -14,8 +14,8 @@ from pydantic import SecretStr
 
 from libs import auth
 from libs.config import GatewaySettings
-from libs.domain.events import ApiKeyRevoked
-from libs.domain.task import TenantId
+from libs.domain.task.model import TenantId
+from libs.domain.tenant.events import ApiKeyRevoked
 from libs.store.eventstore import EventStore
 from services.api_gateway.app import create_app
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from libs.domain.group import GroupStatus, GroupStatusChanged
+from libs.domain.group.events import GroupStatusChanged
+from libs.domain.group.model import GroupStatus
 from libs.domain.reasons import ReasonCode
 from libs.domain.telemetry import GpuSample, TelemetryBatch
 from libs.store import telemetry

@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 
 from libs.domain.errors import DomainError, NotFound
-from libs.domain.events import Payload
-from libs.domain.node import NodeInventory, NodeOffline, NodeRegistered
+from libs.domain.group.serving_control import decide_wake
+from libs.domain.node.events import NodeOffline, NodeRegistered
+from libs.domain.node.model import NodeInventory
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.serving_control import decide_wake
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task
+from libs.domain.task.model import Task
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store import tasks as task_rows
 from libs.store.projections import NODES
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from libs.domain.commands import decide_transition
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.states import Actor, TaskStatus
 
 from .helpers import Api, bearer
 

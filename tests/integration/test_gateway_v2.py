@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from libs.domain.node import NodeInventory, NodeRegistered
+from libs.domain.node.events import NodeRegistered
+from libs.domain.node.model import NodeInventory
 from libs.store.projections import NODES
 from services.api_gateway import routes_ops
 

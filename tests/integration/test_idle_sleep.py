@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from libs.domain.commands import decide_transition
 from libs.domain.errors import Fenced
+from libs.domain.group.router_figures import RouterFigures
+from libs.domain.group.serving import ServingMetrics
 from libs.domain.reasons import ReasonCode
-from libs.domain.router_figures import RouterFigures
-from libs.domain.serving import ServingMetrics
-from libs.domain.states import Actor, TaskStatus
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.fenced import FencedWriter
 from libs.store.fencing import Fence
 from services.autoscaler.controllers.idle_sleep import IdleSleeper

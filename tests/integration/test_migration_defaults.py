@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from libs.domain.node import NodeInventory, NodeRegistered
+from libs.domain.node.events import NodeRegistered
+from libs.domain.node.model import NodeInventory
 from libs.store.migrations import MIGRATIONS
 from libs.store.projections import NODES
 from libs.store.replay import rebuild

@@ -10,11 +10,12 @@ from typing import Any, cast
 import pytest
 from nats.aio.client import Client
 
-from libs.domain.commands import decide_transition
-from libs.domain.node import NodeInventory, NodeRegistered
+from libs.domain.node.events import NodeRegistered
+from libs.domain.node.model import NodeInventory
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskSpec, TenantId
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.model import Task, TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 from services.scheduler.controllers.node_monitor import NodeMonitor

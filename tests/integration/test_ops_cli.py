@@ -16,10 +16,10 @@ import psycopg
 import pytest
 
 from libs import auth
-from libs.domain.commands import decide_transition
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import TaskSpec, TenantId
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.model import TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 
 pytestmark = pytest.mark.integration

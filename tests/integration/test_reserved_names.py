@@ -11,14 +11,15 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from libs.domain.commands import decide_transition
-from libs.domain.events import Payload
-from libs.domain.group_control import GroupPolicy
-from libs.domain.node import NodeInventory, NodeRegistered
+from libs.domain.group.decide import GroupPolicy
+from libs.domain.node.events import NodeRegistered
+from libs.domain.node.model import NodeInventory
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor
-from libs.domain.states import TaskStatus as S
-from libs.domain.task import Platform, TaskId, TenantId, parse_create
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.model import Platform, TaskId, TenantId, parse_create
+from libs.domain.task.states import Actor
+from libs.domain.task.states import TaskStatus as S
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.migrations import MIGRATIONS

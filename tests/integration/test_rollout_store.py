@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from libs import auth
-from libs.domain.rollout import decide_drain
-from libs.domain.task import TaskSpec, TenantId
+from libs.domain.rollout.decide import decide_drain
+from libs.domain.task.model import TaskSpec, TenantId
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 from libs.store.replay import rebuild

@@ -16,13 +16,13 @@ from nats.js.api import ConsumerConfig
 
 from libs.bus import subjects as s
 from libs.bus.nats import connect, ensure_streams
-from libs.domain.commands import decide_transition
 from libs.domain.envelope import EventEnvelope
-from libs.domain.events import TaskStatusChanged
 from libs.domain.protocol import AgentReport, CommandKind, Fact, NodeCommand, NodeReport
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskSpec, TenantId
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.model import Task, TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 from services.scheduler.handlers.dispatch import Dispatcher
 from services.scheduler.handlers.reports import ReportHandler

@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from libs.domain.commands import decide_transition
-from libs.domain.node import GpuCard, GpuLost, NodeInventory, NodeRegistered
+from libs.domain.node.events import GpuLost, NodeRegistered
+from libs.domain.node.model import GpuCard, NodeInventory
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskSpec, TenantId
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.model import Task, TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 from services.scheduler import view

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from libs.domain.errors import StoreUnavailable
-from libs.domain.events import Payload
-from libs.domain.node import GpuCard, Node, NodeInventory, NodeOffline, NodeRegistered
+from libs.domain.node.events import NodeOffline, NodeRegistered
+from libs.domain.node.model import GpuCard, Node, NodeInventory
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 from libs.store import nodes as node_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
@@ -137,9 +138,9 @@ async def test_migrating_an_unreachable_database_is_store_unavailable() -> None:
 async def test_a_lent_card_counts_once_in_the_tenants_gpus(store: EventStore) -> None:
     """The AutoScaler's headroom read (`tenant_gpus`): a borrower's card is its sleeping
     lender's while the lender holds it, and its own once the lender has gone."""
-    from libs.domain.commands import decide_transition
-    from libs.domain.lending import decide_borrow, decide_lend, measure_sleep
-    from libs.domain.states import Actor
+    from libs.domain.task.decide import decide_transition
+    from libs.domain.task.lending import decide_borrow, decide_lend, measure_sleep
+    from libs.domain.task.states import Actor
 
     tenant = TenantId("lend-" + datetime.now(UTC).strftime("%H%M%S%f"))
     lender = await store.create_task(tenant, TaskSpec(name="engine", gpu_required=1))

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from libs.domain.commands import decide_transition
 from libs.domain.envelope import EventEnvelope
-from libs.domain.node import GpuLost
+from libs.domain.node.events import GpuLost
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskSpec, TenantId
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.model import Task, TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 from libs.store.inbox import Receipt
 from services.api_gateway.timeline import task_timeline

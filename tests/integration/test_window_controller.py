@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from libs.domain.commands import decide_transition
 from libs.domain.errors import Fenced
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
+from libs.domain.task.decide import decide_transition
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.fenced import FencedWriter
 from libs.store.fencing import Fence
 from services.autoscaler.controllers.windows import WindowController

@@ -21,12 +21,32 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from libs.domain.catalog import PAYLOAD_TYPES
-from libs.domain.events import (
-    ApiKeyIssued,
-    JoinTokenIssued,
-    NodeJoined,
-    Payload,
-    SystemCredentialIssued,
+from libs.domain.group.events import GroupCreated, GroupDeleted, GroupScaled, GroupStatusChanged
+from libs.domain.group.model import GroupShape, GroupSpec, GroupStatus
+from libs.domain.group.serving import ServingSpec
+from libs.domain.job.events import JobNodeSettled, JobStatusChanged, JobSubmitted, JobTasksReady
+from libs.domain.job.model import JobStatus, NodeState
+from libs.domain.job.spec import JobNodeSpec, JobSpec
+from libs.domain.node.events import GpuLost, GpuRecovered, NodeOffline, NodeRegistered
+from libs.domain.node.model import GpuCard, NodeInventory
+from libs.domain.payload import Payload
+from libs.domain.pool.events import (
+    PoolCreated,
+    PoolDeleted,
+    PoolUpdated,
+    QueueCreated,
+    QueueUpdated,
+)
+from libs.domain.pool.model import (
+    NodeSelector,
+    PoolSpec,
+    QueueQuota,
+    QueueSpec,
+    pool_stream,
+    queue_stream,
+)
+from libs.domain.reasons import ReasonCode
+from libs.domain.task.events import (
     TaskConfigUpdated,
     TaskCreated,
     TaskDeleted,
@@ -34,52 +54,17 @@ from libs.domain.events import (
     TaskPendingReason,
     TaskRetryDecided,
     TaskStatusChanged,
+)
+from libs.domain.task.model import TaskId, TaskSpec, TenantId, Volume
+from libs.domain.task.states import TaskStatus as S
+from libs.domain.tenant.events import (
+    ApiKeyIssued,
+    JoinTokenIssued,
+    NodeJoined,
+    SystemCredentialIssued,
     TenantCreated,
     TenantUpdated,
 )
-from libs.domain.group import (
-    GroupCreated,
-    GroupDeleted,
-    GroupScaled,
-    GroupShape,
-    GroupSpec,
-    GroupStatus,
-    GroupStatusChanged,
-)
-from libs.domain.job import JobNodeSpec, JobSpec
-from libs.domain.job_state import (
-    JobNodeSettled,
-    JobStatus,
-    JobStatusChanged,
-    JobSubmitted,
-    JobTasksReady,
-    NodeState,
-)
-from libs.domain.node import (
-    GpuCard,
-    GpuLost,
-    GpuRecovered,
-    NodeInventory,
-    NodeOffline,
-    NodeRegistered,
-)
-from libs.domain.pool import (
-    NodeSelector,
-    PoolCreated,
-    PoolDeleted,
-    PoolSpec,
-    PoolUpdated,
-    QueueCreated,
-    QueueQuota,
-    QueueSpec,
-    QueueUpdated,
-    pool_stream,
-    queue_stream,
-)
-from libs.domain.reasons import ReasonCode
-from libs.domain.serving import ServingSpec
-from libs.domain.states import TaskStatus as S
-from libs.domain.task import TaskId, TaskSpec, TenantId, Volume
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 SPAN_S = 3_600.0

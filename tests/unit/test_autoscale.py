@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from libs.domain.autoscale import (
+from libs.domain.errors import DomainError
+from libs.domain.group.autoscale import (
     AutoScale,
     Inputs,
     Metric,
@@ -23,8 +24,7 @@ from libs.domain.autoscale import (
     parse_auto_scale,
     safe_scale_down,
 )
-from libs.domain.errors import DomainError
-from libs.domain.serving import ServingMetrics
+from libs.domain.group.serving import ServingMetrics
 
 CFG = AutoScale(metric="qps", target=50, min_replicas=2, max_replicas=10)
 

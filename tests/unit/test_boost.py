@@ -9,10 +9,9 @@ import pytest
 
 from agent.inventory import Inventory
 from agent.launch import run_spec
-from libs.domain.boost import boost_memory, image_repository, is_gpu_inference_image
 from libs.domain.protocol import CommandKind, NodeCommand, TaskRunSpec
-from libs.domain.states import TaskStatus
-from libs.domain.task import (
+from libs.domain.task.boost import boost_memory, image_repository, is_gpu_inference_image
+from libs.domain.task.model import (
     Task,
     TaskId,
     TaskSpec,
@@ -22,6 +21,7 @@ from libs.domain.task import (
     parse_create,
     parse_update,
 )
+from libs.domain.task.states import TaskStatus
 from services.scheduler.placement.model import Requirement
 
 LINE = "Auto-boost GPU inference memory: 2048 → 8192MB"

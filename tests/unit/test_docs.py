@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import TRANSITIONS, TaskStatus
+from libs.domain.task.states import TRANSITIONS, TaskStatus
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -17,8 +17,8 @@ from agent.runtimes.base import RunSpec
 from agent.runtimes.docker import DockerRuntime
 from agent.runtimes.sharing import MpsDaemon
 from libs.domain.protocol import NodeCommand
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 from services.scheduler import ClusterSnapshot, Gpu, GpuShare, Node, PendingTask, plan
 from services.scheduler.dispatch import command_for
 

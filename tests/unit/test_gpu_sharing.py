@@ -28,10 +28,10 @@ from agent.runtimes.sharing import (
     mig_instances,
     mps_env,
 )
-from libs.domain.failure import ErrorKind
 from libs.domain.protocol import CommandKind, GpuShare, NodeCommand, TaskRunSpec
-from libs.domain.states import TaskStatus
-from libs.domain.task import TaskSpec
+from libs.domain.task.failure import ErrorKind
+from libs.domain.task.model import TaskSpec
+from libs.domain.task.states import TaskStatus
 
 MIB = 1024 * 1024
 

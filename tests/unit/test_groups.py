@@ -8,20 +8,19 @@ from typing import Any
 import pytest
 
 from libs.domain.errors import DomainError
-from libs.domain.group import (
+from libs.domain.group.decide import GroupPolicy, decide_group
+from libs.domain.group.events import GroupRecovery, GroupStatusChanged
+from libs.domain.group.model import (
     Group,
-    GroupRecovery,
     GroupSpec,
     GroupStatus,
-    GroupStatusChanged,
     aggregate_status,
     current_members,
     group_env,
     parse_group,
 )
-from libs.domain.group_control import GroupPolicy, decide_group
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TenantId
+from libs.domain.task.model import Task, TaskId, TenantId
+from libs.domain.task.states import TaskStatus
 
 S = TaskStatus
 G = GroupStatus

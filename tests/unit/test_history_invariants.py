@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from libs.domain.events import Payload, TaskCreated, TaskRetryDecided, TaskStatusChanged
 from libs.domain.invariants import HistoryChecker, Invariant, LoggedEvent
-from libs.domain.lending import TaskCardLent, TaskCardReturned
-from libs.domain.node import GpuCard, NodeInventory, NodeRegistered
+from libs.domain.node.events import NodeRegistered
+from libs.domain.node.model import GpuCard, NodeInventory
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import TaskStatus as S
-from libs.domain.task import TaskId, TaskSpec, TenantId
+from libs.domain.task.events import TaskCreated, TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.lending import TaskCardLent, TaskCardReturned
+from libs.domain.task.model import TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus as S
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 CARD_MB = 80_000

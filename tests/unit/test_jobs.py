@@ -8,26 +8,17 @@ from typing import Any, cast
 
 import pytest
 
-from libs.domain.condition import ConditionError, evaluate, parse_condition
 from libs.domain.errors import Code, DomainError
-from libs.domain.events import TaskRetryDecided, TaskStatusChanged
-from libs.domain.job import Dependency, DependencyKind, find_cycle, parse_job
-from libs.domain.job_state import (
-    Job,
-    JobNode,
-    JobNodeSettled,
-    JobStatus,
-    JobStopRequested,
-    JobSubmitted,
-    NodeState,
-    advance,
-    evolve_job,
-    parse_report,
-    readiness,
-)
+from libs.domain.job.condition import ConditionError, evaluate, parse_condition
+from libs.domain.job.decide import advance, parse_report, readiness
+from libs.domain.job.events import JobNodeSettled, JobStopRequested, JobSubmitted
+from libs.domain.job.evolve import evolve_job
+from libs.domain.job.model import Job, JobNode, JobStatus, NodeState
+from libs.domain.job.spec import Dependency, DependencyKind, find_cycle, parse_job
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import TaskStatus
-from libs.domain.task import TaskId, TenantId
+from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.model import TaskId, TenantId
+from libs.domain.task.states import TaskStatus
 from libs.store.eventstore import EventStore
 from services.job_orchestrator.handlers.task_ended import (
     Orchestrator,

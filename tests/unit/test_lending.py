@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from libs.domain.errors import Code, Conflict, DomainError
-from libs.domain.events import TaskStatusChanged, evolve_task
-from libs.domain.lending import (
+from libs.domain.reasons import ReasonCode
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.lending import (
     TaskCardBorrowed,
     TaskCardLent,
     TaskCardReturned,
@@ -23,9 +25,8 @@ from libs.domain.lending import (
     lendable,
     measure_sleep,
 )
-from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TaskType, TenantId
+from libs.domain.task.model import Task, TaskId, TaskSpec, TaskType, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from services.scheduler.placement.ledger import Ledger
 from services.scheduler.placement.loans import plan_loans
 from services.scheduler.placement.model import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from libs.domain.liveness import Health, LivenessWatch, TaskLiveness, is_dead
+from libs.domain.task.liveness import Health, LivenessWatch, TaskLiveness, is_dead
 
 FLOOR, STALE = 900.0, 30.0
 

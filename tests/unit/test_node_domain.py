@@ -6,18 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from libs.domain.node import (
-    CardWatch,
-    GpuCard,
-    GpuLost,
-    GpuRecovered,
-    NodeInventory,
-    NodeOffline,
-    NodeRegistered,
-    NodeStatus,
-    evolve_node,
-    watch_card,
-)
+from libs.domain.node.decide import watch_card
+from libs.domain.node.events import GpuLost, GpuRecovered, NodeOffline, NodeRegistered
+from libs.domain.node.evolve import evolve_node
+from libs.domain.node.model import CardWatch, GpuCard, NodeInventory, NodeStatus
 from libs.domain.reasons import ReasonCode
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)

@@ -10,10 +10,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from libs.domain.errors import Code, DomainError
-from libs.domain.group import Group, parse_group
-from libs.domain.lending import decide_lend
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.group.model import Group, parse_group
+from libs.domain.task.lending import decide_lend
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 from libs.ownership import own_members
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

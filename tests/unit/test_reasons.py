@@ -10,17 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from libs.domain import commands
 from libs.domain.catalog import PAYLOAD_TYPES, parse_payload
-from libs.domain.events import (
-    Payload,
-    ReasonedPayload,
-    TaskPendingReason,
-    TaskStatusChanged,
-    evolve_task,
-)
-from libs.domain.group import GroupRecovery, GroupStatusChanged
-from libs.domain.node import NodeOffline
+from libs.domain.group.events import GroupRecovery, GroupStatusChanged
+from libs.domain.node.events import NodeOffline
+from libs.domain.payload import Payload, ReasonedPayload
 from libs.domain.protocol import AgentReport, Fact, decide_report
 from libs.domain.reasons import (
     PLACEMENT_REASONS,
@@ -29,8 +22,11 @@ from libs.domain.reasons import (
     ReasonCode,
     legacy_reason_code,
 )
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task import decide as commands
+from libs.domain.task.events import TaskPendingReason, TaskStatusChanged
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from services.retry_engine.decide import Evidence, RetryConfig, decide_retry
 from services.scheduler.controllers.groups import _fail as group_fail
 from services.scheduler.controllers.groups import is_infra_failure

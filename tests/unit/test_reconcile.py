@@ -11,11 +11,11 @@ import pytest
 from agent.runtimes.base import Handle
 from agent.service import newest_attempts
 from libs.domain.errors import Conflict
-from libs.domain.events import TaskStatusChanged
 from libs.domain.protocol import AgentReport, Fact, decide_reconcile, decide_report
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 from services.scheduler.controllers.confirm import SWEPT, Confirmations
 from services.scheduler.controllers.node_monitor import ON_NODE_LOSS, migrate_decision
 

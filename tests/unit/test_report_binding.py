@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 import pytest
 
 from libs.bus.subjects import node_of_subject, node_report_subject
-from libs.domain.node import NodeInventory
+from libs.domain.node.model import NodeInventory
 from libs.domain.protocol import AgentReport, Fact, Heartbeat, NodeReport, Registration
-from libs.domain.states import TaskStatus
+from libs.domain.task.states import TaskStatus
 from libs.domain.telemetry import TelemetryBatch
 from services.event_timeline.service import from_its_node as timeline_from_its_node
 from services.scheduler.routes import from_its_node

@@ -9,8 +9,8 @@ import pytest
 
 from libs.domain.errors import Conflict
 from libs.domain.protocol import AgentReport, Fact, decide_reconcile, decide_report
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 
 S = TaskStatus
 AT = datetime(2026, 1, 1, tzinfo=UTC)

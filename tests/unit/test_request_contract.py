@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from libs.config import GatewaySettings
 from libs.domain import validation as v
 from libs.domain.errors import Code, DomainError
-from libs.domain.task import host_path_allowed, normalise_env
+from libs.domain.task.model import host_path_allowed, normalise_env
 from services.api_gateway import request_docs
 from services.api_gateway.openapi import document
 from services.api_gateway.schemas import (

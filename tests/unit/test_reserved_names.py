@@ -10,12 +10,16 @@ from typing import Any
 import pytest
 
 from libs.domain.errors import Code, DomainError
-from libs.domain.events import TaskCreated, evolve_task
-from libs.domain.group import parse_group
-from libs.domain.job import parse_job
-from libs.domain.job_state import Job, JobNode, JobSubmitted, evolve_job, task_spec
-from libs.domain.rollout import parse_rollout
-from libs.domain.task import (
+from libs.domain.group.model import parse_group
+from libs.domain.job.decide import task_spec
+from libs.domain.job.events import JobSubmitted
+from libs.domain.job.evolve import evolve_job
+from libs.domain.job.model import Job, JobNode
+from libs.domain.job.spec import parse_job
+from libs.domain.rollout.decide import parse_rollout
+from libs.domain.task.events import TaskCreated
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.model import (
     Platform,
     Task,
     TaskId,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from libs.domain.failure import FailureClass, classify
+from libs.domain.task.failure import FailureClass, classify
 
 C = FailureClass
 

@@ -9,10 +9,10 @@ from uuid import UUID
 import pytest
 
 from libs.domain.envelope import EventEnvelope
-from libs.domain.events import TaskRetryDecided, TaskStatusChanged
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 from libs.store.eventstore import EventStore
 from services.retry_engine.decide import (
     Evidence,

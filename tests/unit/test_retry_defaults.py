@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from libs.config import GatewaySettings
-from libs.domain.group import parse_group
-from libs.domain.job import parse_job
-from libs.domain.task import RetryStrategy, parse_create
+from libs.domain.group.model import parse_group
+from libs.domain.job.spec import parse_job
+from libs.domain.task.model import RetryStrategy, parse_create
 
 BODY = {"name": "x", "image": "busybox"}
 

@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 
 from libs.domain.errors import Code, DomainError
-from libs.domain.events import TaskCreated, TaskStatusChanged, evolve_task, parse_payload
-from libs.domain.group import GroupSpec, parse_group
+from libs.domain.group.model import GroupSpec, parse_group
+from libs.domain.payload import parse_payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.rollout import decide_drain, parse_rollout
-from libs.domain.states import TaskStatus
-from libs.domain.task import TaskId, TaskSpec, TenantId
+from libs.domain.rollout.decide import decide_drain, parse_rollout
+from libs.domain.task.events import TaskCreated, TaskStatusChanged
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.model import TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

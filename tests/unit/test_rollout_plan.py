@@ -11,25 +11,15 @@ from typing import Any
 import pytest
 
 from libs.domain.errors import Code, DomainError
-from libs.domain.group import (
-    Group,
-    GroupSpec,
-    GroupStatus,
-    GroupStatusChanged,
-    current_members,
-    evolve_group,
-    parse_group,
-)
-from libs.domain.group_control import GroupPolicy, decide_group
+from libs.domain.group.decide import GroupPolicy, decide_group
+from libs.domain.group.events import GroupStatusChanged
+from libs.domain.group.evolve import evolve_group
+from libs.domain.group.model import Group, GroupSpec, GroupStatus, current_members, parse_group
 from libs.domain.reasons import ReasonCode
-from libs.domain.rollout import decide_action, decide_start
-from libs.domain.rollout_model import (
-    BatchStep,
-    RolloutLeaseReleased,
-    RolloutPhase,
-    RolloutPhaseChanged,
-)
-from libs.domain.rollout_plan import (
+from libs.domain.rollout.decide import decide_action, decide_start
+from libs.domain.rollout.events import RolloutLeaseReleased, RolloutPhaseChanged
+from libs.domain.rollout.model import BatchStep, RolloutPhase
+from libs.domain.rollout.plan import (
     RolloutPolicy,
     RolloutStep,
     decide_lease,
@@ -37,8 +27,8 @@ from libs.domain.rollout_plan import (
     replica_spec,
     surge_cards,
 )
-from libs.domain.states import TERMINAL, TaskStatus
-from libs.domain.task import Task, TaskId, TenantId
+from libs.domain.task.model import Task, TaskId, TenantId
+from libs.domain.task.states import TERMINAL, TaskStatus
 
 S = TaskStatus
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

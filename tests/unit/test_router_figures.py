@@ -1,4 +1,4 @@
-"""The routers' figures as heard on the bus (libs/domain/router_figures.py): freshness per
+"""The routers' figures as heard on the bus (libs/domain/group/router_figures.py): freshness per
 gateway process, when a draining replica counts as drained, and a target's activity for
 idle sleep."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from libs.domain.router_figures import RouterFigures
-from libs.domain.serving import ServingMetrics
+from libs.domain.group.router_figures import RouterFigures
+from libs.domain.group.serving import ServingMetrics
 
 
 def figures(

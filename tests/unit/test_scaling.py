@@ -8,14 +8,15 @@ from typing import Any
 
 import pytest
 
-from libs.domain.autoscale import Decision, Metric, Why
 from libs.domain.errors import DomainError
-from libs.domain.group import Group, GroupStatus, evolve_group, parse_group, sized_members
-from libs.domain.group_control import GroupPolicy, decide_group
-from libs.domain.group_scaling import GroupScalingUpdated, decided
-from libs.domain.scaling import check_scalable, decide_scale, parse_replicas
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TenantId
+from libs.domain.group.autoscale import Decision, Metric, Why
+from libs.domain.group.decide import GroupPolicy, decide_group
+from libs.domain.group.evolve import evolve_group
+from libs.domain.group.model import Group, GroupStatus, parse_group, sized_members
+from libs.domain.group.policy import GroupScalingUpdated, decided
+from libs.domain.group.scaling import check_scalable, decide_scale, parse_replicas
+from libs.domain.task.model import Task, TaskId, TenantId
+from libs.domain.task.states import TaskStatus
 
 S = TaskStatus
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from libs.domain.states import TaskStatus
-from libs.domain.task import TaskSpec
+from libs.domain.task.model import TaskSpec
+from libs.domain.task.states import TaskStatus
 from services.scheduler.placement.feasibility import (
     Quota,
     allocation_cost,

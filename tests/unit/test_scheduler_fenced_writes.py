@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from libs.controller import Term
-from libs.domain.events import Payload
-from libs.domain.node import Node, NodeInventory, NodeStatus
+from libs.domain.node.model import Node, NodeInventory, NodeStatus
+from libs.domain.payload import Payload
 from libs.domain.protocol import Heartbeat
 from libs.store.fenced import FencedWriter
 from libs.store.fencing import TERM_FENCE, Fence

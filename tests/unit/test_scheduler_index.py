@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from libs.domain.states import TaskStatus
+from libs.domain.task.states import TaskStatus
 from services.scheduler.placement.feasibility import (
     Quota,
     check_quota_floor,

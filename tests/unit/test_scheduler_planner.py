@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 from services.scheduler.placement.model import (
     Allocation,
     ClusterSnapshot,

@@ -9,13 +9,14 @@ from typing import Any
 
 from agent.inventory import Inventory
 from agent.launch import run_spec
-from libs.domain.events import TaskStatusChanged, evolve_task
-from libs.domain.group import GroupShape, GroupSpec, group_env
+from libs.domain.group.model import GroupShape, GroupSpec, group_env
+from libs.domain.group.serving import ServingSpec
 from libs.domain.protocol import CommandKind, NodeCommand, TaskRunSpec
 from libs.domain.reasons import ReasonCode
-from libs.domain.serving import ServingSpec
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TaskType, TenantId
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.model import Task, TaskId, TaskSpec, TaskType, TenantId
+from libs.domain.task.states import TaskStatus
 from services.scheduler.placement.model import (
     Allocation,
     ClusterSnapshot,

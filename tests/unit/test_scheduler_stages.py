@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from libs.domain.events import TaskStatusChanged
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 from services.scheduler.controllers.placement import _place
 from services.scheduler.placement.feasibility import NodeUsage, Quota, usage_of
 from services.scheduler.placement.ledger import Ledger

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from libs.domain.states import TaskStatus
+from libs.domain.task.states import TaskStatus
 from services.scheduler.placement.model import Node, PendingTask, Plan
 from services.scheduler.placement.planner import plan
 from services.scheduler.placement.reasons import Reason

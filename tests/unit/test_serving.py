@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from libs.domain.errors import DomainError
-from libs.domain.serving import Replica, RequestWindow, pick
-from libs.domain.task import parse_create
+from libs.domain.group.serving import Replica, RequestWindow, pick
+from libs.domain.task.model import parse_create
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ async def test_figures_date_the_last_request_or_the_watch_and_a_request_is_told_
     from typing import Any, cast
 
     from libs.config import GatewaySettings
-    from libs.domain.serving import ServingSpec
+    from libs.domain.group.serving import ServingSpec
     from services.api_gateway.serving import ServingRouter, Target
 
     router = ServingRouter(cast(Any, None), GatewaySettings())

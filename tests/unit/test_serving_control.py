@@ -1,4 +1,4 @@
-"""The host- and idleness-dependent decisions of libs/domain/serving_control.py, table-driven:
+"""The host- and idleness-dependent decisions of libs/domain/group/serving_control.py, table-driven:
 a wake on an online or offline host, the end of a stop on a lost host, idle sleep."""
 
 from __future__ import annotations
@@ -9,10 +9,7 @@ from typing import Any
 import pytest
 
 from libs.domain.errors import Conflict, DomainError
-from libs.domain.events import TaskStatusChanged, evolve_task
-from libs.domain.lending import TaskWakeQueued
-from libs.domain.reasons import ReasonCode
-from libs.domain.serving_control import (
+from libs.domain.group.serving_control import (
     Idleness,
     decide_idle_sleep,
     decide_stop_on_lost_host,
@@ -20,8 +17,12 @@ from libs.domain.serving_control import (
     serving_replicas,
     sleep_idle,
 )
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.reasons import ReasonCode
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.evolve import evolve_task
+from libs.domain.task.lending import TaskWakeQueued
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 S = TaskStatus

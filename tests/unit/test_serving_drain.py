@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from libs.domain.serving import Replica, pick
+from libs.domain.group.serving import Replica, pick
 
 
 def test_pick_skips_draining_replicas() -> None:

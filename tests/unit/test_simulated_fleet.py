@@ -8,8 +8,8 @@ import pytest
 
 from agent.simulated_fleet import DEFAULT_KINDS, NodeKind, finished, fleet_inventories, replies
 from libs.domain.protocol import CommandKind, Fact, NodeCommand, decide_report
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

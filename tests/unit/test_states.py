@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from libs.domain.states import (
+from libs.domain.task.states import (
     GPU_HOLDING,
     REPORT_BLACKLIST,
     TERMINAL,

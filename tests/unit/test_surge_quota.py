@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from libs.domain.errors import Code, DomainError
-from libs.domain.task import Platform, Task, TaskId, TaskSpec, TenantId, parse_create
+from libs.domain.task.model import Platform, Task, TaskId, TaskSpec, TenantId, parse_create
 from services.scheduler.placement.feasibility import (
     Quota,
     check_quota_floor,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.telemetry import holders_of, sample
-from libs.domain.energy import PowerSample, task_energy
+from libs.domain.task.energy import PowerSample, task_energy
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MIB = 1024 * 1024

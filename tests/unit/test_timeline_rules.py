@@ -16,10 +16,10 @@ import pytest
 from libs.bus.typed import payload_type
 from libs.domain.catalog import Payload, parse_payload
 from libs.domain.envelope import EventEnvelope
-from libs.domain.node import GpuLost, GpuRecovered
+from libs.domain.node.events import GpuLost, GpuRecovered
 from libs.domain.reasons import ReasonCode
-from libs.domain.rollout_model import RolloutRequest
-from libs.domain.task import TaskSpec
+from libs.domain.rollout.model import RolloutRequest
+from libs.domain.task.model import TaskSpec
 from libs.store.eventstore import EventStore
 from services.event_timeline.handlers.events import Timeline
 from services.event_timeline.rules import RULES, entries_for

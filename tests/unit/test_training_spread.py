@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task, TaskId, TaskSpec, TaskType, TenantId
+from libs.domain.task.model import Task, TaskId, TaskSpec, TaskType, TenantId
+from libs.domain.task.states import TaskStatus
 from services.scheduler.placement.model import (
     Allocation,
     ClusterSnapshot,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from libs.domain.errors import DomainError
-from libs.domain.task import parse_create
+from libs.domain.task.model import parse_create
 from libs.domain.validation import (
     SPEC_MAX_BYTES,
     check_json_document,

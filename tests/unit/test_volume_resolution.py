@@ -1,4 +1,4 @@
-"""Volume host paths: the per-tenant allow-list (libs/domain/task.py) and the agent's
+"""Volume host paths: the per-tenant allow-list (libs/domain/task/model.py) and the agent's
 resolution of each path on its host (agent/recheck.py), on a real directory tree."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from agent.runtimes.base import RunSpec
 from agent.settings import AgentSettings
 from libs.config import GatewaySettings
 from libs.domain.errors import DomainError
-from libs.domain.task import (
+from libs.domain.task.model import (
     allow_list_entry_error,
     host_path_allowed,
     parse_create,

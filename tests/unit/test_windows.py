@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from libs.domain.errors import DomainError
-from libs.domain.group import Group, evolve_group, parse_group
-from libs.domain.task import TenantId
-from libs.domain.window_control import decide_window, window_in_force
-from libs.domain.windows import ORIGINAL_LABEL, ScheduleWindow, in_window, parse_window
+from libs.domain.group.evolve import evolve_group
+from libs.domain.group.model import Group, parse_group
+from libs.domain.group.window_control import decide_window, window_in_force
+from libs.domain.group.windows import ORIGINAL_LABEL, ScheduleWindow, in_window, parse_window
+from libs.domain.task.model import TenantId
 
 # 2026-01-05 is a Monday.
 MON = 5

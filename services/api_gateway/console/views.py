@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from libs.domain.windows import ScheduleWindow, in_window
+from libs.domain.group.windows import ScheduleWindow, in_window
 
 SAMPLES = 60  # per group
 GROUPS_KEPT = 256  # groups whose samples are kept, least recently shown dropped first

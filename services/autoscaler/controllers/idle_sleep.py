@@ -4,7 +4,7 @@ target with an idle timeout (docs/serving.md#idle-sleep).
 A target (an inference group, or a task outside a group that declares `serving`) goes to
 sleep once it has had no request for its `idle_timeout_minutes` (each minute
 `serve_idle_minute_s` seconds, shortened in tests). `decide_idle_sleep`
-(libs/domain/serving_control.py) judges it from the routers' figures on the bus (their last
+(libs/domain/group/serving_control.py) judges it from the routers' figures on the bus (their last
 request, or since when they watch a target that has had none; a request in flight or queued
 at any router keeps it awake) and from when its newest running member became running: a
 target no router reports is idle since then. Its running members go `sleeping` (reason
@@ -25,16 +25,16 @@ import structlog
 
 from libs.controller import Controller, Term, for_each
 from libs.domain.errors import NotFound
-from libs.domain.events import TaskStatusChanged
-from libs.domain.router_figures import RouterFigures
-from libs.domain.serving_control import (
+from libs.domain.group.router_figures import RouterFigures
+from libs.domain.group.serving_control import (
     Idleness,
     decide_idle_sleep,
     serving_replicas,
     sleep_idle,
 )
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.model import Task
+from libs.domain.task.states import TaskStatus
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore

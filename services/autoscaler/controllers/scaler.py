@@ -21,8 +21,7 @@ import structlog
 from prometheus_client import Counter
 
 from libs.controller import Controller, Term, for_each
-from libs.domain import commands
-from libs.domain.autoscale import (
+from libs.domain.group.autoscale import (
     DRAIN_LIMIT_S,
     MIN_REPLICA_AGE_S,
     AutoScale,
@@ -36,16 +35,17 @@ from libs.domain.autoscale import (
     overdue_drains,
     safe_scale_down,
 )
-from libs.domain.events import Payload
-from libs.domain.group import Group, GroupStatus, Parallelism, current_members, is_live
-from libs.domain.group_scaling import decided
+from libs.domain.group.model import Group, GroupStatus, Parallelism, current_members, is_live
+from libs.domain.group.policy import decided
+from libs.domain.group.router_figures import RouterFigures
+from libs.domain.group.scaling import ScalePlan, decide_scale
+from libs.domain.group.window_control import window_in_force
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.rollout_model import ACTIVE as ROLLING
-from libs.domain.router_figures import RouterFigures
-from libs.domain.scaling import ScalePlan, decide_scale
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task
-from libs.domain.window_control import window_in_force
+from libs.domain.rollout.model import ACTIVE as ROLLING
+from libs.domain.task import decide as commands
+from libs.domain.task.model import Task
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store import telemetry

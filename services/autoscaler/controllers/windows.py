@@ -16,14 +16,14 @@ from typing import Any
 import structlog
 
 from libs.controller import Controller, Term, for_each
-from libs.domain import commands
-from libs.domain.events import Payload
-from libs.domain.group import Group, current_members, is_live
+from libs.domain.group.model import Group, current_members, is_live
+from libs.domain.group.scaling import ScalePlan, decide_scale
+from libs.domain.group.window_control import WindowStep, decide_window
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.scaling import ScalePlan, decide_scale
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task
-from libs.domain.window_control import WindowStep, decide_window
+from libs.domain.task import decide as commands
+from libs.domain.task.model import Task
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask

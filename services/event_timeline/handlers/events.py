@@ -19,7 +19,7 @@ from prometheus_client import Counter
 
 from libs.bus.typed import EventHandlers, OnEvent
 from libs.domain.envelope import EventEnvelope
-from libs.domain.node import GpuLost, GpuRecovered
+from libs.domain.node.events import GpuLost, GpuRecovered
 from libs.store import inbox
 from libs.store import tasks as task_rows
 from libs.store import timeline as timeline_rows

@@ -15,17 +15,13 @@ from prometheus_client import Counter
 from libs.bus.typed import EventHandlers
 from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import NotFound
-from libs.domain.events import Payload, TaskRetryDecided, TaskStatusChanged
-from libs.domain.job_state import (
-    DONE,
-    Job,
-    JobNodeSettled,
-    NodeState,
-    cascade,
-    evolve_job,
-    parse_report,
-)
-from libs.domain.states import TaskStatus
+from libs.domain.job.decide import cascade, parse_report
+from libs.domain.job.events import JobNodeSettled
+from libs.domain.job.evolve import evolve_job
+from libs.domain.job.model import DONE, Job, NodeState
+from libs.domain.payload import Payload
+from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.states import TaskStatus
 from libs.ownership import foreign_job_task, refuse_foreign
 from libs.store import inbox
 from libs.store.eventstore import EventStore, NewTask, new_task_id

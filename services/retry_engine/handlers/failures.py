@@ -14,10 +14,11 @@ from prometheus_client import Counter
 from libs.bus.typed import EventHandlers
 from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import NotFound
-from libs.domain.events import Payload, TaskRetryDecided, TaskStatusChanged
-from libs.domain.node import Node, NodeStatus
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task
+from libs.domain.node.model import Node, NodeStatus
+from libs.domain.payload import Payload
+from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.model import Task
+from libs.domain.task.states import TaskStatus
 from libs.store import inbox
 from libs.store import nodes as node_rows
 from libs.store.eventstore import EventStore

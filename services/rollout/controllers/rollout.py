@@ -4,7 +4,7 @@ rollout is running, paused or rolling back.
 For each group it first takes or renews the group's rollout lease (a `rollout_lease_renewed`
 event, at most every `lease_renew`), or, when another holder has been silent past the
 recovery window, fails the rollout with the reason. Then it asks the pure `plan_rollout`
-(libs/domain/rollout_plan.py) for the next step and carries it out through the term's
+(libs/domain/rollout/plan.py) for the next step and carries it out through the term's
 writer (every write under its fence):
 the group events and the new replicas in one transaction (a compare-and-set on the group's
 version: a group that moved since it was read is left to the next pass), then the replicas'
@@ -26,14 +26,15 @@ from typing import Any
 import structlog
 
 from libs.controller import Controller, Term, for_each
-from libs.domain import commands
 from libs.domain.errors import Fenced
-from libs.domain.events import Payload
-from libs.domain.group import Group
+from libs.domain.group.model import Group
+from libs.domain.group.router_figures import RouterFigures
+from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.rollout import decide_drain
-from libs.domain.rollout_model import ACTIVE, BatchStep, RolloutLeaseReleased
-from libs.domain.rollout_plan import (
+from libs.domain.rollout.decide import decide_drain
+from libs.domain.rollout.events import RolloutLeaseReleased
+from libs.domain.rollout.model import ACTIVE, BatchStep
+from libs.domain.rollout.plan import (
     RolloutPolicy,
     RolloutStep,
     decide_lease,
@@ -41,9 +42,9 @@ from libs.domain.rollout_plan import (
     replica_spec,
     surge_cards,
 )
-from libs.domain.router_figures import RouterFigures
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TenantId
+from libs.domain.task import decide as commands
+from libs.domain.task.model import Task, TenantId
+from libs.domain.task.states import Actor, TaskStatus
 from libs.ownership import own_members
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from libs.domain.states import TaskStatus
+from libs.domain.task.states import TaskStatus
 
 S = TaskStatus
 

@@ -17,14 +17,14 @@ from typing import Any
 import structlog
 
 from libs.controller import Controller, Term, for_each
-from libs.domain import commands
-from libs.domain.events import Payload
-from libs.domain.failure import FailureClass, classify
-from libs.domain.group import GROUP_TERMINAL, Group
-from libs.domain.group_control import GroupActions, GroupPolicy, decide_group
+from libs.domain.group.decide import GroupActions, GroupPolicy, decide_group
+from libs.domain.group.model import GROUP_TERMINAL, Group
+from libs.domain.payload import Payload
 from libs.domain.reasons import INFRASTRUCTURE_REASONS, ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task, TaskSpec
+from libs.domain.task import decide as commands
+from libs.domain.task.failure import FailureClass, classify
+from libs.domain.task.model import Task, TaskSpec
+from libs.domain.task.states import Actor, TaskStatus
 from libs.ownership import own_members
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows

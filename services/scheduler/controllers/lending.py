@@ -15,9 +15,9 @@ from functools import partial
 import structlog
 
 from libs.domain.errors import Code, DomainError
-from libs.domain.lending import decide_borrow, decide_lend, decide_return
-from libs.domain.states import GPU_HOLDING
-from libs.domain.task import Task
+from libs.domain.task.lending import decide_borrow, decide_lend, decide_return
+from libs.domain.task.model import Task
+from libs.domain.task.states import GPU_HOLDING
 from libs.ownership import refuse_foreign
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore

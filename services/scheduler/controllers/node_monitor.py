@@ -18,24 +18,17 @@ from nats.aio.client import Client
 from prometheus_client import Gauge
 
 from libs.controller import Controller, Term
-from libs.domain import commands
 from libs.domain.errors import DomainError, Fenced
-from libs.domain.events import Payload
-from libs.domain.liveness import LivenessWatch, is_dead
-from libs.domain.node import (
-    CardWatch,
-    GpuLost,
-    GpuRecovered,
-    Node,
-    NodeOffline,
-    NodeRegistered,
-    NodeStatus,
-    watch_card,
-)
+from libs.domain.node.decide import watch_card
+from libs.domain.node.events import GpuLost, GpuRecovered, NodeOffline, NodeRegistered
+from libs.domain.node.model import CardWatch, Node, NodeStatus
+from libs.domain.payload import Payload
 from libs.domain.protocol import CommandKind, Heartbeat, NodeCommand
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task
+from libs.domain.task import decide as commands
+from libs.domain.task.liveness import LivenessWatch, is_dead
+from libs.domain.task.model import Task
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store import nodes as node_rows
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore

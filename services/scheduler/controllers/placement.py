@@ -22,10 +22,10 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from libs.controller import Controller, Term
-from libs.domain import commands
 from libs.domain.reasons import ReasonCode
-from libs.domain.states import Actor, TaskStatus
-from libs.domain.task import Task
+from libs.domain.task import decide as commands
+from libs.domain.task.model import Task
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 from libs.store.fenced import FencedWriter
 

@@ -20,11 +20,11 @@ from nats.js import JetStreamContext
 
 from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import NotFound
-from libs.domain.events import TaskStatusChanged
-from libs.domain.group import current_members, group_env
+from libs.domain.group.model import current_members, group_env
 from libs.domain.protocol import NodeCommand
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.model import Task
+from libs.domain.task.states import TaskStatus
 from libs.ownership import own_members
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows

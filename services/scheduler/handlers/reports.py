@@ -21,8 +21,8 @@ from nats.js import JetStreamContext
 
 from libs import ordering
 from libs.domain.errors import Conflict, DomainError, NotFound
-from libs.domain.lending import measure_sleep
-from libs.domain.node import Node, NodeRegistered
+from libs.domain.node.events import NodeRegistered
+from libs.domain.node.model import Node
 from libs.domain.protocol import (
     AgentReport,
     CommandKind,
@@ -33,8 +33,9 @@ from libs.domain.protocol import (
     decide_reconcile,
     decide_report,
 )
-from libs.domain.states import TaskStatus
-from libs.domain.task import Task
+from libs.domain.task.lending import measure_sleep
+from libs.domain.task.model import Task
+from libs.domain.task.states import TaskStatus
 from libs.store.eventstore import EventStore, Step
 from libs.store.projections import NODES
 

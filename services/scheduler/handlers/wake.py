@@ -14,8 +14,8 @@ import asyncio
 from pydantic import ValidationError
 
 from libs.domain.envelope import EventEnvelope
-from libs.domain.events import TaskStatusChanged
-from libs.domain.states import GPU_HOLDING, TaskStatus
+from libs.domain.task.events import TaskStatusChanged
+from libs.domain.task.states import GPU_HOLDING, TaskStatus
 
 from ..controllers.placement import Placer
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from libs.domain.states import TaskStatus
+from libs.domain.task.states import TaskStatus
 
 from .model import (
     Allocation,

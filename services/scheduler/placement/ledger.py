@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from libs.domain.states import TaskStatus
+from libs.domain.task.states import TaskStatus
 
 from .feasibility import CardUse, NodeUsage, allocation_cost, free_whole_cards, usage_of
 from .index import ClusterIndex

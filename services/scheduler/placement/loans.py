@@ -1,5 +1,5 @@
 """Card lending, the scheduler's part (pure): which pending training tasks run on the cards of
-a sleeping task of their tenant (seed 000; libs/domain/lending.py has the events).
+a sleeping task of their tenant (seed 000; libs/domain/task/lending.py has the events).
 
 Asked after a round's plan, for the tasks the plan left waiting for cards (or for quota: a
 borrowed card is already counted, on its lender). A borrower must be a training task of the
@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from libs.domain.lending import may_borrow
-from libs.domain.states import TaskStatus
-from libs.domain.task import TaskType
+from libs.domain.task.lending import may_borrow
+from libs.domain.task.model import TaskType
+from libs.domain.task.states import TaskStatus
 
 from .feasibility import usage_of
 from .model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask, Plan, gpu_matches

@@ -16,11 +16,11 @@ from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
 
-from libs.domain.lending import lendable
-from libs.domain.node import DEFAULT_PORT_RANGE
-from libs.domain.pool import gpu_type_matches
-from libs.domain.states import GPU_HOLDING, TaskStatus
-from libs.domain.task import Task, TaskSpec, TaskType
+from libs.domain.node.model import DEFAULT_PORT_RANGE
+from libs.domain.pool.model import gpu_type_matches
+from libs.domain.task.lending import lendable
+from libs.domain.task.model import Task, TaskSpec, TaskType
+from libs.domain.task.states import GPU_HOLDING, TaskStatus
 
 from .reasons import Reason
 
@@ -210,7 +210,7 @@ class Allocation:
     anti_affinity: tuple[str, ...] = ()
     queue: str = ""  # "" = no queue
     job: str = ""  # the job it belongs to, "" = none (it counts as a job of its own)
-    # Card lending (libs/domain/lending.py): a sleeper whose cards may be lent, and on a
+    # Card lending (libs/domain/task/lending.py): a sleeper whose cards may be lent, and on a
     # borrower the lender whose cards it runs on (counted once, on the lender).
     lendable: bool = False
     borrowed_from: str = ""

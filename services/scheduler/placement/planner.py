@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
 
-from libs.domain.node import is_loopback
-from libs.domain.states import TaskStatus
+from libs.domain.node.model import is_loopback
+from libs.domain.task.states import TaskStatus
 
 from .feasibility import (
     Fit,

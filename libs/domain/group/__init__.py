@@ -1,0 +1,1 @@
+"""Task groups: shapes and state (model), events, the fold, and the controllers' decisions."""

@@ -1,0 +1,1 @@
+"""Jobs: the DAG (spec, model), events, the fold and the cascade (decide)."""

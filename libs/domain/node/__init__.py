@@ -1,0 +1,1 @@
+"""Nodes: inventory and state (model), events, the fold and card watching (decide)."""

@@ -1,0 +1,1 @@
+"""Resource pools and queues: specs (model), events, the folds and the entry rules."""

@@ -1,0 +1,1 @@
+"""Rolling updates: the request and state (model), events, the fold and the plan."""

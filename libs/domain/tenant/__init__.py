@@ -1,0 +1,1 @@
+"""Tenants and credentials: their events (the projection lives in libs/store)."""
