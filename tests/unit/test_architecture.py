@@ -7,16 +7,28 @@
 * The scheduler's placement core (`services/scheduler/placement`) is pure too: the standard
   library, the domain and itself; no store, bus, logging or metrics.
 * SQL lives in `libs/store` only: every table has one owner module there.
+* The placement core (`services/scheduler/placement/`) does no I/O.
+* A consumer receives its payload's model: no handler takes a payload dict, no code of a
+  service or the agent indexes `.payload`.
+* Services are listed once, in `heteroflow/services.py`: every package under `services/` is
+  in it, and no other module holds a literal collection of two or more service names.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
-from collections.abc import Iterator
+import typing
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from heteroflow.services import SERVICES, by_name, names, nats_users
+from libs.domain.envelope import EventEnvelope
+from libs.domain.payload import Payload
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("libs", "services", "agent", "heteroflow")
@@ -215,3 +227,184 @@ def test_the_sql_check_catches_a_query(tmp_path: Path) -> None:
         'Q = """\n    SELECT id, version\n    FROM nodes WHERE id = %s"""\nOK = "select a node"\n'
     )
     assert [line for line, _ in _sql_strings(path)] == [1]
+
+
+# --- consumers receive payload models --------------------------------------------------------
+
+
+def _payload_dict_reads(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, code) of each `x.payload[...]` or `x.payload.get(...)` in a file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        target: ast.expr | None = None
+        if isinstance(node, ast.Subscript):
+            target = node.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+        ):
+            target = node.func.value
+        if isinstance(target, ast.Attribute) and target.attr == "payload":
+            yield getattr(node, "lineno", 0), ast.unparse(node)[:80]
+
+
+def test_no_consumer_indexes_a_payload_dict() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {code}"
+        for package in ("services", "agent")
+        for path in _modules(package)
+        for line, code in _payload_dict_reads(path)
+    ]
+    assert found == []
+
+
+def _handler_modules() -> list[str]:
+    return [
+        ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        for p in sorted((ROOT / "services").glob("*/handlers/*.py"))
+        if p.name != "__init__.py"
+    ]
+
+
+def _event_handlers(module: Any) -> Iterator[tuple[str, Any]]:
+    """(name, function) of every function or method in `module` whose first parameter (after
+    `self`) is an `EventEnvelope`: an event handler."""
+    for name, value in vars(module).items():
+        if getattr(value, "__module__", None) != module.__name__:
+            continue
+        candidates = [(name, value)] if callable(value) and not isinstance(value, type) else []
+        if isinstance(value, type):
+            candidates = [(f"{name}.{k}", v) for k, v in vars(value).items() if callable(v)]
+        for qual, fn in candidates:
+            try:
+                hints = typing.get_type_hints(fn)
+            except Exception:  # not an annotated function
+                continue
+            params = [p for p in fn.__code__.co_varnames[: fn.__code__.co_argcount] if p != "self"]
+            if params and hints.get(params[0]) is EventEnvelope:
+                yield qual, fn
+
+
+def _is_dict(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation) or annotation
+    return origin is Any or (isinstance(origin, type) and issubclass(origin, dict | Mapping))
+
+
+def _payload_params(fn: Any) -> list[tuple[str, Any]]:
+    """(name, annotation) of the parameters of an event handler after its envelope."""
+    hints = typing.get_type_hints(fn)
+    params = [p for p in fn.__code__.co_varnames[: fn.__code__.co_argcount] if p != "self"]
+    return [(p, hints.get(p)) for p in params[1:]]
+
+
+def _dict_payload_handlers(module: Any) -> list[str]:
+    """Event handlers of `module` that take the payload as a dict (or untyped)."""
+    return [
+        f"{module.__name__}.{qual}: {name} is {annotation!r}"
+        for qual, fn in _event_handlers(module)
+        for name, annotation in _payload_params(fn)
+        if annotation is None or _is_dict(annotation)
+    ]
+
+
+def _typed_handlers(module: Any) -> list[str]:
+    return [
+        qual
+        for qual, fn in _event_handlers(module)
+        if any(isinstance(a, type) and issubclass(a, Payload) for _, a in _payload_params(fn))
+    ]
+
+
+def test_every_handler_takes_a_payload_model() -> None:
+    modules = [importlib.import_module(name) for name in _handler_modules()]
+    typed = [q for m in modules for q in _typed_handlers(m)]
+    assert len(typed) >= 5, typed  # the walk does find the platform's typed handlers
+    assert [bad for m in modules for bad in _dict_payload_handlers(m)] == []
+
+
+def test_the_handler_check_catches_a_dict_payload(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "hf_bad_handler.py").write_text(
+        "from typing import Any\n"
+        "from libs.domain.envelope import EventEnvelope\n"
+        "from libs.domain.task.events import TaskDeleted\n"
+        "async def on_ok(env: EventEnvelope, ev: TaskDeleted) -> None: ...\n"
+        "async def on_bad(env: EventEnvelope, payload: dict[str, Any]) -> None:\n"
+        "    env.payload.get('task_id')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("hf_bad_handler")
+    assert [q for q, _ in _event_handlers(module)] == ["on_ok", "on_bad"]
+    assert _typed_handlers(module) == ["on_ok"]
+    assert _dict_payload_handlers(module) == [
+        "hf_bad_handler.on_bad: payload is dict[str, typing.Any]"
+    ]
+    assert [line for line, _ in _payload_dict_reads(tmp_path / "hf_bad_handler.py")] == [6]
+
+
+# --- one list of services ----------------------------------------------------------------------
+
+REGISTRY = ROOT / "heteroflow" / "services.py"
+# The platform's code. (bench/ builds control planes of its own and names their connections.)
+SCANNED = ("libs", "services", "agent", "heteroflow", "deploy")
+
+
+def test_every_service_package_is_in_the_list() -> None:
+    packages = sorted(p.parent.name for p in (ROOT / "services").glob("*/__init__.py"))
+    listed = [spec.name for spec in SERVICES]
+    assert len(set(listed)) == len(listed), listed
+    for package in packages:
+        spec = importlib.import_module(f"services.{package}").SERVICE
+        assert spec in SERVICES, f"services/{package} is not in heteroflow/services.py"
+        assert by_name(spec.name) is spec
+    assert len(packages) == len(SERVICES)
+
+
+def _service_names() -> set[str]:
+    return {*names(), *(user.name for user in nats_users())}
+
+
+def _literal_lists(path: Path, known: set[str]) -> Iterator[tuple[int, list[str]]]:
+    """(line, names) of each tuple, list, set or dict in `path` whose literal strings (the
+    keys, for a dict) name two or more services."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        items: list[ast.expr | None]
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            items = list(node.elts)
+        elif isinstance(node, ast.Dict):
+            items = list(node.keys)
+        else:
+            continue
+        found = [
+            i.value
+            for i in items
+            if isinstance(i, ast.Constant) and isinstance(i.value, str) and i.value in known
+        ]
+        if len(found) >= 2:
+            yield node.lineno, found
+
+
+def _other_lists(root: Path, known: set[str]) -> list[str]:
+    return [
+        f"{path.relative_to(root)}:{line}: {found}"
+        for package in SCANNED
+        for path in sorted((root / package).rglob("*.py"))
+        if path != root / REGISTRY.relative_to(ROOT) and ".venv" not in path.parts
+        for line, found in _literal_lists(path, known)
+    ]
+
+
+def test_nothing_else_lists_services() -> None:
+    assert _other_lists(ROOT, _service_names()) == []
+
+
+def test_the_check_catches_a_second_list(tmp_path: Path) -> None:
+    """The rule above is only worth having if a new copied list turns it red."""
+    (tmp_path / "heteroflow").mkdir()
+    (tmp_path / "heteroflow" / "x.py").write_text(
+        'ORDER = ("relay", "scheduler")\nUSERS = {"scheduler": 1, "api-gateway": 2}\n'
+        'ONE = ("scheduler",)\n'
+    )
+    found = _other_lists(tmp_path, {"relay", "scheduler", "api-gateway"})
+    assert [line.split(":")[1] for line in found] == ["1", "2"]

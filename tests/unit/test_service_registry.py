@@ -1,18 +1,15 @@
 """One list of services (heteroflow/services.py), and nothing else that lists them.
 
-Every package under services/ exports a `SERVICE` that is in `SERVICES`; no other module
-holds a literal collection of two or more service names (a second list is a list that drifts);
-the deployment manifests run exactly the services of the list; the NATS permissions built
+That every package under services/ is in `SERVICES` and that nothing else lists services is
+checked with the rest of the code's shape (tests/unit/test_architecture.py). Here: the
+deployment manifests run exactly the services of the list; the NATS permissions built
 from the specs are the ones the platform promises (docs/security.md).
 """
 
 from __future__ import annotations
 
-import ast
-import importlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,67 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = ROOT / "heteroflow" / "services.py"
 # The platform's code. (bench/ builds control planes of its own and names their connections.)
 SCANNED = ("libs", "services", "agent", "heteroflow", "deploy")
-
-
-def test_every_service_package_is_in_the_list() -> None:
-    packages = sorted(p.parent.name for p in (ROOT / "services").glob("*/__init__.py"))
-    listed = [spec.name for spec in SERVICES]
-    assert len(set(listed)) == len(listed), listed
-    for package in packages:
-        spec = importlib.import_module(f"services.{package}").SERVICE
-        assert spec in SERVICES, f"services/{package} is not in heteroflow/services.py"
-        assert by_name(spec.name) is spec
-    assert len(packages) == len(SERVICES)
-
-
-def _service_names() -> set[str]:
-    return {*names(), *(user.name for user in nats_users())}
-
-
-def _literal_lists(path: Path, known: set[str]) -> Iterator[tuple[int, list[str]]]:
-    """(line, names) of each tuple, list, set or dict in `path` whose literal strings (the
-    keys, for a dict) name two or more services."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in ast.walk(tree):
-        items: list[ast.expr | None]
-        if isinstance(node, ast.Tuple | ast.List | ast.Set):
-            items = list(node.elts)
-        elif isinstance(node, ast.Dict):
-            items = list(node.keys)
-        else:
-            continue
-        found = [
-            i.value
-            for i in items
-            if isinstance(i, ast.Constant) and isinstance(i.value, str) and i.value in known
-        ]
-        if len(found) >= 2:
-            yield node.lineno, found
-
-
-def _other_lists(root: Path, known: set[str]) -> list[str]:
-    return [
-        f"{path.relative_to(root)}:{line}: {found}"
-        for package in SCANNED
-        for path in sorted((root / package).rglob("*.py"))
-        if path != root / REGISTRY.relative_to(ROOT) and ".venv" not in path.parts
-        for line, found in _literal_lists(path, known)
-    ]
-
-
-def test_nothing_else_lists_services() -> None:
-    assert _other_lists(ROOT, _service_names()) == []
-
-
-def test_the_check_catches_a_second_list(tmp_path: Path) -> None:
-    """The rule above is only worth having if a new copied list turns it red."""
-    (tmp_path / "heteroflow").mkdir()
-    (tmp_path / "heteroflow" / "x.py").write_text(
-        'ORDER = ("relay", "scheduler")\nUSERS = {"scheduler": 1, "api-gateway": 2}\n'
-        'ONE = ("scheduler",)\n'
-    )
-    found = _other_lists(tmp_path, {"relay", "scheduler", "api-gateway"})
-    assert [line.split(":")[1] for line in found] == ["1", "2"]
 
 
 def _compose_services() -> set[str]:
