@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import asyncio
-
     from libs.service import ServiceSpec
 
     SERVICE: ServiceSpec
@@ -18,18 +16,14 @@ def __getattr__(name: str) -> Any:
     if name != "SERVICE":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from libs.bus import permissions as perms
-    from libs.config import CommonSettings
-    from libs.service import ServiceContext, ServiceSpec, documented
+    from libs.service import ServiceSpec, documented
 
     from . import service
 
-    async def _run(ctx: ServiceContext, stop: asyncio.Event, _settings: CommonSettings) -> None:
-        await service.run(ctx, stop)  # it reads no settings of its own
-
     spec = ServiceSpec(
         name="job-orchestrator",
-        Settings=CommonSettings,
-        run=_run,
+        Settings=service.OrchestratorSettings,
+        run=service.run,
         routes=documented(service.routes),
         nats_user=perms.NatsUser("job-orchestrator"),
     )

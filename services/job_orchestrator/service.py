@@ -17,11 +17,14 @@ from libs.store import inbox
 
 from .handlers.task_ended import Orchestrator
 from .routes import CONSUMER, routes
+from .settings import OrchestratorSettings
 
 INBOX_PURGE_INTERVAL_S = 3600.0
 
 
-async def run(ctx: ServiceContext, stop: asyncio.Event) -> None:
+async def run(
+    ctx: ServiceContext, stop: asyncio.Event, settings: OrchestratorSettings | None = None
+) -> None:
     orchestrator = Orchestrator(ctx.store)
 
     async def purge() -> None:
@@ -33,4 +36,4 @@ async def run(ctx: ServiceContext, stop: asyncio.Event) -> None:
     )
 
 
-__all__ = ["CONSUMER", "Orchestrator", "routes", "run"]
+__all__ = ["CONSUMER", "Orchestrator", "OrchestratorSettings", "routes", "run"]
