@@ -6,70 +6,17 @@ Rows are written only by the append path (`projections.apply_other`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from datetime import datetime
-from typing import Any
+from libs.domain.tenant.model import (
+    ApiKey,
+    JoinToken,
+    KeyOwner,
+    NodeLogin,
+    SystemCredential,
+    Tenant,
+)
 
 from .eventstore import EventStore
 from .pool import one, rows
-
-
-@dataclass(frozen=True)
-class Tenant:
-    id: str
-    name: str
-    gpu_quota: int
-    created_at: datetime
-    suspended: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class ApiKey:
-    """A tenant's key as listed to an operator (never its hash)."""
-
-    id: str
-    name: str
-    prefix: str
-    created_at: datetime
-    revoked_at: datetime | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class KeyOwner:
-    """Whom a live tenant API key belongs to."""
-
-    id: str
-    tenant_id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class SystemCredential:
-    id: str
-    role: str
-    name: str
-    node_id: str | None = None
-
-
-@dataclass(frozen=True)
-class JoinToken:
-    id: str
-    expires_at: datetime
-    used_at: datetime | None
-
-
-@dataclass(frozen=True)
-class NodeLogin:
-    """A node's live agent key as the embedded NATS server checks it (a bcrypt hash)."""
-
-    node_id: str
-    nats_password_hash: str
 
 
 async def get_tenant(store: EventStore, tenant_id: str) -> Tenant | None:
@@ -163,3 +110,13 @@ async def find_join_token(store: EventStore, key_hash: str) -> JoinToken | None:
         store, "SELECT id, expires_at, used_at FROM join_tokens WHERE key_hash = %s", [key_hash]
     )
     return JoinToken(**row) if row else None
+
+
+__all__ = [
+    "ApiKey",
+    "JoinToken",
+    "KeyOwner",
+    "NodeLogin",
+    "SystemCredential",
+    "Tenant",
+]

@@ -1,1 +1,1 @@
-"""Tenants and credentials: their events (the projection lives in libs/store)."""
+"""Tenants and credentials: their rows (model) and events; the store folds them in SQL."""
