@@ -25,14 +25,17 @@ from datetime import UTC, datetime
 import httpx
 import structlog
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from prometheus_client import Counter, Gauge
 
-from libs.bus.subjects import serving_metrics_subject
+from libs.bus.subjects import EVENTS_PREFIX, parse_event_subject, serving_metrics_subject
 from libs.config import GatewaySettings
+from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import Code, DomainError, NotFound
 from libs.domain.group.serving import Replica, RequestWindow, ServingMetrics, ServingSpec, pick
 from libs.domain.group.serving_control import decide_wake, serving_replicas
 from libs.domain.reasons import ReasonCode
+from libs.domain.task.events import TaskStatusChanged
 from libs.domain.task.model import Task
 from libs.domain.task.states import TERMINAL, Actor, TaskStatus
 from libs.store import groups as group_rows
@@ -103,6 +106,7 @@ class ServingRouter:
         self.gateway = f"{socket.gethostname()}:{os.getpid()}"
         self.targets: dict[str, Target] = {}
         self._announcing: set[asyncio.Task[None]] = set()
+        self._refreshing: set[asyncio.Task[None]] = set()
         self.clock: Callable[[], float] = time.monotonic
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
         timeout = httpx.Timeout(settings.serve_upstream_timeout_s, connect=5.0)
@@ -113,7 +117,7 @@ class ServingRouter:
         for t in self.targets.values():
             if t.loop:
                 t.loop.cancel()
-        for job in list(self._announcing):
+        for job in [*self._announcing, *self._refreshing]:
             job.cancel()
         await self.client.aclose()
         await self._probe.aclose()
@@ -186,6 +190,14 @@ class ServingRouter:
         if t.ready():
             t.waking = False
             t.changed.set()
+
+    async def _refresh_soon(self, t: Target) -> None:
+        try:
+            await self._refresh(t)
+        except NotFound:
+            pass  # deleted: the watch forgets it
+        except Exception:  # the watch reads it again within a probe interval
+            log.exception("serving_refresh_failed", target=t.id)
 
     async def _check(self, t: Target, r: Replica) -> None:
         assert t.serving is not None
@@ -278,14 +290,49 @@ class ServingRouter:
                     await self.target(target_id, None)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """The background part: adopt targets now and then."""
-        while not stop.is_set():
-            try:
-                await self.adopt()
-            except Exception:  # the next round tries again
-                log.exception("serving_adopt_failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.serve_adopt_interval_s)
+        """The background part: adopt targets now and then, and hear replicas leave."""
+        sub = None
+        if self.nc is not None:
+            subject = f"{EVENTS_PREFIX}.task.*.{TaskStatusChanged.type}"
+            sub = await self.nc.subscribe(subject, cb=self.on_status_changed)
+        try:
+            while not stop.is_set():
+                try:
+                    await self.adopt()
+                except Exception:  # the next round tries again
+                    log.exception("serving_adopt_failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.serve_adopt_interval_s)
+        finally:
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def on_status_changed(self, msg: Msg) -> None:
+        """A replica that leaves `running` is routed to no more at once, and its target read
+        again. The watch would see it within a probe interval, but a request meanwhile would
+        reach an engine just put to sleep (by the idle-sleep controller, another gateway or a
+        user) or stopping. Only the subject is read for tasks this router does not route to."""
+        try:
+            task_id = parse_event_subject(msg.subject).stream_id
+        except ValueError:
+            return
+        watching = [t for t in self.targets.values() if task_id in t.replicas]
+        if not watching:
+            return
+        try:
+            envelope = EventEnvelope.model_validate_json(msg.data)
+            ev = TaskStatusChanged.model_validate(envelope.payload)
+        except ValueError:
+            log.warning("serving_status_unreadable", subject=msg.subject)
+            return
+        if ev.to_status is S.RUNNING:
+            return
+        for t in watching:
+            t.replicas.pop(task_id, None)
+            job = asyncio.create_task(self._refresh_soon(t))
+            self._refreshing.add(job)
+            job.add_done_callback(self._refreshing.discard)
 
     # --- wake on request ---------------------------------------------------------------
 
