@@ -98,8 +98,18 @@ def test_two_workers_serve_restart_and_stop(
     headers = {"Authorization": f"Bearer {key}"}
     wait_until(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), 60.0, 0.2, "every worker ready")
 
-    first = workers_of(parent)
-    assert len(first) == 2
+    # Ready means both workers answer; psutil may still show a just-spawned child under its
+    # parent's command line for a moment, so the two are counted until they show as workers.
+    def two_workers() -> set[int] | None:
+        found = workers_of(parent)
+        return found if len(found) == 2 else None
+
+    first: set[int] = wait_until(
+        two_workers,
+        30.0,
+        0.2,
+        lambda: f"two gateway workers, found {workers_of(parent)}",
+    )
     assert all(listens(pid, port) for pid in first)
     for _ in range(10):  # a fresh connection each time: the kernel hands them to either
         r = web.post(f"{url}/api/v1/tasks", json=BODY, headers=headers, timeout=10)
