@@ -1,5 +1,6 @@
-"""The autoscaler service: the AutoScaler (scaler.py, fed by metrics.py) and the
-schedule-window controller (windows.py), both leader-only (service.py)."""
+"""The autoscaler service: three leader-only controllers (controllers/: the AutoScaler,
+the schedule windows and idle sleep), fed by the routers' figures it subscribes to
+(routes.py); service.py runs them."""
 
 from __future__ import annotations
 
