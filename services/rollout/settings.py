@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from libs.config import CommonSettings
 from libs.domain.rollout.plan import RolloutPolicy
@@ -26,13 +26,23 @@ class RolloutSettings(CommonSettings):
     rollout_lease_renew_s: float = Field(
         default=15.0, gt=0, description="how often the group's rollout lease is renewed"
     )
-    rollout_lease_ttl_s: float = Field(default=60.0, gt=0, description="rollout lease TTL")
-    rollout_recovery_after_s: float = Field(
-        default=90.0,
+    rollout_lease_ttl_s: float = Field(
+        default=60.0,
         gt=0,
-        description="a rollout whose holder has not renewed its lease this long is failed",
+        description="a group's rollout lease not renewed this long has expired: the leading "
+        "controller takes it over and fails the rollout (its holder crashed)",
     )
     instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @model_validator(mode="after")
+    def _renewed_within_the_ttl(self) -> RolloutSettings:
+        if self.rollout_lease_renew_s >= self.rollout_lease_ttl_s:
+            raise ValueError(
+                f"HETEROFLOW_ROLLOUT_LEASE_RENEW_S ({self.rollout_lease_renew_s:g}) must be "
+                f"shorter than HETEROFLOW_ROLLOUT_LEASE_TTL_S ({self.rollout_lease_ttl_s:g}): "
+                "a live holder's lease would expire between two renewals"
+            )
+        return self
 
     def policy(self) -> RolloutPolicy:
         return RolloutPolicy(
@@ -41,5 +51,4 @@ class RolloutSettings(CommonSettings):
             drain_min=timedelta(seconds=self.rollout_drain_min_s),
             lease_renew=timedelta(seconds=self.rollout_lease_renew_s),
             lease_ttl=timedelta(seconds=self.rollout_lease_ttl_s),
-            recovery_after=timedelta(seconds=self.rollout_recovery_after_s),
         )

@@ -296,7 +296,7 @@ def test_recreate_stops_the_old_training_world_before_starting_the_new_one(
     **FAST,
     HETEROFLOW_ROLLOUT_IN_UP="false",
     HETEROFLOW_ROLLOUT_LEASE_RENEW_S="1",
-    HETEROFLOW_ROLLOUT_RECOVERY_AFTER_S="5",
+    HETEROFLOW_ROLLOUT_LEASE_TTL_S="5",
 )
 def test_a_killed_rollout_service_is_recovered_and_a_new_rollout_succeeds(
     cluster: Cluster,
@@ -316,6 +316,7 @@ def test_a_killed_rollout_service_is_recovered_and_a_new_rollout_succeeds(
             return bool(view["holder"]) and any(b["step"] == "started" for b in view["batches"])
 
         cluster.wait(held_mid_batch, "the rollout held mid-batch", 30)
+        first_holder = rollout(cluster, gid)["holder"]
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         killed = time.monotonic()
@@ -325,6 +326,9 @@ def test_a_killed_rollout_service_is_recovered_and_a_new_rollout_succeeds(
         view = rollout(cluster, gid)
         assert view["reason_code"] == "rollout_holder_lost", view
         assert "stopped renewing" in view["reason"] and "submit a new rollout" in view["reason"]
+        # The 5 s TTL, not the seed's 60 s: the setting is the lease's expiry.
+        assert "lease TTL 5s" in view["reason"], view
+        assert view["holder"] not in ("", first_holder), view  # the second took it over
         seen = cluster.group(gid)  # the group itself is failed with the reason
         assert (seen["status"], seen["reason_code"]) == ("failed", "rollout_holder_lost"), seen
         again = rollout(cluster, gid, env={"VERSION": "v3"})
@@ -346,7 +350,7 @@ def test_a_killed_rollout_service_is_recovered_and_a_new_rollout_succeeds(
     HETEROFLOW_ROLLOUT_IN_UP="false",
     HETEROFLOW_ROLLOUT_LEASE_RENEW_S="1",
     # Far beyond the test's waits: only a handed-over lease lets the second instance act.
-    HETEROFLOW_ROLLOUT_RECOVERY_AFTER_S="600",
+    HETEROFLOW_ROLLOUT_LEASE_TTL_S="600",
 )
 def test_a_gracefully_stopped_rollout_service_hands_its_rollout_over(cluster: Cluster) -> None:
     cluster.start_agent("sv1", "docker")

@@ -17,7 +17,11 @@ from libs.domain.group.evolve import evolve_group
 from libs.domain.group.model import Group, GroupSpec, GroupStatus, current_members, parse_group
 from libs.domain.reasons import ReasonCode
 from libs.domain.rollout.decide import decide_action, decide_start
-from libs.domain.rollout.events import RolloutLeaseReleased, RolloutPhaseChanged
+from libs.domain.rollout.events import (
+    RolloutLeaseReleased,
+    RolloutLeaseRenewed,
+    RolloutPhaseChanged,
+)
 from libs.domain.rollout.model import BatchStep, RolloutPhase
 from libs.domain.rollout.plan import (
     RolloutPolicy,
@@ -402,20 +406,82 @@ def test_the_rollout_lease_is_taken_renewed_and_recovered_from_a_dead_holder() -
     assert decide_lease(sim.group, "me", T0 + timedelta(seconds=5), POLICY) == (True, [])
     ours, events = decide_lease(sim.group, "me", T0 + timedelta(seconds=16), POLICY)
     assert ours and len(events) == 1
-    # Another instance: a holder renewing within 90 s is alive, past it is dead.
+    # Another instance: a lease renewed within its TTL (60 s) is held, past it expired.
     assert decide_lease(sim.group, "other", T0 + timedelta(seconds=60), POLICY) == (False, [])
-    ours, events = decide_lease(sim.group, "other", T0 + timedelta(seconds=91), POLICY)
-    assert not ours
-    ev, status = events
+    ours, events = decide_lease(sim.group, "other", T0 + timedelta(seconds=61), POLICY)
+    assert ours
+    took, ev, status = events
+    assert isinstance(took, RolloutLeaseRenewed) and took.holder == "other"
     assert isinstance(ev, RolloutPhaseChanged) and ev.to_phase is RolloutPhase.FAILED
     assert ev.reason_code is ReasonCode.ROLLOUT_HOLDER_LOST and "submit a new rollout" in ev.reason
+    assert "lease TTL 60s" in ev.reason and "other took the lease over" in ev.reason
     # The group itself is failed with the reason (issue 14: "marks the group failed").
     assert isinstance(status, GroupStatusChanged) and status.to_status is GroupStatus.FAILED
     sim.emit(events)
     assert sim.group.status is GroupStatus.FAILED
     assert sim.group.reason_code is ReasonCode.ROLLOUT_HOLDER_LOST
+    r = sim.group.rollout
+    assert r is not None and r.holder == "other" and r.phase is RolloutPhase.FAILED
     sim.emit(list(decide_start(sim.group, {"image": "v3"}, "ro-3")))  # a new rollout is accepted
     assert sim.group.rollout is not None and sim.group.rollout.generation == 2
+
+
+@dataclass
+class Clock:
+    now: datetime = T0
+
+    def tick(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+def run_leases(
+    sim: Sim, clock: Clock, policy: RolloutPolicy, holder_dies_at: timedelta, until: timedelta
+) -> datetime | None:
+    """Two instances each pass every second on `clock`: "a" holds the lease and renews it
+    until it dies at `holder_dies_at`; "b" passes too. When "b" took the lease over."""
+    while clock.now - T0 < until:
+        for me in ("a", "b"):
+            if me == "a" and clock.now - T0 >= holder_dies_at:
+                continue
+            sim.now = clock.now
+            ours, events = decide_lease(sim.group, me, clock.now, policy)
+            sim.emit(events)
+            if me == "b" and ours:
+                return clock.now
+        clock.tick(1)
+    return None
+
+
+@pytest.mark.parametrize(("ttl", "renew"), [(60, 15), (20, 5), (5, 1)])
+def test_a_crashed_holders_lease_expires_after_its_ttl_and_is_taken_over(
+    ttl: int, renew: int
+) -> None:
+    policy = RolloutPolicy(lease_ttl=timedelta(seconds=ttl), lease_renew=timedelta(seconds=renew))
+    sim = Sim.of(spec())
+    sim.start(image="v2")
+    clock = Clock()
+    # A live holder renewing every `renew` is never taken over (ten TTLs of passes).
+    assert run_leases(sim, clock, policy, timedelta(days=1), timedelta(seconds=10 * ttl)) is None
+    r = sim.group.rollout
+    assert r is not None and r.holder == "a" and r.phase is RolloutPhase.RUNNING
+    # It dies: "b" takes the lease over once the TTL from its last renewal has passed, at
+    # the latest one pass (1 s) after TTL from the death, never before TTL − renew.
+    died = clock.now - T0
+    last = r.lease_renewed_at
+    assert last is not None
+    took = run_leases(sim, clock, policy, died, died + timedelta(seconds=10 * ttl))
+    assert took is not None
+    assert took - last > timedelta(seconds=ttl)
+    assert timedelta(seconds=ttl - renew) < took - (T0 + died) <= timedelta(seconds=ttl + 1)
+    r = sim.group.rollout
+    assert r is not None and r.holder == "b" and r.phase is RolloutPhase.FAILED
+    assert r.reason_code is ReasonCode.ROLLOUT_HOLDER_LOST
+
+
+def test_the_lease_must_be_renewed_within_its_ttl() -> None:
+    with pytest.raises(ValueError, match="must be shorter than its TTL"):
+        RolloutPolicy(lease_ttl=timedelta(seconds=15), lease_renew=timedelta(seconds=15))
 
 
 def test_a_released_lease_is_taken_at_once_by_the_next_holder() -> None:

@@ -111,7 +111,7 @@ class Rollout(BaseModel):
     updated_at: datetime
     batches: tuple[BatchRecord, ...] = ()
     # The controller instance that holds the group's rollout lease and when it last renewed
-    # it ("" / None: not taken yet). A holder silent past the recovery window is dead.
+    # it ("" / None: not taken yet). A lease not renewed within its TTL has expired.
     holder: str = ""
     lease_renewed_at: datetime | None = None
     # The last `paused → running`: the health timeout of the batch in progress restarts here.

@@ -53,9 +53,18 @@ class RolloutPolicy:
     # A draining replica's in-flight count is trusted only after the routers have seen the
     # drain mark and reported since (their refresh and metrics intervals).
     drain_min: timedelta = timedelta(seconds=2)
+    # The group's rollout lease (seed 000: TTL 60 s, renewed every 15 s): a lease not
+    # renewed for `lease_ttl` has expired, and the controller that finds it so takes it over.
     lease_renew: timedelta = timedelta(seconds=15)
     lease_ttl: timedelta = timedelta(seconds=60)
-    recovery_after: timedelta = timedelta(seconds=90)
+
+    def __post_init__(self) -> None:
+        if self.lease_renew >= self.lease_ttl:
+            raise ValueError(
+                f"the rollout lease renewal ({self.lease_renew.total_seconds():g}s) must be "
+                f"shorter than its TTL ({self.lease_ttl.total_seconds():g}s): a live holder's "
+                "lease would expire between two renewals"
+            )
 
 
 @dataclass
@@ -122,25 +131,28 @@ def surge_cards(rollout: Rollout, size: int) -> float:
 def decide_lease(
     group: Group, me: str, now: datetime, policy: RolloutPolicy
 ) -> tuple[bool, list[Payload]]:
-    """(ours, events): take an untaken lease, renew ours when due; a holder silent past the
-    recovery window is declared dead and the rollout fails (mixed generations may serve)."""
+    """(ours, events): take an untaken lease, renew ours when due. Another holder's lease
+    lives `lease_ttl` from its last renewal; an expired one is taken over, and since its
+    holder vanished without handing the rollout over (a crash: a graceful stop releases it),
+    the taking over is the seed's recovery: the rollout fails with the reason (replicas of
+    both generations may be serving)."""
     r = group.rollout
     assert r is not None
+    take = RolloutLeaseRenewed(group_id=group.id, rollout_id=r.id, holder=me)
     if r.holder in ("", me):
         due = r.lease_renewed_at is None or now - r.lease_renewed_at >= policy.lease_renew
-        renew = RolloutLeaseRenewed(group_id=group.id, rollout_id=r.id, holder=me)
-        return True, [renew] if r.holder == "" or due else []
+        return True, [take] if r.holder == "" or due else []
     silent = now - (r.lease_renewed_at or r.updated_at)
-    if silent <= policy.recovery_after:
-        return False, []  # another live holder (or one not yet declared dead)
+    if silent <= policy.lease_ttl:
+        return False, []  # held: renewed within its TTL
     code = ReasonCode.ROLLOUT_HOLDER_LOST
     text = (
         f"rollout holder {r.holder} stopped renewing the rollout lease "
-        f"{silent.total_seconds():.0f}s ago (recovery window "
-        f"{policy.recovery_after.total_seconds():g}s): replicas of generations "
-        f"{r.from_generation} and {r.generation} may both be serving; submit a new rollout"
+        f"{silent.total_seconds():.0f}s ago (lease TTL {policy.lease_ttl.total_seconds():g}s); "
+        f"{me} took the lease over: replicas of generations {r.from_generation} and "
+        f"{r.generation} may both be serving; submit a new rollout"
     )
-    return False, phase_change(group, r, RolloutPhase.FAILED, code, text)
+    return True, [take, *phase_change(group, r, RolloutPhase.FAILED, code, text)]
 
 
 # --- batches ------------------------------------------------------------------------------

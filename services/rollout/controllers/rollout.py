@@ -2,10 +2,10 @@
 rollout is running, paused or rolling back.
 
 For each group it first takes or renews the group's rollout lease (a `rollout_lease_renewed`
-event, at most every `lease_renew`), or, when another holder has been silent past the
-recovery window, fails the rollout with the reason. Then it asks the pure `plan_rollout`
-(libs/domain/rollout/plan.py) for the next step and carries it out through the term's
-writer (every write under its fence):
+event, at most every `lease_renew`), or, when another holder's lease has expired (not
+renewed for `lease_ttl`), takes it over and fails the rollout with the reason. Then it
+asks the pure `plan_rollout` (libs/domain/rollout/plan.py) for the next step and carries it
+out through the term's writer (every write under its fence):
 the group events and the new replicas in one transaction (a compare-and-set on the group's
 version: a group that moved since it was read is left to the next pass), then the replicas'
 drain marks, ends and stops in one batch.
@@ -13,7 +13,7 @@ drain marks, ends and stops in one batch.
 A graceful stop (SIGTERM, or a term that ends because the leadership lease was released or
 lost) gives the group rollout leases this instance holds back (`rollout_lease_released`):
 the next holder takes them at once and resumes each rollout from its durable state. Only a
-holder that vanished without a word (SIGKILL, a lost host) waits out the recovery window.
+holder that vanished without a word (SIGKILL, a lost host) waits out the lease's TTL.
 """
 
 from __future__ import annotations
