@@ -11,6 +11,13 @@ Embedded servers: one `up` per state directory (`up.lock`); orphans of a previou
 was killed are stopped before anything starts (libs/pidfile.py), the servers are restarted
 when they die while `up` runs (libs/server_supervisor.py), and stopped on every way out of
 `serve` but SIGKILL (whose orphans the next start stops).
+
+Health loop (`run_health`): every HEALTH_INTERVAL_S a write probe (libs/bus/writes.py)
+publishes to JetStream; its cause is the `jetstream_writes` readiness report (the gateway's
+`/readyz`), and the embedded nats-server is ended and started again by the supervisor when
+its writes have been refused for a while and the disk has room again (a JetStream store that
+met a write error refuses writes until the server restarts; while the disk is still below the
+threshold a restart would not help, and the gateway sheds writes meanwhile).
 """
 
 from __future__ import annotations
@@ -35,23 +42,26 @@ from heteroflow.processes import Supervisor, children
 from heteroflow.services import SERVICES, by_name, lease_ttl_s, names, nats_users
 from libs import auth
 from libs.bus.lease import open_lease_bucket
-from libs.bus.nats import connect, ensure_streams
+from libs.bus.nats import configured_replicas, connect, ensure_streams
+from libs.bus.writes import WriteProbe
 from libs.config import GatewaySettings
+from libs.diskspace import DiskSpace
 from libs.embedded import EmbeddedNats, EmbeddedPostgres, saved_or_free_port
 from libs.health import READINESS
 from libs.installation import installation_id
 from libs.looplag import LoopLagMonitor
 from libs.periodic import periodic
 from libs.pidfile import UpLock
-from libs.server_supervisor import Server, ServerSupervisor
+from libs.server_supervisor import HealthCheck, Server, ServerSupervisor
 from libs.service import ServiceContext, ServiceSpec
-from libs.store import tenants
+from libs.store import fencing, tenants
 from libs.store.eventstore import EventStore
 from services.api_gateway import service as gateway_service
 
 log = structlog.get_logger(__name__)
 
 NODE_LOGIN_SYNC_S = 1.0
+HEALTH_INTERVAL_S = 1.0
 
 ServiceRunner = Callable[["Platform", asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -85,10 +95,37 @@ class Platform:
     credentials: dict[str, str] = field(default_factory=dict)
     _nats: EmbeddedNats | None = None
     _pg: EmbeddedPostgres | None = None
+    writes: WriteProbe | None = None  # the health loop's, while it runs
+    disk: DiskSpace = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.disk = DiskSpace(s.home, s.disk_min_free_mb, s.disk_min_free_percent)
 
     @property
     def home(self) -> Path:
         return self.settings.home
+
+    def writes_cause(self) -> str | None:
+        """Why JetStream writes fail (the write probe's answer, with the embedded server's
+        last logged error); None while they are acknowledged."""
+        if self.writes is None:
+            return "the write probe is not running"
+        cause = self.writes.cause
+        if cause and self.writes.refused and self._nats:
+            said = self._nats.last_error()
+            if said:
+                cause = f"{cause}; nats-server last logged: {said}"
+        return cause
+
+    def nats_broken(self) -> str | None:
+        """The supervisor's health check of the embedded nats-server: why to restart it (its
+        writes refused while connected, and the disk has room again), else None."""
+        if self.writes is None or not self.writes.refused:
+            return None
+        if self.disk.cause() is not None:
+            return None  # still full: a restart cannot help, and writes are shed meanwhile
+        return self.writes_cause()
 
     def url_for(self, user: str) -> str:
         """The NATS URL a service logs in with: its own user on the embedded server; the
@@ -104,12 +141,18 @@ class Platform:
 
     async def declare_bus(self) -> None:
         """Streams and the lease bucket, declared as the admin: service and agent users may
-        not administer streams (libs/bus/permissions.py)."""
+        not administer streams (libs/bus/permissions.py). The bucket's revisions (the
+        fencing tokens) are kept above every fence the database holds, as after a lost
+        JetStream store (libs/bus/lease.py `raise_revisions`)."""
+        floor = 0
+        if self.store is not None:
+            async with self.store.pool.connection() as conn:
+                floor = await fencing.newest_of_all(conn)
         nc = await connect(self.nats_url, "heteroflow-up")
         try:
             js = nc.jetstream()
             await ensure_streams(js)
-            await open_lease_bucket(js, lease_ttl_s())
+            await open_lease_bucket(js, lease_ttl_s(), floor=floor)
         finally:
             await nc.drain()
 
@@ -145,6 +188,11 @@ class Platform:
         except BaseException:
             self.stop_servers()
             raise
+
+    def health_checks(self) -> dict[str, HealthCheck]:
+        if self._nats is None:
+            return {}
+        return {"nats-server": HealthCheck(self.nats_broken, self._nats.terminate)}
 
     def embedded_servers(self) -> dict[str, Server]:
         servers: dict[str, Server] = {}
@@ -216,6 +264,26 @@ async def run_node_logins(platform: Platform, stop: asyncio.Event) -> None:
         await stop.wait()  # external NATS: its users are the operator's; `up` lives on
         return
     await periodic("node_logins", platform.sync_node_logins, stop, NODE_LOGIN_SYNC_S)
+
+
+async def run_health(platform: Platform, stop: asyncio.Event) -> None:
+    """Probe JetStream writes every HEALTH_INTERVAL_S, as the admin, on a connection of its
+    own: the `jetstream_writes` readiness report and the supervisor's nats-server check."""
+    nc = await connect(platform.nats_url, "heteroflow-up-health")
+    probe = WriteProbe(nc, "up", replicas=configured_replicas())
+    platform.writes = probe
+    READINESS.report("jetstream_writes", platform.writes_cause)
+
+    async def once() -> None:
+        await probe.probe()
+        platform.disk.read()  # keeps the free-space gauges current without requests
+
+    try:
+        await periodic("health", once, stop, HEALTH_INTERVAL_S)
+    finally:
+        READINESS.withdraw("jetstream_writes")
+        platform.writes = None
+        await nc.close()
 
 
 def service_settings(spec: ServiceSpec, settings: PlatformSettings) -> BaseSettings:
@@ -303,7 +371,9 @@ async def serve(
         if stop.is_set():
             return
         servers = ServerSupervisor(
-            platform.embedded_servers(), first_backoff_s=settings.embedded_restart_backoff_s
+            platform.embedded_servers(),
+            first_backoff_s=settings.embedded_restart_backoff_s,
+            health=platform.health_checks(),
         )
         watch = asyncio.create_task(servers.run(stop))
         # For the credentials bootstrap and the node-login sync: every service, the gateway
@@ -335,7 +405,7 @@ async def _serve_services(
     if settings.processes:
         await _serve_processes(platform, creds, stop, ready)
         return
-    runners: list[ServiceRunner] = [run_node_logins]
+    runners: list[ServiceRunner] = [run_node_logins, run_health]
     for spec in SERVICES:
         if spec.up_flag is None or getattr(settings, spec.up_flag):
             runners.append(service_runner(spec))
@@ -380,6 +450,7 @@ async def _serve_processes(
             kid.env = kid.env | {"HETEROFLOW_NATS_URL": platform.url_for(user)}
     supervisor = Supervisor(kids, platform.home / "processes.json")
     logins = asyncio.create_task(run_node_logins(platform, stop))
+    health = asyncio.create_task(supervised(run_health, platform, stop))
     running = asyncio.create_task(supervisor.run(stop))
     if await supervisor.wait_ready(stop):
         print(banner(creds, platform.home), flush=True)
@@ -387,3 +458,4 @@ async def _serve_processes(
             ready(creds)
     await running
     await logins
+    await health

@@ -122,6 +122,19 @@ class GatewaySettings(CommonSettings):
     carbon_intensity_g_per_kwh: float = Field(
         default=475.0, ge=0, description="grid carbon factor for energy estimates"
     )
+    # libs/diskspace.py: writes are shed below the smaller of the two.
+    disk_min_free_mb: float = Field(
+        default=500.0,
+        ge=0,
+        description="free space under HETEROFLOW_HOME below which writes get 503 (and the "
+        "smaller of this and disk_min_free_percent counts; 0 = never)",
+    )
+    disk_min_free_percent: float = Field(
+        default=5.0,
+        ge=0,
+        le=100,
+        description="the same as a share of the file system's size (0 = never)",
+    )
     serve_max_body_bytes: int = Field(
         default=16 * 1024 * 1024, gt=0, description="largest request body /serve/ proxies; 413"
     )

@@ -14,7 +14,10 @@ root, `heteroflow.pid` in the PostgreSQL data directory; libs/pidfile.py). `star
 the orphans of a previous run whose owner died (a SIGKILLed `heteroflow up`), and refuses
 while a live process runs a server on the same store: never two servers on one store.
 `exit_code` and `restart` let a supervisor (libs/server_supervisor.py) bring back a server
-that died, on the same port or socket, so clients reconnect with the URLs they hold.
+that died, on the same port or socket, so clients reconnect with the URLs they hold;
+`terminate` ends a live nats-server that is broken (a JetStream store that met a write error
+refuses writes until the server restarts) so the supervisor starts it again, and
+`last_error` is the last error line it logged, for the cause `up` reports.
 """
 
 from __future__ import annotations
@@ -207,6 +210,25 @@ class EmbeddedNats:
             return
         self._spawn(15.0)
         log.info("embedded_nats_started", port=self.port, store=str(self.root), pid=self.pid)
+
+    def terminate(self) -> None:
+        """End the running server (SIGTERM, SIGKILL after 10 s), keeping its exit status for
+        `exit_code`: a supervisor that sees it ended starts it again with `restart`."""
+        if self.process is not None:
+            pidfile.end_child(self.process, signal.SIGTERM, 10)
+            pidfile.forget(self.pid_file, self.process.pid)
+
+    def last_error(self, tail_bytes: int = 16384) -> str | None:
+        """The last `[ERR]` line of the server's log (its end only), without the prefix."""
+        logfile = self.root / "nats.log"
+        try:
+            with logfile.open("rb") as fh:
+                fh.seek(max(0, logfile.stat().st_size - tail_bytes))
+                lines = fh.read().decode(errors="replace").splitlines()
+        except OSError:
+            return None
+        errors = [line.partition("[ERR] ")[2] for line in lines if "[ERR] " in line]
+        return errors[-1][:500] if errors else None
 
     def set_nodes(self, nodes: dict[str, str]) -> bool:
         """Let exactly these nodes (id -> bcrypt hash of their key) log in; reload the running

@@ -10,6 +10,14 @@ connections, and meanwhile `/readyz` names the missing dependency and the gatewa
 
 A start that fails (a killed postmaster's backends still hold its shared memory, a port not
 yet free) is logged and tried again after the next, longer backoff.
+
+A server can be alive and still broken: nats-server whose JetStream store met a write error
+(a full disk) refuses every write until it restarts. A `HealthCheck` names such a failure;
+one that lasts `unhealthy_after_s` (past `health_grace_s` after a start, while clients
+reconnect) is logged as `embedded_server_unhealthy` with its cause, counted in
+`heteroflow_embedded_server_unhealthy_total{server}`, and the server is ended and started
+again like one that died. The check itself decides when a restart can help (heteroflow/
+platform.py: not while the disk is still full).
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
@@ -36,10 +45,18 @@ RUNNING = Gauge(
     ["server"],
 )
 
+UNHEALTHY = Counter(
+    "heteroflow_embedded_server_unhealthy_total",
+    "Embedded servers ended and started again by `up` because their health check failed",
+    ["server"],
+)
+
 POLL_S = 0.25
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 HEALTHY_AFTER_S = 60.0
+UNHEALTHY_AFTER_S = 5.0
+HEALTH_GRACE_S = 10.0
 
 
 class Server(Protocol):
@@ -51,15 +68,30 @@ class Server(Protocol):
     def restart(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class HealthCheck:
+    """A running server's health beyond being alive."""
+
+    cause: Callable[[], str | None]
+    """Why the server is broken, in words; None while it is healthy (or a restart would not
+    help)."""
+    end: Callable[[], None]
+    """Ends the server (its exit status is kept), so that it is started again."""
+
+
 @dataclass
 class ServerSupervisor:
-    """Watch `servers` (name → server) until `stop`, starting again any that dies."""
+    """Watch `servers` (name → server) until `stop`, starting again any that dies, or that
+    its `health` check finds broken."""
 
     servers: dict[str, Server]
     poll_s: float = POLL_S
     first_backoff_s: float = FIRST_BACKOFF_S
     max_backoff_s: float = MAX_BACKOFF_S
     healthy_after_s: float = HEALTHY_AFTER_S
+    health: dict[str, HealthCheck] = field(default_factory=dict)
+    unhealthy_after_s: float = UNHEALTHY_AFTER_S
+    health_grace_s: float = HEALTH_GRACE_S
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(*(self._watch(name, s, stop) for name, s in self.servers.items()))
@@ -67,16 +99,43 @@ class ServerSupervisor:
     async def _watch(self, name: str, server: Server, stop: asyncio.Event) -> None:
         backoff = self.first_backoff_s
         since = time.monotonic()
+        check = self.health.get(name)
+        broken_since: float | None = None
+        ended_for: str | None = None
         while not stop.is_set():
             code = server.exit_code()
             if code is None:
                 RUNNING.labels(name).set(1)
-                if time.monotonic() - since >= self.healthy_after_s:
+                now = time.monotonic()
+                if now - since >= self.healthy_after_s:
                     backoff = self.first_backoff_s
+                cause = check.cause() if check and now - since >= self.health_grace_s else None
+                if cause is None:
+                    broken_since = None
+                elif broken_since is None:
+                    broken_since = now
+                elif now - broken_since >= self.unhealthy_after_s:
+                    assert check is not None
+                    log.error(
+                        "embedded_server_unhealthy",
+                        server=name,
+                        cause=cause,
+                        for_s=round(now - broken_since, 1),
+                    )
+                    UNHEALTHY.labels(name).inc()
+                    await asyncio.to_thread(check.end)
+                    broken_since, ended_for = None, cause
+                    continue
                 await _sleep(stop, self.poll_s)
                 continue
             RUNNING.labels(name).set(0)
-            log.error("embedded_server_died", server=name, exit_code=code, restart_in_s=backoff)
+            if ended_for is None:
+                log.error("embedded_server_died", server=name, exit_code=code, restart_in_s=backoff)
+            else:
+                log.warning(
+                    "embedded_server_ended", server=name, cause=ended_for, restart_in_s=backoff
+                )
+                ended_for = None
             if await _sleep(stop, backoff):
                 return
             wait, backoff = backoff, min(backoff * 2, self.max_backoff_s)
@@ -87,6 +146,7 @@ class ServerSupervisor:
                 continue
             RESTARTS.labels(name).inc()
             since = time.monotonic()
+            broken_since = None
             log.warning("embedded_server_restarted", server=name, pid=server.pid, after_s=wait)
 
 

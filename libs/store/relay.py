@@ -177,6 +177,9 @@ class OutboxRelay:
         self._listen: psycopg.AsyncConnection[Any] | None = None
         self._checkpoint: Checkpoint | None = None
         self._locked = False
+        # Why the last round failed, None after one that succeeded: the relay process's
+        # readiness names it (services/relay/service.py).
+        self.failure: str | None = None
 
     @property
     def checkpoint(self) -> Checkpoint | None:
@@ -406,10 +409,12 @@ class OutboxRelay:
                         continue
                     await self._listening()
                     await self.run_once()
+                    self.failure = None
                     backoff = self.poll_interval
                     await self._wait_for_wakeup(stop)
                 except Exception as exc:
                     FAILURES.labels(relay=self.name).inc()
+                    self.failure = f"{type(exc).__name__}: {exc}"[:500]
                     log.warning("relay_round_failed", relay=self.name, error=repr(exc))
                     await self._update_lag_after_failure()
                     await self._drop_broken()

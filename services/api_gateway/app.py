@@ -15,6 +15,8 @@ from nats.aio.client import Client
 
 from libs import auth
 from libs.config import GatewaySettings
+from libs.diskspace import DiskSpace
+from libs.health import READINESS
 from libs.store import pool
 from libs.store.eventstore import EventStore
 
@@ -85,6 +87,9 @@ def create_app(
     app.state.nc = nc
     app.state.serving = None  # the router, made on the first /serve/ request
     app.state.auth_cache = auth.CredentialCache(settings.auth_cache_ttl_s)
+    app.state.disk = DiskSpace(
+        settings.home, settings.disk_min_free_mb, settings.disk_min_free_percent
+    )
     app.state.tenant_rates = shedding.TenantRates(
         settings.tenant_write_rate_per_s, settings.tenant_write_burst
     )
@@ -115,6 +120,7 @@ def create_app(
         db_wait_s=settings.db_wait_timeout_s,
         rates=app.state.tenant_rates,
         credentials=app.state.auth_cache,
+        disk=app.state.disk,
     )
     metrics.install(app)
 
@@ -124,10 +130,14 @@ def create_app(
 
     @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
-        """Ready when every dependency answers; each is named with its state."""
+        """Ready when every dependency answers; each is named with its state. In `up`'s
+        one-process mode the process's reports count too: `jetstream_writes` (its write
+        probe) and `relay` (its last round), each "ok" or why not (libs/health.py)."""
         checks = {"postgres": await _postgres(app.state.store)}
         if app.state.nc is not None:
             checks["nats"] = "ok" if app.state.nc.is_connected else "not connected"
+        checks["disk_space"] = app.state.disk.cause() or "ok"
+        checks |= READINESS.reports()
         ready = all(state == "ok" for state in checks.values())
         body = {"status": "ok" if ready else "unavailable", "checks": checks}
         return FastJSONResponse(body, 200 if ready else 503)

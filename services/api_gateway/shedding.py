@@ -16,6 +16,10 @@ give up: a queue that only grows turns every answer late, the cheap ones too.
   under a flood of one tenant's creates, most of them are such refusals, and taking them
   through the whole application is what slowed every other answer down.
 
+* A gateway given a `DiskSpace` (libs/diskspace.py) answers every write 503 (code 50302,
+  nothing written) with `Retry-After` while free space under `HETEROFLOW_HOME` is below its
+  threshold: a full disk breaks the embedded servers' stores, so writes stop a little before.
+
 Both are per gateway process: with `HETEROFLOW_GATEWAY_WORKERS=N` the platform admits N times
 the bounds. Health and metrics endpoints are never shed, nor is inference traffic on `/serve/`
 (the router bounds its own queue).
@@ -32,6 +36,8 @@ from prometheus_client import Counter, Gauge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from libs import auth
+from libs.diskspace import RETRY_AFTER_S as DISK_RETRY_AFTER_S
+from libs.diskspace import DiskSpace
 from libs.domain.errors import Code, Throttled
 from libs.store.pool import WAIT_TIMEOUT_S
 
@@ -68,15 +74,18 @@ class Shedding:
         db_wait_s: float,
         rates: TenantRates | None = None,
         credentials: auth.CredentialCache | None = None,
+        disk: DiskSpace | None = None,
     ) -> None:
         """`rates` and `credentials`: the application's tenant buckets and credential cache,
-        for the early 429 (without them, only the dependency checks the rate)."""
+        for the early 429 (without them, only the dependency checks the rate); `disk`: the
+        free space that sheds writes below its threshold."""
         self.app = app
         self.db_wait_s = db_wait_s
         self.bounds = {"read": max_reads, "write": max_writes}
         self.in_flight = {"read": 0, "write": 0}
         self.rates = rates
         self.credentials = credentials
+        self.disk = disk
 
     def _known_tenant(self, scope: Scope) -> str | None:
         """The tenant of a cached API key in the request's Authorization header, or None
@@ -126,6 +135,18 @@ class Shedding:
                 {"error": message, "code": int(Code.OVERLOADED)},
                 503,
                 headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+            await answer(scope, receive, send)
+            return
+        if kind == "write" and self.disk is not None and (low := self.disk.cause()):
+            SHED.labels(kind, "disk_space").inc()
+            answer = FastJSONResponse(
+                {
+                    "error": f"{low}: writes are refused; retry after {DISK_RETRY_AFTER_S} s",
+                    "code": int(Code.STORE_UNAVAILABLE),
+                },
+                503,
+                headers={"Retry-After": str(DISK_RETRY_AFTER_S)},
             )
             await answer(scope, receive, send)
             return

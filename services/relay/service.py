@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from libs.config import CommonSettings
+from libs.health import READINESS
 from libs.service import ServiceContext
 from libs.store.relay import OutboxRelay, routes
 
@@ -23,4 +24,9 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: RelaySettings)
     # Its own connection: the relay LISTENs for commits and reads in snapshot order, outside
     # the store's pool (libs/store/relay.py).
     async with OutboxRelay(ctx.database_url, ctx.js) as relay:
-        await relay.run(stop)
+        # Not ready while it cannot publish (or read): its last round's failure, named.
+        READINESS.report("relay", lambda: relay.failure)
+        try:
+            await relay.run(stop)
+        finally:
+            READINESS.withdraw("relay")

@@ -151,7 +151,7 @@ async def test_with_the_database_gone_requests_are_503_within_the_bound_then_rec
             )
             assert (await client.get("/readyz")).json() == {
                 "status": "ok",
-                "checks": {"postgres": "ok"},
+                "checks": {"postgres": "ok", "disk_space": "ok"},
             }
             listed = (await client.get("/api/v1/tasks", headers=acme)).json()
             assert len(listed["tasks"]) == 2  # the first create survived; the refused left none

@@ -9,7 +9,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from libs.server_supervisor import RESTARTS, ServerSupervisor
+from libs.server_supervisor import RESTARTS, UNHEALTHY, HealthCheck, ServerSupervisor
 from tests.wait import wait_until_async
 
 
@@ -81,3 +81,64 @@ async def test_stop_during_the_backoff_restarts_nothing() -> None:
     stop.set()
     await asyncio.wait_for(watch, 1)
     assert server.restarts_at == []
+
+
+@dataclass
+class BrokenServer(FakeServer):
+    """Alive but broken until it is ended and started again."""
+
+    ended: int = 0
+    broken: bool = True
+
+    def end(self) -> None:
+        self.ended += 1
+        self.code = 0
+
+    def restart(self) -> None:
+        super().restart()
+        self.broken = False
+
+
+async def test_a_server_its_health_check_finds_broken_is_ended_and_started_again() -> None:
+    server = BrokenServer()
+    cause = "JetStream refused a write"
+    check = HealthCheck(lambda: cause if server.broken else None, server.end)
+    sup = ServerSupervisor(
+        {"unit-h": server},
+        poll_s=0.01,
+        first_backoff_s=0.05,
+        health={"unit-h": check},
+        unhealthy_after_s=0.2,
+        health_grace_s=0.1,
+    )
+    stop = asyncio.Event()
+    before = float(UNHEALTHY.labels("unit-h")._value.get())
+    started = time.monotonic()
+    watch = asyncio.create_task(sup.run(stop))
+    await wait_until_async(lambda: server.restarts_at, 5.0, 0.01, "restarted")
+    # Past the grace after its start, broken for the whole unhealthy window.
+    assert server.restarts_at[0] - started >= 0.1 + 0.2 + 0.05
+    assert server.ended == 1 and server.code is None
+    assert float(UNHEALTHY.labels("unit-h")._value.get()) == before + 1
+    await wait_until_async(lambda: server.looked >= 200, 5.0, 0.01)  # healthy: left alone
+    assert server.ended == 1 and len(server.restarts_at) == 1
+    stop.set()
+    await asyncio.wait_for(watch, 2)
+
+
+async def test_a_check_that_says_none_is_never_acted_on() -> None:
+    server = BrokenServer()
+    check = HealthCheck(lambda: None, server.end)  # e.g. the disk is still full
+    sup = ServerSupervisor(
+        {"unit-n": server},
+        poll_s=0.01,
+        health={"unit-n": check},
+        unhealthy_after_s=0.05,
+        health_grace_s=0.0,
+    )
+    stop = asyncio.Event()
+    watch = asyncio.create_task(sup.run(stop))
+    await wait_until_async(lambda: server.looked >= 50, 5.0, 0.01)
+    assert server.ended == 0 and server.restarts_at == []
+    stop.set()
+    await asyncio.wait_for(watch, 2)
