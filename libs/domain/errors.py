@@ -26,7 +26,10 @@ class Code(IntEnum):
     PAYLOAD_TOO_LARGE = 41301
     UNSUPPORTED_MEDIA_TYPE = 41501
     TOO_MANY_REQUESTS = 42901
-    SCHEDULING_FAILURE = 50001
+    # SPEC §2's 50001 (scheduling failure) has no member: placement is asynchronous (SPEC
+    # §3), so no request waits on it; work that cannot be placed is accepted and stays
+    # `pending` with the reason (`pool_capacity`, `queue_quota_exceeded`, ...). docs/api.md.
+    # Seed 002: node unreachable is HTTP 500, as its code says (HTTP status × 100 + n).
     NODE_UNREACHABLE = 50002
     OVERLOADED = 50301
     STORE_UNAVAILABLE = 50302
@@ -49,8 +52,7 @@ HTTP_STATUS: dict[Code, int] = {
     Code.PAYLOAD_TOO_LARGE: 413,
     Code.UNSUPPORTED_MEDIA_TYPE: 415,
     Code.TOO_MANY_REQUESTS: 429,
-    Code.SCHEDULING_FAILURE: 500,
-    Code.NODE_UNREACHABLE: 502,
+    Code.NODE_UNREACHABLE: 500,
     Code.OVERLOADED: 503,
     Code.STORE_UNAVAILABLE: 503,
     Code.UPSTREAM_FAILED: 502,

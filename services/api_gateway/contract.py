@@ -53,10 +53,10 @@ DESCRIPTIONS = {
     "413": "request body over the limit",
     "415": "request body not application/json",
     "429": "the tenant is over its write rate",
-    "502": "the node holding the task did not answer",
     "503": "shed (too much in flight) or the database is unavailable; nothing was changed",
     "500": "internal error",
 }
+NODE_UNREACHABLE = "internal error (50000), or the node holding the logs did not answer (50002)"
 BEARER = {
     "type": "http",
     "scheme": "bearer",
@@ -82,8 +82,11 @@ def complete(
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             for status in _errors(path, method):
+                described = DESCRIPTIONS[status]
+                if status == "500" and path.endswith("/logs"):
+                    described = NODE_UNREACHABLE
                 answer: dict[str, Any] = {
-                    "description": DESCRIPTIONS[status],
+                    "description": described,
                     "content": {"application/json": {"schema": ERROR_REF}},
                 }
                 if status in ("429", "503"):
@@ -168,8 +171,6 @@ def _errors(path: str, method: str) -> list[str]:
         statuses += ["409", "429"]
     if method in ("post", "put", "patch"):
         statuses += ["413", "415"]
-    if path.endswith("/logs"):
-        statuses.append("502")
     return sorted(statuses)
 
 

@@ -127,7 +127,7 @@ def test_logs_of_a_gone_node_are_a_clear_error(cluster: Cluster) -> None:
     cluster.wait_status(t["id"], "completed")
     cluster.kill_agent("n1")
     r = web.get(f"{cluster.url}/api/v1/tasks/{t['id']}/logs", headers=cluster.tenant, timeout=15)
-    assert r.status_code == 502 and r.json()["code"] == 50002
+    assert r.status_code == 500 and r.json()["code"] == 50002
     assert "n1" in r.json()["error"]
 
 

@@ -109,7 +109,7 @@ REFUSED = [
     (
         "volume unknown key",
         {"volumes": [{"host_path": "/data", "container_path": "/x", "mode": "rw"}]},
-        40003,
+        40001,
         ["volumes.0.mode"],
     ),
     ("name over 100", {"name": "n" * 101}, 40003, ["name"]),

@@ -36,6 +36,14 @@ def parse_rollout(raw: Any, group: GroupSpec) -> RolloutRequest:
     try:
         req = RolloutRequest.model_validate(raw)
     except ValidationError as exc:
+        errors = exc.errors()
+        unknown = sorted(
+            {".".join(str(x) for x in e["loc"]) for e in errors if e["type"] == "extra_forbidden"}
+        )
+        if unknown:  # a nested one (`volumes.0.mode`) as a top-level one: 40001
+            raise DomainError(
+                Code.UNKNOWN_FIELD, f"unknown field(s): {', '.join(unknown)}", unknown
+            ) from exc
         fields = sorted({".".join(str(x) for x in e["loc"]) or "body" for e in exc.errors()})
         raise DomainError(
             Code.INVALID_VALUE, f"invalid value(s): {', '.join(fields)}", fields

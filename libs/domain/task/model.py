@@ -454,6 +454,13 @@ def _check_keys(raw: Mapping[str, Any], allowed: frozenset[str]) -> None:
 
 
 def _validation_error(exc: ValidationError) -> DomainError:
+    """Unknown names first, at any depth (`volumes.0.mode`: 40001, as a top-level one),
+    else every bad value (40003)."""
+    unknown = sorted(
+        {_field_of(tuple(e["loc"])) for e in exc.errors() if e["type"] == "extra_forbidden"}
+    )
+    if unknown:
+        return DomainError(Code.UNKNOWN_FIELD, f"unknown field(s): {', '.join(unknown)}", unknown)
     fields: list[str] = []
     parts: list[str] = []
     for err in exc.errors():
