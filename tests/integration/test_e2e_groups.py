@@ -164,6 +164,49 @@ def test_inference_group_rebuilt_at_priority_100_at_most_five_times(cluster: Clu
     assert recoveries(cluster, g["id"]).count("inference_rebuild") == 5
 
 
+@pytest.mark.cluster_env(HETEROFLOW_GROUP_REBUILD_SCAN_S="1")
+def test_tensor_parallel_inference_world_is_stopped_and_rebuilt_whole_at_priority_100(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("a", "process")
+    g = create_group(
+        cluster,
+        task_count=2,
+        task_type="inference",
+        parallelism="tensor_parallel",
+        tensor_parallel_size=2,
+        command="sleep 300",
+    )
+
+    def world() -> dict[int, dict[str, Any]]:
+        return {t["rank"]: t for t in cluster.group(g["id"])["tasks"]}
+
+    cluster.wait(lambda: all(t["status"] == "running" for t in world().values()), "world up")
+    old = world()
+    assert len(old) == 2 and {t["priority"] for t in old.values()} == {0}
+    os.kill(int(old[1]["container_id"]), signal.SIGKILL)  # one rank of the world dies
+
+    def rebuilt() -> bool:
+        now = world()
+        return all(now[k]["id"] != old[k]["id"] and now[k]["status"] == "running" for k in (0, 1))
+
+    cluster.wait(rebuilt, "the whole world rebuilt and running", timeout=60)
+    new = world()
+    assert {t["priority"] for t in new.values()} == {100}
+    cluster.wait(lambda: cluster.group(g["id"])["status"] == "running", "group running", 30)
+    group = cluster.group(g["id"])
+    assert group["rebuilds"] == 1, group
+    assert {old[0]["id"], old[1]["id"]} <= set(group["superseded_tasks"])
+    # The live rank was stopped by the group (never failed itself), the dead one failed.
+    ended = {k: cluster.task(old[k]["id"]) for k in (0, 1)}
+    assert (ended[0]["status"], ended[1]["status"]) == ("stopped", "failed"), ended
+    # Rebuilt as one world: no new rank existed while a rank of the old one was live.
+    assert max(t["finished_at"] for t in ended.values()) <= min(
+        t["created_at"] for t in new.values()
+    )
+    assert recoveries(cluster, g["id"]) == ["inference_rebuild"]
+
+
 def test_group_api_validation_and_membership(cluster: Cluster) -> None:
     r = web.post(
         f"{cluster.url}/api/v1/tasks",
