@@ -46,12 +46,20 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
     return out.table(("ID", "NAME", "STATUS", "QUEUE", "AGE"), rows)
 
 
+def _why(job: dict[str, Any]) -> str:
+    """` (reason)`; a pending job's with its code first (`queue_quota_exceeded: ...`)."""
+    if not job.get("reason"):
+        return ""
+    code = job.get("reason_code") if job["status"] == "pending" else None
+    return f" ({code}: {job['reason']})" if code else f" ({job['reason']})"
+
+
 def dag_text(job: dict[str, Any]) -> str:
     head = out.fields(
         [
             ("Job", job["id"]),
             ("Name", job["name"]),
-            ("Status", job["status"] + (f" ({job['reason']})" if job.get("reason") else "")),
+            ("Status", job["status"] + _why(job)),
             ("Queue", job["queue"] or "-"),
         ]
     )

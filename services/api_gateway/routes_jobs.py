@@ -61,6 +61,7 @@ def job_view(job: Job, tasks: list[Task] | None = None) -> dict[str, Any]:
         "name": job.spec.name,
         "queue": job.spec.queue,
         "status": job.status.value,
+        "reason_code": job.reason_code.value,
         "reason": job.reason,
         "created_at": job.created_at.isoformat(),
         "updated_at": job.updated_at.isoformat(),

@@ -66,7 +66,9 @@ async def test_dag_view_stop_delete_and_replay(api: Api) -> None:
     r = await api.client.post("/api/v1/jobs", json=body(), headers=api.tenant)
     assert r.status_code == 201, r.text
     job = r.json()
-    assert job["status"] == "running"
+    # Created, not yet placed: no task holds resources, so the job waits.
+    assert (job["status"], job["reason_code"]) == ("pending", "submitted")
+    assert job["reason"] == "task(s) prep waiting for placement"
     view = {t["key"]: t for t in job["tasks"]}
     assert view["prep"]["task"]["status"] == "pending" and view["train"]["task"] is None
     assert view["eval"]["why"] == "waiting for 'train' to complete"

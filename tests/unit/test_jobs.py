@@ -16,7 +16,7 @@ from libs.domain.job.evolve import evolve_job
 from libs.domain.job.model import Job, JobNode, JobStatus, NodeState
 from libs.domain.job.spec import Dependency, DependencyKind, find_cycle, parse_job
 from libs.domain.reasons import ReasonCode
-from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.events import TaskPendingReason, TaskRetryDecided, TaskStatusChanged
 from libs.domain.task.model import TaskId, TenantId
 from libs.domain.task.states import TaskStatus
 from libs.store.eventstore import EventStore
@@ -308,7 +308,7 @@ BRANCHES = job(
 
 def test_chain_runs_in_order_and_succeeds() -> None:
     j, ready = step(submitted(job(CHAIN, [{"task": "b", "on": "a"}, {"task": "c", "on": "b"}])))
-    assert ready == ["a"] and j.status is JobStatus.RUNNING
+    assert ready == ["a"] and j.status is JobStatus.PENDING  # a waits for placement
     assert j.nodes["c"].reason == "waiting for 'b' to complete"
     j, ready = settle(j, "a", N.COMPLETED)
     assert ready == ["b"]
@@ -361,7 +361,7 @@ def test_stop_skips_what_waits() -> None:
     j = evolve_job(j, JobStopRequested(job_id=j.id), NOW, j.version + 1)
     j, ready = step(j)
     assert ready == [] and j.nodes["b"].state is N.SKIPPED and j.nodes["c"].state is N.SKIPPED
-    assert j.status is JobStatus.RUNNING  # a still runs
+    assert j.status is JobStatus.PENDING  # a, created, still waits for placement
     j, _ = settle(j, "a", N.STOPPED)
     assert j.status is JobStatus.STOPPED
 
@@ -425,6 +425,11 @@ def test_a_retry_decision_that_ends_a_job_task(action: str, outcome: N | None) -
 
 
 def test_the_orchestrator_takes_status_changes_and_retry_decisions() -> None:
-    """A failed job task is final only with the retry engine's decision: both types count."""
+    """A failed job task is final only with the retry engine's decision: both types count;
+    a pending reason is news of a task that waits."""
     orchestrator = Orchestrator(cast(EventStore, None))
-    assert orchestrator.handlers.types == {TaskStatusChanged.type, TaskRetryDecided.type}
+    assert orchestrator.handlers.types == {
+        TaskStatusChanged.type,
+        TaskRetryDecided.type,
+        TaskPendingReason.type,
+    }

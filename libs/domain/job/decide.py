@@ -19,7 +19,13 @@ import math
 from collections.abc import Callable, Mapping
 
 from libs.domain.job.condition import ConditionError, evaluate, parse_condition
-from libs.domain.job.events import JobNodesSkipped, JobStatusChanged, JobTasksReady, JobWaiting
+from libs.domain.job.events import (
+    JobNodeProgress,
+    JobNodesSkipped,
+    JobStatusChanged,
+    JobTasksReady,
+    JobWaiting,
+)
 from libs.domain.job.model import (
     ARTIFACT_MARK,
     DONE,
@@ -33,6 +39,7 @@ from libs.domain.job.spec import Dependency, DependencyKind
 from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
 from libs.domain.task.model import TaskId, TaskSpec
+from libs.domain.task.states import TaskStatus
 
 # --- readiness -------------------------------------------------------------------------
 
@@ -120,18 +127,7 @@ def advance(job: Job) -> tuple[list[Payload], list[str]]:
     }
     if waiting:
         events.append(JobWaiting(job_id=job.id, reasons=waiting))
-    status, reason = job_status(job, nodes)
-    if status is not job.status:
-        code = ReasonCode.SUBMITTED if status is JobStatus.PENDING else ReasonCode.MEMBERS_CHANGED
-        events.append(
-            JobStatusChanged(
-                job_id=job.id,
-                from_status=job.status,
-                to_status=status,
-                reason_code=code,
-                reason=reason,
-            )
-        )
+    events.extend(status_events(job, nodes))
     return events, ready
 
 
@@ -146,21 +142,83 @@ def tolerated(job: Job, key: str, nodes: Mapping[str, JobNode]) -> bool:
     )
 
 
-def job_status(job: Job, nodes: Mapping[str, JobNode]) -> tuple[JobStatus, str]:
+def job_status(job: Job, nodes: Mapping[str, JobNode]) -> tuple[JobStatus, ReasonCode, str]:
+    """The job's status, the code and the text of why: `running` once a task holds resources
+    (admitted and placed), `pending` with the binding reason while every unfinished task waits
+    for admission, placement or its dependencies (Kueue's not admitted, Slurm's PD)."""
     states = [n.state for n in nodes.values()]
     if job.stop_requested and all(s in DONE for s in states):
-        return JobStatus.STOPPED, "stopped on request"
+        return JobStatus.STOPPED, ReasonCode.MEMBERS_CHANGED, "stopped on request"
     if not all(s in DONE for s in states):
-        started = any(s is not NodeState.WAITING for s in states)
-        return (JobStatus.RUNNING if started else JobStatus.PENDING), ""
+        if any(n.holding for n in nodes.values()):
+            return JobStatus.RUNNING, ReasonCode.MEMBERS_CHANGED, ""
+        return (JobStatus.PENDING, *waiting_reason(job, nodes))
     bad = sorted(
         k
         for k, n in nodes.items()
         if n.state in (NodeState.FAILED, NodeState.STOPPED) and not tolerated(job, k, nodes)
     )
     if bad:
-        return JobStatus.FAILED, f"task(s) {', '.join(bad)} did not complete"
-    return JobStatus.SUCCEEDED, "every task completed or was skipped"
+        return (
+            JobStatus.FAILED,
+            ReasonCode.MEMBERS_CHANGED,
+            f"task(s) {', '.join(bad)} did not complete",
+        )
+    return JobStatus.SUCCEEDED, ReasonCode.MEMBERS_CHANGED, "every task completed or was skipped"
+
+
+def waiting_reason(job: Job, nodes: Mapping[str, JobNode]) -> tuple[ReasonCode, str]:
+    """Why a job none of whose tasks holds resources waits: the pending reason of its first
+    created task that has one (in the job's order), else that its tasks await placement."""
+    created = [k for k in (t.key for t in job.spec.tasks) if nodes[k].state is NodeState.CREATED]
+    for key in created:
+        node = nodes[key]
+        if node.pending_code is not None:
+            return node.pending_code, f"task {key!r}: {node.pending_reason}"
+    if created:
+        return ReasonCode.SUBMITTED, f"task(s) {', '.join(created)} waiting for placement"
+    return ReasonCode.SUBMITTED, "waiting for dependencies"
+
+
+def status_events(job: Job, nodes: Mapping[str, JobNode]) -> list[Payload]:
+    """The status change `nodes` make to `job`: a new status, or while pending a new reason."""
+    status, code, reason = job_status(job, nodes)
+    same = status is job.status and (
+        status is not JobStatus.PENDING or (code, reason) == (job.reason_code, job.reason)
+    )
+    if same:
+        return []
+    return [
+        JobStatusChanged(
+            job_id=job.id,
+            from_status=job.status,
+            to_status=status,
+            reason_code=code,
+            reason=reason,
+        )
+    ]
+
+
+def progress(job: Job, heard: JobNodeProgress) -> list[Payload]:
+    """News of a created task (its status, or why it waits) and the status change it makes;
+    nothing when it is old news, or about a task that is not the node's (idempotent)."""
+    node = job.nodes.get(heard.key)
+    if (
+        node is None
+        or node.state is not NodeState.CREATED
+        or node.task_id not in ("", heard.task_id)  # "": ready before task ids were kept
+        or heard.task_version <= node.task_version
+    ):
+        return []
+    pending = heard.task_status is TaskStatus.PENDING
+    code, why = (heard.reason_code, heard.reason) if pending else (None, "")
+    if node.holding == (not pending) and (node.pending_code, node.pending_reason) == (code, why):
+        return []  # changes nothing the job shows (scheduled -> running, a repeated reason)
+    nodes = dict(job.nodes)
+    nodes[heard.key] = node.model_copy(
+        update={"task_status": heard.task_status, "pending_code": code, "pending_reason": why}
+    )
+    return [heard, *status_events(job, nodes)]
 
 
 def cascade(

@@ -8,6 +8,7 @@ from libs.domain.job.model import JobStatus, NodeState
 from libs.domain.job.spec import JobSpec
 from libs.domain.payload import Payload, ReasonedPayload, register
 from libs.domain.task.model import TenantId
+from libs.domain.task.states import TaskStatus
 
 # --- events ----------------------------------------------------------------------------
 
@@ -70,8 +71,24 @@ class JobWaiting(Payload):
     reasons: dict[str, str]
 
 
+class JobNodeProgress(ReasonedPayload):
+    """What the job heard of a created task before its end: it was admitted and placed, it
+    went back to pending, or why it still waits (its pending reason). The job's status is
+    folded from these: `running` once a task holds resources, `pending` with the binding
+    reason while every task waits."""
+
+    type: ClassVar[str] = "job_node_progress"
+    stream_type: ClassVar[str] = "job"
+
+    job_id: str
+    key: str
+    task_id: str
+    task_status: TaskStatus
+    task_version: int  # the task-stream version of the news (older news is dropped)
+
+
 class JobStatusChanged(ReasonedPayload):
-    """The job's status changed."""
+    """The job's status changed (or, while pending, the reason it waits)."""
 
     type: ClassVar[str] = "job_status_changed"
     stream_type: ClassVar[str] = "job"
@@ -105,6 +122,7 @@ register(
     JobNodeSettled,
     JobNodesSkipped,
     JobWaiting,
+    JobNodeProgress,
     JobStatusChanged,
     JobStopRequested,
     JobDeleted,

@@ -8,6 +8,7 @@ from typing import Any
 
 from libs.domain.job.events import (
     JobDeleted,
+    JobNodeProgress,
     JobNodeSettled,
     JobNodesSkipped,
     JobStatusChanged,
@@ -18,6 +19,7 @@ from libs.domain.job.events import (
 )
 from libs.domain.job.model import JOB_TERMINAL, Job, JobNode, NodeState
 from libs.domain.payload import Payload
+from libs.domain.task.states import TaskStatus
 
 
 def _set_nodes(job: Job, changes: Mapping[str, Mapping[str, Any]]) -> dict[str, JobNode]:
@@ -62,8 +64,17 @@ def evolve_job(job: Job | None, event: Payload, at: datetime, version: int) -> J
         up["nodes"] = _set_nodes(job, skips)
     elif isinstance(event, JobWaiting):
         up["nodes"] = _set_nodes(job, {k: {"reason": r} for k, r in event.reasons.items()})
+    elif isinstance(event, JobNodeProgress):
+        pending = event.task_status is TaskStatus.PENDING
+        heard = {
+            "task_status": event.task_status,
+            "task_version": event.task_version,
+            "pending_code": event.reason_code if pending else None,
+            "pending_reason": event.reason if pending else "",
+        }
+        up["nodes"] = _set_nodes(job, {event.key: heard})
     elif isinstance(event, JobStatusChanged):
-        up.update(status=event.to_status, reason=event.reason)
+        up.update(status=event.to_status, reason=event.reason, reason_code=event.reason_code)
         if event.to_status in JOB_TERMINAL:
             up["finished_at"] = at
     elif isinstance(event, JobStopRequested):

@@ -8,7 +8,9 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from libs.domain.job.spec import JobSpec
+from libs.domain.reasons import ReasonCode
 from libs.domain.task.model import TenantId
+from libs.domain.task.states import TaskStatus
 
 METRICS_MARK = "HF_METRICS "
 ARTIFACT_MARK = "HF_ARTIFACT "
@@ -47,6 +49,22 @@ class JobNode(BaseModel):
     task_id: str = ""
     metrics: dict[str, float] = {}
     artifacts: tuple[str, ...] = ()
+    # What the job last heard of its created task (`JobNodeProgress`): the task's status (None:
+    # created, not heard of since), the task-stream version it was heard at (older news is
+    # dropped), and while the task is pending, why it waits.
+    task_status: TaskStatus | None = None
+    task_version: int = 0
+    pending_code: ReasonCode | None = None
+    pending_reason: str = ""
+
+    @property
+    def holding(self) -> bool:
+        """Its task was admitted and placed: it holds (or held) resources, and has not gone
+        back to waiting. A task just created, or pending again, does not."""
+        return self.state is NodeState.CREATED and self.task_status not in (
+            None,
+            TaskStatus.PENDING,
+        )
 
 
 class Job(BaseModel):
@@ -57,6 +75,9 @@ class Job(BaseModel):
     spec: JobSpec
     status: JobStatus = JobStatus.PENDING
     reason: str = ""
+    # The code of the last status change: while pending, the binding reason
+    # (queue_quota_exceeded, pool_capacity, ...) of the task that waits.
+    reason_code: ReasonCode = ReasonCode.SUBMITTED
     nodes: dict[str, JobNode]
     stop_requested: bool = False
     version: int = 0

@@ -1,4 +1,6 @@
-"""A task of a job ended for good: settle its job node and ready its dependants.
+"""A task of a job ended for good: settle its job node and ready its dependants; and what a
+job hears of its tasks before that (admitted and placed, pending again, why one waits), from
+which its status is folded (`job.decide.progress`).
 
 A task's end is final on `completed`, `cancelled` or `stopped`, and on `failed` only once the
 retry engine gave up (`task_retry_decided` with action give_up or hold): a job's retries are
@@ -15,13 +17,14 @@ from prometheus_client import Counter
 from libs.bus.typed import EventHandlers
 from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import NotFound
-from libs.domain.job.decide import cascade, parse_report
-from libs.domain.job.events import JobNodeSettled
+from libs.domain.job.decide import cascade, parse_report, progress
+from libs.domain.job.events import JobNodeProgress, JobNodeSettled
 from libs.domain.job.evolve import evolve_job
 from libs.domain.job.model import DONE, Job, NodeState
 from libs.domain.payload import Payload
-from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
-from libs.domain.task.states import TaskStatus
+from libs.domain.reasons import ReasonCode
+from libs.domain.task.events import TaskPendingReason, TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.states import TERMINAL, TaskStatus
 from libs.ownership import foreign_job_task, refuse_foreign
 from libs.store import inbox
 from libs.store.eventstore import EventStore, NewTask, new_task_id
@@ -50,11 +53,18 @@ def retry_outcome(ev: TaskRetryDecided) -> NodeState | None:
     return NodeState.FAILED if ev.action != "retry" else None
 
 
+def is_news(ev: TaskStatusChanged) -> bool:
+    """A change the job's status may turn on: a task back to pending, or leaving pending for
+    a placement (moves among placed statuses, and ends, are not news here)."""
+    placed = ev.from_status is TaskStatus.PENDING and ev.to_status not in TERMINAL
+    return ev.to_status is TaskStatus.PENDING or placed
+
+
 class Orchestrator:
     def __init__(self, store: EventStore) -> None:
         self.store = store
         self.handlers = EventHandlers.of(
-            self.on_status_changed, self.on_retry_decided, owner=CONSUMER
+            self.on_status_changed, self.on_retry_decided, self.on_pending_reason, owner=CONSUMER
         )
 
     async def handle(self, envelope: EventEnvelope) -> None:
@@ -64,6 +74,48 @@ class Orchestrator:
     async def on_status_changed(self, env: EventEnvelope, ev: TaskStatusChanged) -> None:
         if (outcome := status_outcome(ev)) is not None:
             await self.settle(env, ev.task_id, outcome)
+        elif is_news(ev):
+            await self.hear(env, ev.task_id, ev.to_status, ev.reason_code, ev.reason)
+
+    async def on_pending_reason(self, env: EventEnvelope, ev: TaskPendingReason) -> None:
+        await self.hear(env, ev.task_id, TaskStatus.PENDING, ev.reason_code, ev.reason)
+
+    async def hear(
+        self,
+        env: EventEnvelope,
+        task_id: str,
+        status: TaskStatus,
+        code: ReasonCode,
+        reason: str,
+    ) -> None:
+        """Record on the task's job what happened to it, and the job's status that follows."""
+        try:
+            task = await self.store.get_task(task_id, include_deleted=True)
+        except NotFound:
+            return
+        job_id, key = task.spec.platform.job_id, task.spec.platform.job_key
+        if not job_id:
+            return
+        heard = JobNodeProgress(
+            job_id=job_id,
+            key=key,
+            task_id=task.id,
+            task_status=status,
+            task_version=env.version,
+            reason_code=code,
+            reason=reason,
+        )
+
+        def decide(job: Job | None) -> list[Payload]:
+            return [] if job is None or job.tenant_id != task.tenant_id else progress(job, heard)
+
+        await self.store.execute_aggregate(
+            JOBS,
+            job_id,
+            decide,
+            metadata={"actor": "job_orchestrator"},
+            receipt=inbox.Receipt(CONSUMER, env.event_id),
+        )
 
     async def on_retry_decided(self, env: EventEnvelope, ev: TaskRetryDecided) -> None:
         if (outcome := retry_outcome(ev)) is not None:
