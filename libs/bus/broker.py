@@ -413,23 +413,26 @@ def broker_for(nc: None, routes: Sequence[Routes]) -> NatsBroker:
     return broker
 
 
+def _declarer(js: JetStreamContext, d: Durable) -> Callable[[], Awaitable[Any]]:
+    """The create-or-update of durable `d`: run at start, and again by its `PullLoop` when
+    the server says the consumer does not exist (a lost JetStream store, a deleted consumer)."""
+    return functools.partial(
+        ensure_durable_consumer,
+        js,
+        d.stream,
+        d.durable,
+        d.subject,
+        ack_wait=d.ack_wait,
+        max_deliver=d.max_deliver,
+        deliver_new=d.deliver_new,
+    )
+
+
 async def declare(js: JetStreamContext, routes: Sequence[Routes]) -> None:
     """Create or update the durable consumers of `routes` (bounded redelivery, explicit ack)."""
     for r in routes:
         for d in r.durables:
-            await when_jetstream_answers(
-                f"consumer {d.durable}",
-                functools.partial(
-                    ensure_durable_consumer,
-                    js,
-                    d.stream,
-                    d.durable,
-                    d.subject,
-                    ack_wait=d.ack_wait,
-                    max_deliver=d.max_deliver,
-                    deliver_new=d.deliver_new,
-                ),
-            )
+            await when_jetstream_answers(f"consumer {d.durable}", _declarer(js, d))
 
 
 async def serve(
@@ -446,7 +449,9 @@ async def serve(
     `dead_letters` None: unless a route confines its inboxes (an agent, whose NATS user may
     not subscribe to advisories; the services' forwarders cover its consumer).
     """
-    await declare(nc.jetstream(), routes)
+    js = nc.jetstream()
+    await declare(js, routes)
+    declarers = {d.durable: _declarer(js, d) for r in routes for d in r.durables}
     subs = [
         await nc.subscribe(c.subject, queue=c.queue, cb=c.callback())
         for r in routes
@@ -461,6 +466,7 @@ async def serve(
             batch=p.batch,
             pipelined=p.pipelined,
             inbox_prefix=r.inbox_prefix,
+            redeclare=declarers.get(p.durable),
         )
         for r in routes
         for p in r.pulls
@@ -470,7 +476,7 @@ async def serve(
     if dead_letters is None:
         dead_letters = all(r.inbox_prefix is None for r in routes)
     if dead_letters and loops:
-        subs.append(await forward_dead_letters(nc, nc.jetstream()))
+        subs.append(await forward_dead_letters(nc, js))
     tasks = [asyncio.create_task(loop.run(), name=f"pull-{loop.durable}") for loop in loops]
     durables = [d.durable for r in routes for d in r.durables]
     for name in durables:

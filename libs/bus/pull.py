@@ -8,6 +8,13 @@ message (no payload, a ``Status`` header): 404 (no messages, for a no-wait reque
 request expired), 409 (the consumer was deleted, a leader changed, a limit was exceeded); 100
 is an idle heartbeat (never asked for here, skipped).
 
+The server may also say the consumer is not there: 503 (no responders: nobody serves its
+pull subject, so the consumer, or its whole stream, does not exist, as after a JetStream
+store was lost and the server started empty) or 409 "Consumer Deleted". The loop then calls
+its `redeclare` (the durable's create-or-update, `libs/bus/broker.py`) and goes on fetching:
+a process that stayed connected across the loss consumes again as soon as the stream is back
+(its declarer, `heteroflow up`, creates the streams when it starts), with nobody restarting it.
+
 A fetch is eager: one request for a single message that waits up to `IDLE_FETCH_S` on the
 server, then, once that message is in, one no-wait request for what the server already holds
 behind it (up to the batch size). So a quiet subject adds nothing to a hop, and under load
@@ -32,7 +39,7 @@ import contextvars
 import json
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import nats.errors
@@ -53,11 +60,16 @@ EXPIRY_MARGIN_S = 1.0
 PROBE_TIMEOUT_S = 1.0
 # After a failed request (client reconnecting, consumer gone), wait this long to ask again.
 RETRY_S = 0.5
+# While the consumer cannot be declared again (its stream is not back yet), retry this often.
+REDECLARE_RETRY_S = 1.0
 
 STATUS = "Status"
 HEARTBEAT = "100"
+NO_RESPONDERS = "503"
+CONSUMER_DELETED = "consumer deleted"
 
 Consume = Callable[[list[Msg]], Coroutine[Any, Any, None]]
+Redeclare = Callable[[], Awaitable[Any]]
 
 
 def status_of(msg: Msg) -> str | None:
@@ -82,8 +94,10 @@ class PullLoop:
         batch: int,
         pipelined: bool = False,
         inbox_prefix: str | None = None,
+        redeclare: Redeclare | None = None,
     ) -> None:
         self.nc = nc
+        self.stream = stream
         self.durable = durable
         self.consume = consume
         self.batch = max(1, batch)
@@ -95,6 +109,8 @@ class PullLoop:
         self._sub: Subscription | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._previous: asyncio.Task[None] | None = None
+        self.redeclare = redeclare
+        self._missing = False  # the server said the consumer does not exist
 
     async def open(self) -> None:
         """Subscribe to the inbox (before the loop runs, so readiness follows it)."""
@@ -122,11 +138,16 @@ class PullLoop:
                 await self._sub.unsubscribe()
 
     async def _fetch(self) -> list[Msg]:
+        if self._missing:
+            await self._declare_again()
         try:
             first = await self._request(1, {"expires": int(IDLE_FETCH_S * 1e9)}, IDLE_FETCH_S)
             if not first or self.batch == 1:
                 return first
             return first + await self._request(self.batch - 1, {"no_wait": True}, 0.0)
+        except nats.errors.NoRespondersError:
+            self._missing = True
+            return []
         except (nats.errors.Error, OSError) as exc:
             # The client reconnects; what was delivered and not acked comes back.
             log.warning("consumer_fetch_failed", consumer=self.durable, error=repr(exc))
@@ -160,12 +181,37 @@ class PullLoop:
             elif status == HEARTBEAT:
                 continue
             else:
-                if status == "409":
-                    reason = (msg.headers or {}).get("Description", "")
+                reason = (msg.headers or {}).get("Description", "")
+                if status == NO_RESPONDERS or (
+                    status == "409" and reason.lower() == CONSUMER_DELETED
+                ):
+                    self._missing = True
+                elif status == "409":
                     log.warning("consumer_pull_refused", consumer=self.durable, reason=reason)
                     await asyncio.sleep(RETRY_S)
                 break  # 404: nothing more; 408/409: this request is over
         return out
+
+    async def _declare_again(self) -> None:
+        """The server said the consumer does not exist: declare it again (once its stream is
+        back), or wait a moment when there is no way to (no `redeclare`) or it failed."""
+        if self.redeclare is None:
+            log.warning("consumer_missing", consumer=self.durable, stream=self.stream)
+            await asyncio.sleep(REDECLARE_RETRY_S)
+            return
+        try:
+            await self.redeclare()
+        except Exception as exc:  # stream not found (not declared again yet), reconnecting
+            log.warning(
+                "consumer_redeclare_failed",
+                consumer=self.durable,
+                stream=self.stream,
+                error=repr(exc),
+            )
+            await asyncio.sleep(REDECLARE_RETRY_S)
+            return
+        self._missing = False
+        log.warning("consumer_redeclared", consumer=self.durable, stream=self.stream)
 
     async def _hand_over(self, messages: list[Msg]) -> None:
         if not self.pipelined:

@@ -1,0 +1,83 @@
+"""A durable consumer the server no longer has (deleted, or lost with its stream and the
+JetStream store) is declared again by its `PullLoop`, which then consumes again: a process
+that stayed connected needs nobody to restart it. Against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import StreamConfig
+
+from libs.bus.nats import connect, ensure_durable_consumer
+from libs.bus.pull import PullLoop
+from tests.wait import wait_until_async
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    client = await connect(nats_url, "test-pull-redeclare")
+    yield client
+    await client.close()
+
+
+async def test_a_pull_loop_declares_its_consumer_again_when_the_server_has_none(
+    nc: Client,
+) -> None:
+    js = nc.jetstream()
+    tag = uuid.uuid4().hex[:8]
+    stream, durable, subject = f"T_{tag}", f"d_{tag}", f"t.{tag}.x"
+    config = StreamConfig(name=stream, subjects=[f"t.{tag}.>"])
+    await js.add_stream(config)
+    declare = functools.partial(ensure_durable_consumer, js, stream, durable, subject)
+    await declare()
+    declared: list[str] = []  # what each declaring by the loop came to
+
+    async def declare_again() -> None:
+        try:
+            await declare()
+        except Exception:
+            declared.append("failed")
+            raise
+        declared.append("ok")
+
+    got: list[bytes] = []
+
+    async def consume(messages: list[Msg]) -> None:
+        for msg in messages:
+            got.append(msg.data)
+            await msg.ack()
+
+    loop = PullLoop(nc, stream, durable, consume, batch=10, redeclare=declare_again)
+    running = asyncio.create_task(loop.run())
+    try:
+        await js.publish(subject, b"first")
+        await wait_until_async(lambda: b"first" in got, 10, 0.05, "the first message")
+
+        # The consumer deleted under the loop (its pull request is pending on the server).
+        await js.delete_consumer(stream, durable)
+        await js.publish(subject, b"second")
+        await wait_until_async(lambda: b"second" in got, 20, 0.05, f"after delete: {got}")
+        assert declared == ["ok"]
+
+        # The stream gone too, as with a lost store: declaring fails until it is back.
+        await js.delete_stream(stream)
+        await wait_until_async(lambda: "failed" in declared, 20, 0.05, "a declaring refused")
+        await js.add_stream(config)  # its declarer (`heteroflow up`) makes it again
+        await js.publish(subject, b"third")
+        await wait_until_async(lambda: b"third" in got, 20, 0.05, f"after the stream: {got}")
+        assert declared[0] == "ok" and declared[-1] == "ok" and "failed" in declared[1:-1]
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        with contextlib.suppress(Exception):
+            await js.delete_stream(stream)
