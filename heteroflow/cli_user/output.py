@@ -277,6 +277,15 @@ def timeline_table(events: list[dict[str, Any]]) -> str:
     return table(("TIME", "KIND", "DETAIL"), rows)
 
 
+VERDICTS = {"give_up": "given up (failed for good)", "retry": "retried", "hold": "held"}
+
+
+def verdict_text(retry: dict[str, Any]) -> str:
+    """The retry engine's last verdict on a failure, with its reason."""
+    verdict = VERDICTS.get(retry.get("verdict", ""), retry.get("verdict"))
+    return f"{verdict}, {retry.get('failure_class', '?')}: {retry.get('reason', '')}"
+
+
 def describe_text(
     task: dict[str, Any],
     retries: list[dict[str, Any]] | None,
@@ -309,6 +318,7 @@ def describe_text(
             f"{task.get('retry_count', 0)} of {task.get('max_retries', '?')}"
             f" ({task.get('retry_strategy', '-')})",
         ),
+        *([("Retry verdict", verdict_text(task["retry"]))] if task.get("retry") else []),
         ("Exit code", task.get("exit_code")),
         ("Error", task.get("error")),
         ("Labels", task.get("labels")),

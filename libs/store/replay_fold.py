@@ -143,7 +143,14 @@ def _deleted(doc: Doc, p: Doc, at: datetime) -> None:
 
 
 def _retry_decided(doc: Doc, p: Doc, at: datetime) -> None:
-    pass  # history only: the status change that follows carries the new state
+    """`RetryVerdict` of libs/domain/task/evolve.py, on the document."""
+    doc["retry"] = {
+        "verdict": p["action"],
+        "reason": p["reason"],
+        "failure_class": p["failure_class"],
+        "attempt": p["attempt"],
+        "decided_at": at,
+    }
 
 
 Apply = Callable[[Doc, Doc, datetime], None]

@@ -38,7 +38,7 @@ from .deps import Principal, Store, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
 from .schemas import CreateQuery, TaskListQuery, documented_body, query_of
-from .views import operation_view, task_view
+from .views import operation_view, task_responses, task_view
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
 log = structlog.get_logger(__name__)
@@ -115,7 +115,7 @@ async def task_stats(principal: Principal, store: Store) -> dict[str, Any]:
     return {"total": sum(counts.values()), "by_status": counts}
 
 
-@router.get("/{task_id}")
+@router.get("/{task_id}", responses=task_responses())
 async def get_task(task_id: str, principal: Principal, store: Store) -> dict[str, Any]:
     return task_view(await store.get_task(task_id, tenant_id=tenant_scope(principal)))
 

@@ -17,7 +17,7 @@ from libs.domain.task.events import (
     TaskRetryDecided,
     TaskStatusChanged,
 )
-from libs.domain.task.model import Task, TaskSpec
+from libs.domain.task.model import RetryVerdict, Task, TaskSpec
 from libs.domain.task.states import TaskStatus
 
 # --- folds -------------------------------------------------------------------------------
@@ -78,7 +78,14 @@ def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -
     elif isinstance(event, TaskDeleted):
         changes["deleted_at"] = at
     elif isinstance(event, TaskRetryDecided):
-        pass  # history only: the status change that follows carries the new state
+        # The verdict is kept on the task; a retry's status change follows with the new state.
+        changes["retry"] = RetryVerdict(
+            verdict=event.action,
+            reason=event.reason,
+            failure_class=event.failure_class,
+            attempt=event.attempt,
+            decided_at=at,
+        )
     elif (fold := TASK_FOLDS.get(type(event))) is not None:
         changes.update(fold(task, event))
     else:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, NewType
+from typing import Any, Literal, NewType
 
 from pydantic import (
     BaseModel,
@@ -216,6 +216,20 @@ class TaskSpec(BaseModel):
         return "" if self.image else "process"
 
 
+class RetryVerdict(BaseModel):
+    """The retry engine's last decision on a failure of the task (`task_retry_decided`):
+    `retry` (it runs again), `give_up` (it will not: a permanent failure, retries used up or
+    `no_retry`) or `hold`, with why. Folded from the event, so replay gives it back."""
+
+    model_config = ConfigDict(frozen=True)
+
+    verdict: Literal["retry", "give_up", "hold"]
+    reason: str
+    failure_class: str  # permanent, transient, cpu_oom, gpu_oom, other
+    attempt: int  # the attempt decided on (the task's retry_count then)
+    decided_at: datetime
+
+
 class Task(BaseModel):
     """A task as its events made it. Projections store exactly this document."""
 
@@ -254,6 +268,9 @@ class Task(BaseModel):
     # Why the last status change was made (the code of its event, and its text).
     status_reason_code: ReasonCode = ReasonCode.UNSPECIFIED
     status_reason: str = ""
+    # The retry engine's last verdict on a failure (None: it never failed); a `failed` task
+    # with `give_up` is failed for good, without a state of its own.
+    retry: RetryVerdict | None = None
     # Placement constraints set by the retry engine for the next attempt.
     not_before: datetime | None = None
     same_node_id: str = ""
@@ -307,6 +324,7 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "pending_reason_code",
         "status_reason_code",
         "status_reason",
+        "retry",
         "version",
         "created_at",
         "updated_at",
