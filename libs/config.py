@@ -111,6 +111,24 @@ class GatewaySettings(CommonSettings):
     max_json_depth: int = Field(
         default=32, ge=2, le=256, description="deepest JSON nesting accepted in a body; deeper: 400"
     )
+    client_header_timeout_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="longest a client may take to send a request's headers; then 408 and the "
+        "connection closed (0 = no limit)",
+    )
+    client_body_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="longest a client may take to send a request's body once its headers are "
+        "in; then 408 and the connection closed (0 = no limit)",
+    )
+    max_client_connections: int = Field(
+        default=0,
+        ge=0,
+        description="open client connections per gateway process; a new one past it closes "
+        "the one idle longest (0 = the open-files limit less a quarter, at least 128 less)",
+    )
     gateway_workers: int = Field(
         default=1, ge=1, le=64, description="gateway processes sharing the port (1: in-process)"
     )

@@ -23,6 +23,7 @@ class Code(IntEnum):
     # Serving (docs/serving.md); not in SPEC §2's table either.
     NOT_SERVING = 40902
     # Not in SPEC §2's table, which has no code for these statuses (docs/api.md lists them).
+    REQUEST_TIMEOUT = 40801
     PAYLOAD_TOO_LARGE = 41301
     UNSUPPORTED_MEDIA_TYPE = 41501
     TOO_MANY_REQUESTS = 42901
@@ -49,6 +50,7 @@ HTTP_STATUS: dict[Code, int] = {
     Code.NOT_FOUND: 404,
     Code.CAS_CONFLICT: 409,
     Code.NOT_SERVING: 409,
+    Code.REQUEST_TIMEOUT: 408,
     Code.PAYLOAD_TOO_LARGE: 413,
     Code.UNSUPPORTED_MEDIA_TYPE: 415,
     Code.TOO_MANY_REQUESTS: 429,

@@ -110,9 +110,8 @@ def create_app(
     console_web.install(app)
     app.mount("/ui/static", StaticFiles(directory=console_web.STATIC), name="console-static")
 
-    # Inside the metrics middleware, so refused bodies are counted too.
-    app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)
-    # Outside the body limit: a shed request costs nothing but its answer.
+    # Inside the body limit: a slot in flight is taken once the body is read, so a client
+    # that sends slowly holds only its own connection (bounded by the body deadline).
     app.add_middleware(
         shedding.Shedding,
         max_reads=settings.max_inflight_reads,
@@ -122,6 +121,8 @@ def create_app(
         credentials=app.state.auth_cache,
         disk=app.state.disk,
     )
+    # Inside the metrics middleware, so refused bodies are counted too.
+    app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)
     metrics.install(app)
 
     @app.get("/healthz", tags=["health"])

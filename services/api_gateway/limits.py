@@ -2,7 +2,9 @@
 
 `BodyLimit` is plain ASGI middleware: it refuses a declared `Content-Length` over the limit
 before a byte of the body is read, and counts the bytes of a body sent without one (chunked),
-so no request body larger than the limit is ever held in memory. `read_json_object` is what
+so no request body larger than the limit is ever held in memory. It reads the whole body
+before the request goes on, to the shedding bounds and the handler: a slot in flight is
+taken by a request ready to be worked on, not by a client still sending. `read_json_object` is what
 every endpoint taking a body uses: JSON only (415 otherwise), UTF-8 only, bounded nesting, no
 NUL; each refusal in the error shape of SPEC §2.
 """
@@ -50,19 +52,26 @@ class BodyLimit:
             # The router has its own, larger limit (HETEROFLOW_SERVE_MAX_BODY_BYTES).
             await self.app(scope, receive, send)
             return
+        # The whole body is read here, before the request takes a slot in flight
+        # (shedding.py, inside this one): a client sending slowly holds its own connection
+        # only (its time is bounded by the body deadline, connections.py), not a slot the
+        # other tenants' requests need.
+        chunks: list[bytes] = []
         received = 0
-
-        async def counted() -> Message:
-            nonlocal received
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    # Raised inside the handler reading the body: its error handler answers.
-                    raise BodyTooLarge(self.max_bytes)
-            return message
-
-        await self.app(scope, counted, send)
+            if message["type"] != "http.request":
+                return  # the client has gone: nothing to answer
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_bytes:
+                exc = BodyTooLarge(self.max_bytes)
+                await JSONResponse(_body(exc), exc.http_status)(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
 
     def _refusal(self, scope: Scope) -> DomainError | None:
         if "\x00" in scope.get("path", "") or b"\x00" in unquote_to_bytes(
@@ -78,6 +87,20 @@ class BodyLimit:
                 if int(value) > self.max_bytes:
                     return BodyTooLarge(self.max_bytes)
         return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for the app: the body read, then what the connection says (a disconnect)."""
+    pending = True
+
+    async def replayed() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
 
 
 def _body(exc: DomainError) -> dict[str, Any]:

@@ -6,8 +6,9 @@ that accept on one listening socket: a second core serves requests instead of wa
 the first. With N = 1 (the default) the gateway runs in the calling process as before: in
 `heteroflow up` on the platform's event loop, next to the other services.
 
-HTTP is parsed by httptools (uvicorn's C parser) instead of h11; a worker process, and
-`heteroflow service api-gateway`, also run on uvloop.
+HTTP is parsed by httptools (uvicorn's C parser) instead of h11, in uvicorn's httptools
+protocol with deadlines on a request's headers and body and a cap on open connections
+(connections.py); a worker process, and `heteroflow service api-gateway`, also run on uvloop.
 
 Workers are spawned (not forked: the parent holds connections and threads), each with its
 own connection pool and NATS connection. The parent restarts a worker that dies, stops them
@@ -37,6 +38,14 @@ from libs.config import GatewaySettings
 from libs.logging import configure
 from libs.store.eventstore import EventStore
 from services.api_gateway.app import create_app
+from services.api_gateway.connections import (
+    ACCEPT_BATCH,
+    GatewayConfig,
+    SlowClientLimits,
+    connection_cap,
+    install_accept_errors,
+    relisten,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -52,13 +61,24 @@ class Server(uvicorn.Server):
     def capture_signals(self) -> Generator[None, None, None]:
         yield
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if getattr(self, "servers", None):
+            relisten(self.servers)
+
 
 def server_config(app: object, settings: GatewaySettings) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,  # type: ignore[arg-type]
+    limits = SlowClientLimits(
+        header_timeout_s=settings.client_header_timeout_s,
+        body_timeout_s=settings.client_body_timeout_s,
+        max_connections=connection_cap(settings.max_client_connections),
+    )
+    return GatewayConfig(
+        app,
+        limits=limits,
         host=settings.host,
         port=settings.port,
-        http="httptools",
+        backlog=ACCEPT_BATCH,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=5,
@@ -84,6 +104,7 @@ async def serve_here(
     started: Callable[[], None] = lambda: None,
 ) -> None:
     """One gateway server in this process until `stop`; `started` once it accepts."""
+    install_accept_errors(asyncio.get_running_loop())
     server = Server(server_config(create_app(settings, store, nc), settings))
     task = asyncio.create_task(server.serve(sockets=[sock] if sock else None))
     while not server.started and not task.done():  # uvicorn flags its start, no event
