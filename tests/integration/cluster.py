@@ -71,6 +71,8 @@ class Cluster(TenantCalls):
     url: str = ""
     creds: dict[str, str] = field(default_factory=dict)
     node_keys: dict[str, str] = field(default_factory=dict)
+    # Run in the `up` child before it starts (e.g. a lower open-files limit).
+    preexec: Callable[[], None] | None = None
 
     def start(self, **extra_env: str) -> Cluster:
         port = free_port()
@@ -90,7 +92,11 @@ class Cluster(TenantCalls):
         )
         log = open(self.root / "control.log", "ab")  # noqa: SIM115 - the child owns it
         self.control = subprocess.Popen(
-            [str(BIN), "up"], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [str(BIN), "up"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=self.preexec,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
