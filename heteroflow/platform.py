@@ -54,7 +54,7 @@ from libs.periodic import periodic
 from libs.pidfile import UpLock
 from libs.server_supervisor import HealthCheck, Server, ServerSupervisor
 from libs.service import ServiceContext, ServiceSpec
-from libs.store import tenants
+from libs.store import fencing, tenants
 from libs.store.eventstore import EventStore
 from services.api_gateway import service as gateway_service
 
@@ -141,12 +141,18 @@ class Platform:
 
     async def declare_bus(self) -> None:
         """Streams and the lease bucket, declared as the admin: service and agent users may
-        not administer streams (libs/bus/permissions.py)."""
+        not administer streams (libs/bus/permissions.py). The bucket's revisions (the
+        fencing tokens) are kept above every fence the database holds, as after a lost
+        JetStream store (libs/bus/lease.py `raise_revisions`)."""
+        floor = 0
+        if self.store is not None:
+            async with self.store.pool.connection() as conn:
+                floor = await fencing.newest_of_all(conn)
         nc = await connect(self.nats_url, "heteroflow-up")
         try:
             js = nc.jetstream()
             await ensure_streams(js)
-            await open_lease_bucket(js, lease_ttl_s())
+            await open_lease_bucket(js, lease_ttl_s(), floor=floor)
         finally:
             await nc.drain()
 

@@ -8,6 +8,14 @@ written the key, or the key expired. The revision written at acquisition is the 
 it only grows from one holder to the next, so a store that remembers the highest token it has
 seen can refuse a write from a holder that lost the lease without noticing.
 
+The revisions are the bucket's stream sequence, and a bucket lost with its JetStream store
+starts again at 1 while the store (PostgreSQL's `fences`) remembers the old, higher tokens:
+every new leader would be refused until the revisions climbed past them (days, for an
+installation that ran for weeks). So whoever declares the bucket gives `open_lease_bucket`
+the newest token the store has seen (`floor`), and a bucket whose revisions are behind it is
+moved past it (`raise_revisions`: a purge up to floor + 1, which JetStream answers by starting
+the sequence there). Tokens stay the revisions, and stay monotonic across the loss.
+
 Holder ids must be unique per process (e.g. ``<host>-<pid>-<uuid>``).
 """
 
@@ -41,13 +49,21 @@ _STREAM_NAME_IN_USE = 10058
 
 
 async def open_lease_bucket(
-    js: JetStreamContext, ttl: float, bucket: str = LEASE_BUCKET, replicas: int | None = None
+    js: JetStreamContext,
+    ttl: float,
+    bucket: str = LEASE_BUCKET,
+    replicas: int | None = None,
+    *,
+    floor: int | None = None,
 ) -> KeyValue:
     """The lease bucket, created with `ttl` if absent (`replicas` None = the configured
     HETEROFLOW_NATS_REPLICAS), waiting while JetStream is not ready (`when_jetstream_answers`).
 
     The TTL belongs to the bucket, so every lease in one bucket lasts as long; when the bucket
     exists with another TTL it is used as it is, and that TTL is logged.
+
+    `floor`, the newest fencing token the store has seen for any lease of the bucket (the
+    declarer's, who may purge): the next revision is made greater (`raise_revisions`).
     """
 
     async def opened() -> KeyValue:
@@ -56,22 +72,44 @@ async def open_lease_bucket(
             # declares the bucket before the services start.
             kv = await js.key_value(bucket)
         except BucketNotFoundError:
-            try:
-                return await js.create_key_value(
-                    bucket=bucket, ttl=ttl, history=1, replicas=replicas or configured_replicas()
-                )
-            except BadRequestError as exc:
-                if exc.err_code != _STREAM_NAME_IN_USE:
-                    raise
-            kv = await js.key_value(bucket)
+            kv = await created()
         status = await kv.status()
         if status.ttl is not None and abs(status.ttl - ttl) > 1e-3:
             log.warning(
                 "lease_bucket_ttl_differs", bucket=bucket, wanted_s=ttl, actual_s=status.ttl
             )
+        if floor:
+            await raise_revisions(js, bucket, floor)
         return kv
 
+    async def created() -> KeyValue:
+        try:
+            return await js.create_key_value(
+                bucket=bucket, ttl=ttl, history=1, replicas=replicas or configured_replicas()
+            )
+        except BadRequestError as exc:
+            if exc.err_code != _STREAM_NAME_IN_USE:
+                raise
+        return await js.key_value(bucket)
+
     return await when_jetstream_answers(f"lease bucket {bucket}", opened)
+
+
+async def raise_revisions(js: JetStreamContext, bucket: str, floor: int) -> bool:
+    """Make the next revision of `bucket` greater than `floor`; True when it had to move.
+
+    A bucket behind the floor was lost and made again: every lease in it was written at a
+    revision no greater than the floor, so its holder's writes are refused by the store
+    already, and purging it (up to floor + 1: JetStream then starts the sequence there) costs
+    the holders one election, each won at a token above every fence.
+    """
+    stream = f"KV_{bucket}"
+    last = (await js.stream_info(stream)).state.last_seq
+    if last >= floor:
+        return False
+    await js.purge_stream(stream, seq=floor + 1)
+    log.warning("lease_bucket_raised", bucket=bucket, last_revision=last, next_revision=floor + 1)
+    return True
 
 
 class LeaseLike(Protocol):

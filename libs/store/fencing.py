@@ -32,6 +32,7 @@ RETURNING token
 """
 
 READ_FENCE = "SELECT token FROM fences WHERE lease = %s"
+READ_NEWEST = "SELECT max(token) FROM fences"
 
 
 @dataclass(frozen=True)
@@ -75,3 +76,12 @@ async def newest_token(conn: AsyncConnection[Any], lease: str) -> int | None:
     cur = await conn.execute(READ_FENCE, (lease,))
     row = await cur.fetchone()
     return int(row[0]) if row else None
+
+
+async def newest_of_all(conn: AsyncConnection[Any]) -> int:
+    """The greatest token of any lease (0: none yet): the floor below which a lease bucket's
+    revisions must not restart (libs/bus/lease.py `raise_revisions`), since every lease of
+    the platform lives in one bucket whose revisions it shares."""
+    cur = await conn.execute(READ_NEWEST)
+    row = await cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0

@@ -20,6 +20,7 @@ from libs.bus.nats import connect
 from libs.domain.errors import Fenced
 from libs.domain.task.model import TaskSpec, TenantId
 from libs.domain.task.states import TaskStatus
+from libs.store import fencing
 from libs.store.eventstore import EventStore
 from libs.store.fenced import FencedWriter
 from libs.store.fencing import Fence
@@ -123,3 +124,63 @@ async def test_the_store_keeps_the_greatest_token_per_lease(store: EventStore) -
     await store.claim_fence(Fence("node-monitor", 12))
     with pytest.raises(Fenced):
         await store.claim_fence(Fence("node-monitor", 10))
+
+
+async def test_a_lost_lease_bucket_goes_on_above_the_fences_and_the_old_leader_stays_refused(
+    nc: Client, store: EventStore, database_url: str
+) -> None:
+    """The bucket (with its JetStream store) lost and declared again: its revisions start at
+    1, while the store remembers the old leader's token. Declared with the store's newest
+    fence as the floor (as `heteroflow up` declares it), the next leader's token is above
+    it, its claim is accepted, and the old leader's writes are still refused."""
+    js = nc.jetstream()
+    bucket = "hf_leases_" + uuid.uuid4().hex[:8]
+    spec = TaskSpec.model_validate({"name": "t", "image": "busybox"})
+    (task,) = await store.create_tasks([(TenantId("acme"), spec, None, None)])
+
+    # A long-running installation: the old leader won its term at a high revision (the
+    # bucket raised to stand in for the terms and renewals before it).
+    kv = await open_lease_bucket(js, TTL, bucket=bucket, floor=4999)
+    old = Lease(kv, "scheduler", "old", TTL)
+    assert await old.acquire() and old.fencing_token == 5000
+    old_fence = Fence("scheduler", old.fencing_token)
+    await store.claim_fence(old_fence)
+
+    # The store is lost: made again without the floor, the bucket starts at 1 and a new
+    # leader is refused (what the platform did before it declared the floor).
+    await js.delete_key_value(bucket)
+    kv = await open_lease_bucket(js, TTL, bucket=bucket)
+    stale = Lease(kv, "scheduler", "new", TTL)
+    assert await stale.acquire() and stale.fencing_token == 1
+    with pytest.raises(Fenced):
+        await store.claim_fence(Fence("scheduler", stale.fencing_token))
+
+    # Declared again with the floor: the bucket moves past it, and its leases with it.
+    async with store.pool.connection() as conn:
+        floor = await fencing.newest_of_all(conn)
+    assert floor == 5000
+    kv = await open_lease_bucket(js, TTL, bucket=bucket, floor=floor)
+    assert not await stale.renew(), "a lease of the bucket behind the floor is gone"
+    new = Lease(kv, "scheduler", "new", TTL)
+    assert await new.acquire() and new.fencing_token is not None
+    assert new.fencing_token > old.fencing_token
+    new_fence = Fence("scheduler", new.fencing_token)
+    await store.claim_fence(new_fence)
+
+    # The old leader, not knowing, writes: refused, nothing written.
+    placer_old = Placer(store, lambda: datetime.now(UTC), writer=FencedWriter(store, old_fence))
+    before = table_counts(database_url)
+    with pytest.raises(Fenced) as refused:
+        await placer_old.commit(Plan(placements=(Placement(task.id, "n1"),)), {})
+    assert (refused.value.token, refused.value.newest) == (5000, new.fencing_token)
+    assert table_counts(database_url) == before
+
+    # The new leader's write goes through; the bucket is already above the floor, so
+    # declaring it again (every start of `up`) leaves it and its leases alone.
+    placer_new = Placer(store, lambda: datetime.now(UTC), writer=FencedWriter(store, new_fence))
+    placed = await placer_new.commit(Plan(placements=(Placement(task.id, "n2"),)), {})
+    assert placed.placements == [task.id]
+    kv = await open_lease_bucket(js, TTL, bucket=bucket, floor=new.fencing_token)
+    assert await new.renew()
+    await new.release()
+    await js.delete_key_value(bucket)
