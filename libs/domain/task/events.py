@@ -111,12 +111,25 @@ class TaskPendingReason(ReasonedPayload):
 
 
 class TaskDrainMarked(ReasonedPayload):
-    """A rollout marked an old-generation replica to drain: the router sends it nothing new."""
+    """A rollout (an old-generation replica) or a scale-down (a replica it removes) marked a
+    replica to drain: the router sends it nothing new."""
 
     type: ClassVar[str] = "task_drain_marked"
     stream_type: ClassVar[str] = "task"
 
     task_id: TaskId
+
+
+class TaskRankMoved(ReasonedPayload):
+    """A scale-down of a `split` group gave a kept replica the rank of one it removes (and
+    that one the kept one's), so the members it keeps are still ranks `0..size-1`."""
+
+    type: ClassVar[str] = "task_rank_moved"
+    stream_type: ClassVar[str] = "task"
+
+    task_id: TaskId
+    from_rank: int
+    to_rank: int
 
 
 class TaskDeleted(Payload):
@@ -135,5 +148,6 @@ register(
     TaskConfigUpdated,
     TaskPendingReason,
     TaskDrainMarked,
+    TaskRankMoved,
     TaskDeleted,
 )

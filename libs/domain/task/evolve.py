@@ -14,6 +14,7 @@ from libs.domain.task.events import (
     TaskDeleted,
     TaskDrainMarked,
     TaskPendingReason,
+    TaskRankMoved,
     TaskRetryDecided,
     TaskStatusChanged,
 )
@@ -75,6 +76,8 @@ def evolve_task(task: Task | None, event: Payload, at: datetime, version: int) -
         changes.update(pending_reason=event.reason, pending_reason_code=event.reason_code)
     elif isinstance(event, TaskDrainMarked):
         changes["draining"] = True
+    elif isinstance(event, TaskRankMoved):
+        changes["rank"] = event.to_rank
     elif isinstance(event, TaskDeleted):
         changes["deleted_at"] = at
     elif isinstance(event, TaskRetryDecided):
