@@ -116,6 +116,18 @@ async def with_auto_scale(store: EventStore) -> list[Group]:
     return _groups(found)
 
 
+async def scalable(store: EventStore) -> list[Group]:
+    """Live groups that were ever scaled or carry `auto_scale` (the AutoScaler's reconcile
+    pass: members beyond the size still live, drains to end)."""
+    found = await rows(
+        store,
+        "SELECT doc FROM groups WHERE deleted_at IS NULL"
+        " AND (jsonb_typeof(doc->'replicas') = 'number'"
+        " OR jsonb_typeof(doc->'spec'->'auto_scale') = 'object') ORDER BY id",
+    )
+    return _groups(found)
+
+
 async def with_active_rollout(store: EventStore, phases: Collection[str]) -> list[Group]:
     """Live groups whose rollout is in one of `phases` (the rollout controller's scan)."""
     found = await rows(

@@ -1,8 +1,9 @@
 """What the serving routers say, as heard on the bus: the latest figures of each (serving
 target, gateway process), each forgotten past a maximum age, so a gateway that stopped
 publishing no longer counts. The AutoScaler reads request figures from it, the idle-sleep
-controller how long each target has been idle, the rollout controller whether a draining
-replica still has requests in flight. Pure; the clock is injected.
+controller how long each target has been idle, the rollout controller and the AutoScaler
+whether a draining replica still has requests in flight, and which replica of a `split`
+group is the least busy. Pure; the clock is injected.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ class RouterFigures:
         router has reported the target)."""
         at = self._activity.get(target_id)
         return None if at is None else max(0.0, self.clock() - at)
+
+    def outstanding(self, target_id: str) -> dict[str, int]:
+        """Requests in flight per replica of `target_id`, summed over the fresh routers (a
+        scale-down of a `split` group sheds the least busy)."""
+        total: dict[str, int] = {}
+        for m in self.samples(target_id):
+            for task_id, n in m.outstanding.items():
+                total[task_id] = total.get(task_id, 0) + n
+        return total
 
     def drained(self, target_id: str, task_id: str) -> bool:
         """Every gateway that reported `target_id` lately knows `task_id` is draining (so

@@ -71,12 +71,17 @@ def decide_scale(
     code: ReasonCode = ReasonCode.USER_SCALE,
     reason: str = "",
     revive: bool = False,
+    removed: Sequence[str] | None = None,
 ) -> ScalePlan:
     """Scale to `replicas`: new ranks `size..replicas-1`, or stop the ranks at and above
     `replicas`. Same size → an empty plan (nothing is written).
 
     `revive` (the AutoScaler's scale from zero): ranks below both sizes whose member has
-    ended get a new task too, so a group whose every replica was stopped comes back."""
+    ended get a new task too, so a group whose every replica was stopped comes back.
+    `removed`: the members the scale-down sheds when the caller chose them (a `split`
+    group's least busy, libs/domain/group/shedding.py), for the event; else the ranks at
+    and above `replicas`. A member marked draining counts as leaving: a scale back up gives
+    its rank a new task."""
     check_scalable(group)
     old = group.size
     members = current_members(tasks)
@@ -85,7 +90,10 @@ def decide_scale(
     plan.new_ranks = [
         r
         for r in range(0 if revive else old, replicas)
-        if r not in by_rank or not is_live(by_rank[r]) or by_rank[r].status in _LEAVING
+        if r not in by_rank
+        or not is_live(by_rank[r])
+        or by_rank[r].status in _LEAVING
+        or by_rank[r].draining
     ]
     if replicas == old and not plan.new_ranks:
         return ScalePlan()
@@ -101,7 +109,7 @@ def decide_scale(
         to_replicas=replicas,
         source=source,
         added_ranks=tuple(plan.new_ranks),
-        removed_task_ids=tuple(m.id for m in plan.stop),
+        removed_task_ids=tuple(m.id for m in plan.stop) if removed is None else tuple(removed),
         reason_code=code,
         reason=reason or f"{source} scale {old} → {replicas}",
     )

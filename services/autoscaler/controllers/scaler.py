@@ -1,14 +1,21 @@
 """The AutoScaler: leader-only, every `interval_s` (30 s by default), each group with
 `auto_scale` (docs/autoscaling.md).
 
-One pass per group: end replicas draining past the limit, read the metric (the router's
-figures from the bus, or the mean NVML utilisation of the group's cards from the telemetry
-store), ask `decide_autoscale` (pure) what to do, keep a scale-down off young replicas (and
-off rank 0 outside `split`), then write through the term's writer (every write under its
-fence): the decision event and, for a change, the `group_scaled` event and the new members
-in one transaction (the same `decide_scale` manual scale uses); removed members are stopped
-right after. A decision identical to the group's last recorded one is not written again (a
-steady group's stream does not grow every pass); the decisions counter counts every one.
+One pass per group: read the metric (the router's figures from the bus, or the mean NVML
+utilisation of the group's cards from the telemetry store), ask `decide_autoscale` (pure)
+what to do, keep a scale-down off young replicas (and off rank 0 outside `split`), then
+write through the term's writer (every write under its fence): the decision event and, for a
+change, the `group_scaled` event and the new members in one transaction (the same
+`decide_scale` manual scale uses). A decision identical to the group's last recorded one is
+not written again (a steady group's stream does not grow every pass); the decisions counter
+counts every one.
+
+Then the reconcile pass, over every group ever scaled (by hand too): members beyond the
+group's size still live are shed (libs/domain/group/shedding.py: a `split` group's least
+busy by the routers' outstanding requests, marked draining), and draining replicas are
+stopped once no router has a request in flight on them, or past the drain limit. A scale-down
+and the stops are two writes; a crash between them leaves live members beyond the size, and
+this pass finishes the job.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from libs.domain.group.autoscale import (
     Metric,
     Replica,
     Why,
+    choose_removals,
     decide_autoscale,
     metric_value,
     overdue_drains,
@@ -39,6 +47,7 @@ from libs.domain.group.model import Group, GroupStatus, Parallelism, current_mem
 from libs.domain.group.policy import decided
 from libs.domain.group.router_figures import RouterFigures
 from libs.domain.group.scaling import ScalePlan, decide_scale
+from libs.domain.group.shedding import candidates, plan_shed, shed_commands
 from libs.domain.group.window_control import window_in_force
 from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
@@ -96,7 +105,54 @@ class AutoScaler(Controller):
         done = await for_each(
             groups, lambda g: self.evaluate_group(g, now, out), "autoscale_failed"
         )
+        await self.reconcile(out, now)
         return {group.id: decision for group, decision in done}
+
+    async def reconcile(self, out: FencedWriter, now: datetime) -> None:
+        """Shed the members beyond each scaled group's size, end the drains that are done."""
+        groups = await group_rows.scalable(self.store)
+        await for_each(
+            groups, lambda g: self.reconcile_group(g, now, out), "scale_down_reconcile_failed"
+        )
+
+    async def reconcile_group(self, group: Group, now: datetime, out: FencedWriter) -> None:
+        tasks = await task_rows.of_group(self.store, group.id, include_deleted=False)
+        # Draining replicas are often remnants (a rollout's old generation): look at all.
+        draining = [self._replica(t, now) for t in tasks if is_live(t) and _draining(t)]
+        await self._end_drains(overdue_drains(draining, self.drain_limit_s), out)
+        if group.spec.static_world or (group.rollout and group.rollout.phase in ROLLING):
+            return  # a fixed world; or a rolling update, whose controller owns the replicas
+        idle = [
+            r.task_id
+            for r in draining
+            if r.draining_for_s is not None
+            and r.draining_for_s <= self.drain_limit_s
+            and self.book.drained(group.id, r.task_id)
+        ]
+        await self._end_drains(
+            idle, out, "drained: no router has a request in flight on it", ReasonCode.SCALED_DOWN
+        )
+        split = group.spec.shape.parallelism is Parallelism.SPLIT
+        shed = plan_shed(
+            candidates(tasks, now),
+            group.size,
+            split=split,
+            min_age_s=self.min_replica_age_s,
+            outstanding=self.book.outstanding(group.id),
+        )
+        if shed.empty:
+            return
+        done, _ = await out.execute_batch(
+            shed_commands(shed, Actor.CONTROLLER, "removed by a scale-down"), metadata=META
+        )
+        log.info(
+            "scale_down_shed",
+            group_id=group.id,
+            draining=sorted(shed.drain),
+            stopped=sorted(shed.stop),
+            moved=[f"{tid}:{a}->{b}" for tid, a, b in shed.moves],
+            written=sorted(done),
+        )
 
     async def evaluate_group(self, group: Group, now: datetime, out: FencedWriter) -> Decision:
         cfg = group.spec.auto_scale
@@ -107,10 +163,8 @@ class AutoScaler(Controller):
             for m in current_members(tasks)
             if m.rank is not None and m.rank < group.size and is_live(m)
         ]
-        # Draining replicas are often remnants (a rollout's old generation): look at all.
-        draining = [self._replica(t, now) for t in tasks if is_live(t) and _draining(t)]
-        await self._end_drains(overdue_drains(draining, self.drain_limit_s), out)
-        replicas = [self._replica(m, now) for m in live]
+        outstanding = self.book.outstanding(group.id)
+        replicas = [self._replica(m, now, outstanding) for m in live]
         current = group.size if live else 0
         value = await self._metric(group, cfg.metric, live, current, now)
         decision = decide_autoscale(cfg, await self._inputs(group, current, value, now))
@@ -127,13 +181,16 @@ class AutoScaler(Controller):
             )
         return decision
 
-    def _replica(self, m: Task, now: datetime) -> Replica:
+    def _replica(
+        self, m: Task, now: datetime, outstanding: dict[str, int] | None = None
+    ) -> Replica:
         # A draining mark or status is the task's last change: `updated_at` dates it.
         since_update = (now - m.updated_at).total_seconds()
         return Replica(
             task_id=m.id,
             rank=m.rank or 0,
             age_s=(now - m.created_at).total_seconds(),
+            connections=(outstanding or {}).get(m.id, 0),
             draining_for_s=since_update if _draining(m) else None,
         )
 
@@ -172,11 +229,21 @@ class AutoScaler(Controller):
         )
 
     def _keep_safe(self, group: Group, d: Decision, replicas: Sequence[Replica]) -> Decision:
-        """A scale-down never removes a young replica, nor rank 0 outside `split`."""
+        """A scale-down never removes a young replica, nor rank 0 outside `split`; a `split`
+        group sheds any old enough replica (the least busy, by the reconcile pass), others
+        their highest ranks."""
         if not d.changes or d.replicas > d.current:
             return d
         split = group.spec.shape.parallelism is Parallelism.SPLIT
-        size = safe_scale_down(replicas, d.replicas, split=split, min_age_s=self.min_replica_age_s)
+        if split:
+            gone = choose_removals(
+                replicas, d.current - d.replicas, split=True, min_age_s=self.min_replica_age_s
+            )
+            size = d.current - len(gone)
+        else:
+            size = safe_scale_down(
+                replicas, d.replicas, split=False, min_age_s=self.min_replica_age_s
+            )
         if size >= d.current:
             why = Why.AT_TARGET if d.current == 1 and not split else Why.YOUNG_REPLICAS
             return Decision(why, d.current, d.computed, d.current)
@@ -196,6 +263,14 @@ class AutoScaler(Controller):
             return  # the same "no change" as last time: not recorded again
         event = decided(group.id, cfg.metric, value, d)
         plan = ScalePlan()
+        split = group.spec.shape.parallelism is Parallelism.SPLIT
+        shed = plan_shed(
+            candidates(tasks, self.clock()),
+            d.replicas,
+            split=split,
+            min_age_s=self.min_replica_age_s,
+            outstanding=self.book.outstanding(group.id),
+        )
 
         def decide(current: Group | None) -> tuple[list[Payload], list[NewTask]]:
             nonlocal plan
@@ -211,40 +286,36 @@ class AutoScaler(Controller):
                     code=ReasonCode.AUTOSCALE,
                     reason=event.reason,
                     revive=d.why is Why.SCALE_FROM_ZERO,
+                    removed=shed.removed if split and d.replicas < d.current else None,
                 )
             if plan.event is not None:
                 events.append(plan.event)
             return events, list(plan.new_members(current))
 
+        # The members it removes are shed by the reconcile pass that follows (drained first).
         await out.execute_with_tasks(GROUPS, group.id, decide, metadata=META)
-        if plan.stop:
-            await out.execute_batch(
-                {m.id: _stopper(f"rank {m.rank} removed by the AutoScaler") for m in plan.stop},
-                metadata=META,
-            )
 
-    async def _end_drains(self, overdue: list[str], out: FencedWriter) -> None:
-        if not overdue:
+    async def _end_drains(
+        self,
+        ended: list[str],
+        out: FencedWriter,
+        why: str = "",
+        code: ReasonCode = ReasonCode.AUTOSCALE,
+    ) -> None:
+        if not ended:
             return
-        why = f"draining for more than {self.drain_limit_s:g} s: ended by the AutoScaler"
+        why = why or f"draining for more than {self.drain_limit_s:g} s: ended by the AutoScaler"
         done, _ = await out.execute_batch(
-            {tid: _drain_ender(why) for tid in overdue}, metadata=META
+            {tid: _drain_ender(why, code) for tid in ended}, metadata=META
         )
-        log.info("autoscale_drains_ended", tasks=sorted(done))
+        log.info("autoscale_drains_ended", tasks=sorted(done), why=why)
 
 
 def _draining(t: Task) -> bool:
     return t.draining or t.status is S.DRAINING
 
 
-def _stopper(why: str) -> commands.Decide:
-    def decide(t: Task) -> list[Any]:
-        return list(commands.decide_stop(t, Actor.CONTROLLER, ReasonCode.SCALED_DOWN, why))
-
-    return decide
-
-
-def _drain_ender(why: str) -> commands.Decide:
+def _drain_ender(why: str, code: ReasonCode = ReasonCode.AUTOSCALE) -> commands.Decide:
     """A `draining` task is cancelled (as rolled-out replicas end); a running one marked
     draining is stopped."""
 
@@ -256,10 +327,10 @@ def _drain_ender(why: str) -> commands.Decide:
                     S.CANCELLED,
                     actor=Actor.CONTROLLER,
                     expected_status=S.DRAINING,
-                    reason_code=ReasonCode.AUTOSCALE,
+                    reason_code=code,
                     reason=why,
                 )
             )
-        return list(commands.decide_stop(t, Actor.CONTROLLER, ReasonCode.AUTOSCALE, why))
+        return list(commands.decide_stop(t, Actor.CONTROLLER, code, why))
 
     return decide
