@@ -131,9 +131,9 @@ def create_app(
 
     @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
-        """Ready when every dependency answers; each is named with its state. In `up`'s
-        one-process mode the process's reports count too: `jetstream_writes` (its write
-        probe) and `relay` (its last round), each "ok" or why not (libs/health.py)."""
+        """Ready when every dependency answers; each is named with its state: "ok" or why
+        not (`postgres`, `nats`, `disk_space`; in `up`'s one-process mode also
+        `jetstream_writes`, its write probe, and `relay`, its last round)."""
         checks = {"postgres": await _postgres(app.state.store)}
         if app.state.nc is not None:
             checks["nats"] = "ok" if app.state.nc.is_connected else "not connected"
