@@ -93,6 +93,12 @@ class WriteProbe:
         return cause
 
     async def _write(self) -> str | None:
+        cause = await self._publish()
+        if cause is not None:
+            self._declared = False  # declared again next time: the stream may have gone
+        return cause
+
+    async def _publish(self) -> str | None:
         try:
             if not self._declared:
                 await asyncio.wait_for(self._declare(), self.timeout_s)
@@ -100,7 +106,6 @@ class WriteProbe:
                 self.subject, self._payload, timeout=self.timeout_s, stream=HEALTH_STREAM
             )
         except NotFoundError:
-            self._declared = False  # the stream went away (a lost store): declare it again
             return f"stream {HEALTH_STREAM} not found"
         except APIError as exc:
             return f"JetStream refused a write: {exc.description or exc} (code {exc.err_code})"
