@@ -168,6 +168,11 @@ class GatewaySettings(CommonSettings):
     serve_upstream_timeout_s: float = Field(
         default=300.0, gt=0, description="read timeout of a proxied request"
     )
+    serve_first_byte_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="how long a replica may take to start its answer once it has the request; 504",
+    )
     serve_window_s: float = Field(
         default=60.0, gt=0, description="sliding window of the router's requests/s and p95"
     )

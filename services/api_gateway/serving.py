@@ -377,7 +377,9 @@ class ServingRouter:
             deadline = self.clock() + wait_s
             while (replica := pick(t.replicas.values(), exclude)) is None:
                 if any(m.status is S.SLEEPING for m in t.members) and not t.waking:
-                    await self.wake(t)
+                    # Shielded: a client that leaves (its request cancelled) must not cut
+                    # the wake short and leave `waking` set on a target nobody wakes.
+                    await asyncio.shield(self.wake(t))
                 left = deadline - self.clock()
                 if left <= 0:
                     raise ServeUnavailable(
