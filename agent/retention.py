@@ -3,7 +3,10 @@
 Once an attempt's exit is reported (exit code and output tail are in the report), what the
 runtime still holds of it (the process runtime's task directory, the docker runtime's exited
 container) serves only `GET /tasks/{id}/logs`. The agent keeps the newest `keep` of them, none
-older than `keep_s`, and removes the rest through the runtime's `remove`.
+older than `keep_s`, and removes the rest through the runtime's `remove`. The window is in
+the order the attempts finished, whatever order they are handed in: attempts re-adopted after
+a restart come in the order the runtime lists them (docker: newest first), and the newest must
+not be the first to go.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ class Retention:
         keep: int,
         keep_s: float,
         enabled: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`keep`: finished attempts kept; `keep_s`: the longest one is kept (0 = no age
         limit); `enabled` False keeps everything (removal is the operator's business)."""
@@ -48,11 +51,17 @@ class Retention:
         """The newest kept attempt of `task_id`."""
         return self._latest.get(task_id)
 
-    async def finished(self, handle: Handle) -> None:
-        """Record an attempt whose exit has been reported; remove what falls out of the window."""
+    async def finished(self, handle: Handle, at: float | None = None) -> None:
+        """Record an attempt whose exit has been reported, finished at `at` (wall time;
+        default now); remove what falls out of the window."""
         key = (handle.task_id, handle.attempt)
         self._kept.pop(key, None)
-        self._kept[key] = (handle, self.clock())
+        at = self.clock() if at is None else min(at, self.clock())
+        last = next(reversed(self._kept.values()), None)
+        self._kept[key] = (handle, at)
+        if last is not None and at < last[1]:
+            # Finished before one already kept (re-adopted): put it in its place.
+            self._kept = OrderedDict(sorted(self._kept.items(), key=lambda kv: kv[1][1]))
         latest = self._latest.get(handle.task_id)
         if latest is None or latest.attempt <= handle.attempt:
             self._latest[handle.task_id] = handle
@@ -69,7 +78,7 @@ class Retention:
             if i < over or (horizon is not None and at <= horizon):
                 out.append(handle)
             else:
-                break  # insertion order is finishing order: the rest are newer
+                break  # kept in finishing order: the rest are newer
         return out
 
     async def prune(self) -> None:

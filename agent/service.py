@@ -4,7 +4,8 @@ It consumes only its own command subject (`hf.node.<id>.cmd`) through a durable 
 publishes reports on `hf.node.<id>.report` (JetStream, acknowledged) and heartbeats on
 `hf.node.<id>.heartbeat` (core NATS: a lost beat is just a missed beat), and answers log
 requests on `hf.node.<id>.logs`. Restarted, it re-adopts the containers it started (by label)
-instead of restarting them.
+instead of restarting them. Each attempt runs at most once here: a START for an attempt this
+node already started or ended is answered from its durable record (agent/attempts.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from libs.domain.telemetry import TelemetryBatch
 from libs.installation import installation_id
 from libs.periodic import periodic
 
+from .attempts import AttemptRecord
 from .engine import put_to_sleep, vram_held_mb, wake_from_sleep
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
 from .launch import engine_profile, run_spec
@@ -84,6 +86,9 @@ class Agent:
             keep_s=self.settings.finished_keep_s,
             enabled=self.settings.remove_finished,
         )
+        self.attempts = AttemptRecord(
+            self.settings.resolved_state_dir(), keep_s=self.settings.attempt_record_keep_s
+        )
 
     @property
     def node_id(self) -> str:
@@ -108,6 +113,7 @@ class Agent:
                 self._liveness(stop),
                 self._telemetry(stop),
                 self._retention(stop),
+                self._attempt_record(stop),
                 self.reporter.run(stop),
                 serve(self.nc, [mine], stop),
             )
@@ -122,6 +128,18 @@ class Agent:
         if keep_s <= 0 or not self.settings.remove_finished:
             return
         await periodic("retention", self.retention.prune, stop, min(60.0, max(1.0, keep_s / 10)))
+
+    async def _attempt_record(self, stop: asyncio.Event) -> None:
+        """Forget attempts that ended long ago (agent/attempts.py); never a tracked one."""
+        keep_s = self.settings.attempt_record_keep_s
+        if keep_s <= 0:
+            return
+
+        async def prune() -> None:
+            live = {(t.handle.task_id, t.handle.attempt) for t in self.tracked.values()}
+            await asyncio.to_thread(self.attempts.prune, live.__contains__)
+
+        await periodic("attempt_record", prune, stop, min(3600.0, max(1.0, keep_s / 10)))
 
     async def register(self) -> None:
         reg = Registration(
@@ -158,6 +176,12 @@ class Agent:
                 state = await self.runtime.inspect(handle)
                 if state.value == "missing":
                     continue
+                # Recorded before anything is reported: a START redelivered for it later
+                # is answered from the record once it has ended and been removed.
+                try:
+                    await asyncio.to_thread(self.attempts.started, handle.task_id, handle.attempt)
+                except OSError:  # it runs already: adopted all the same
+                    log.exception("attempt_not_recorded", task_id=handle.task_id)
                 self.tracked[handle.task_id] = Tracked(handle, S.RUNNING)
                 log.info("container_readopted", task_id=handle.task_id, state=state.value)
                 self.report(handle, Fact.RUNNING, S.RUNNING)  # sent once the reporter runs
@@ -242,6 +266,9 @@ class Agent:
             # declared offline: it already runs, so say so (a `running` task ignores it).
             await self.report(known.handle, Fact.RUNNING, S.SCHEDULED)
             return
+        if self.attempts.get(cmd.task_id, cmd.attempt) is not None:
+            await self._answer_from_record(cmd)
+            return
         run, timeout = run_spec(
             cmd, self.inventory, self.node_id, self.settings.address, self.runtime.name
         )
@@ -258,10 +285,11 @@ class Agent:
                 raise RuntimeStartError(ErrorKind.INVALID_CONFIG, f"refused by the node: {why}")
             handle = await self.runtime.start(run)
         except RuntimeStartError as exc:
-            await self.report(
+            await self._final(
                 pseudo, Fact.START_FAILED, S.STARTING, error_kind=exc.kind, error=exc.message
             )
             return
+        await self._record_started(handle)
         self.tracked[cmd.task_id] = Tracked(
             handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids
         )
@@ -282,6 +310,53 @@ class Agent:
         # The command is acknowledged once its reports are on the stream: a crash before
         # that redelivers it, and the runtime's idempotent start finds the process.
         await running
+
+    async def _record_started(self, handle: Handle) -> None:
+        """Durably note an attempt the runtime now holds. Until its end is recorded, what
+        the runtime holds of it answers a START (the runtime's idempotent start, or
+        `_answer_from_record`); noted only after the start, an attempt recorded but absent
+        from the runtime was removed by someone else: it ran, and is reported lost."""
+        try:
+            await asyncio.to_thread(self.attempts.started, handle.task_id, handle.attempt)
+        except OSError:  # it runs: the runtime's own guard still covers it
+            log.exception("attempt_not_recorded", task_id=handle.task_id)
+
+    async def _answer_from_record(self, cmd: NodeCommand) -> None:
+        """A START for an attempt this node already started: never run again. Ended, its
+        final report is sent again; still held by the runtime, it is adopted; else what it
+        left was removed by someone else (the agent removes only recorded ends): it is
+        reported lost, its outcome unknown, and the retry policy decides."""
+        entry = self.attempts.get(cmd.task_id, cmd.attempt)
+        assert entry is not None
+        recorded = entry.report.fact.value if entry.report else "started"
+        log.info(
+            "start_answered_from_record",
+            task_id=cmd.task_id,
+            attempt=cmd.attempt,
+            recorded=recorded,
+        )
+        if entry.report is not None:
+            await self._send(entry.report.model_copy(update={"at": _now()}))
+            return
+        found = [
+            h
+            for h in await self.runtime.list_managed()
+            if (h.task_id, h.attempt) == (cmd.task_id, cmd.attempt)
+        ]
+        if found and (await self.runtime.inspect(found[0])).value != "missing":
+            self.tracked[cmd.task_id] = Tracked(found[0], S.RUNNING)
+            self._watch(cmd.task_id)
+            await self.report(found[0], Fact.RUNNING, S.SCHEDULED)
+            return
+        log.warning("recorded_attempt_lost", task_id=cmd.task_id, attempt=cmd.attempt)
+        pseudo = Handle(runtime=self.runtime.name, id="", task_id=cmd.task_id, attempt=cmd.attempt)
+        await self._final(
+            pseudo,
+            Fact.LOST,
+            S.STARTING,
+            error_kind=ErrorKind.CONTAINER_RUNTIME_ERROR,
+            error="the attempt ran on this node and its container or task directory is gone",
+        )
 
     async def _endpoint(self, handle: Handle, run: RunSpec) -> str:
         try:
@@ -312,11 +387,12 @@ class Agent:
         except Exception as exc:
             log.exception("wait_failed", task_id=task_id)
             result = ExitReport(exit_code=None, error=f"ContainerRuntimeError: {exc}")
-        self.tracked.pop(task_id, None)
-        await self._report_exit(tracked, result)
-        await self.retention.finished(tracked.handle)
+        if await self._report_exit(task_id, tracked, result):
+            await self.retention.finished(tracked.handle, result.finished_at.timestamp())
+        # else its end is not recorded: what the runtime keeps of it answers a START instead
 
-    async def _report_exit(self, tracked: Tracked, result: ExitReport) -> None:
+    async def _report_exit(self, task_id: str, tracked: Tracked, result: ExitReport) -> bool:
+        """Report the exit; whether its end was recorded."""
         kind, _, detail = (result.error or "").partition(": ")
         extra: dict[str, Any] = {}
         if tracked.timed_out:
@@ -325,10 +401,11 @@ class Agent:
             extra = {"error_kind": known, "error": detail or kind}
         elif result.error:
             extra = {"error": result.error}  # a cause that names no kind: kept as text
-        await self.report(
+        return await self._final(
             tracked.handle,
             Fact.EXITED,
             tracked.expected,
+            untrack=task_id,
             exit_code=result.exit_code,
             oom_killed=result.oom_killed,
             output_tail=result.output_tail[-50:],
@@ -386,7 +463,34 @@ class Agent:
         self, handle: Handle, fact: Fact, expected: TaskStatus, **fields: Any
     ) -> asyncio.Future[None]:
         """Queue a report; the future resolves when the stream has it (see reporter.py)."""
-        rep = AgentReport(
+        return self._send(self._make(handle, fact, expected, **fields))
+
+    async def _final(
+        self,
+        handle: Handle,
+        fact: Fact,
+        expected: TaskStatus,
+        *,
+        untrack: str | None = None,
+        **fields: Any,
+    ) -> bool:
+        """An attempt's last report: recorded before it is sent, and before the attempt is
+        no longer tracked (`untrack`), so a START is always answered by one or the other.
+        Whether the record has it."""
+        rep = self._make(handle, fact, expected, **fields)
+        recorded = True
+        try:
+            await asyncio.to_thread(self.attempts.ended, rep)
+        except OSError:
+            log.exception("attempt_end_not_recorded", task_id=handle.task_id)
+            recorded = False
+        if untrack is not None:
+            self.tracked.pop(untrack, None)
+        await self._send(rep)
+        return recorded
+
+    def _make(self, handle: Handle, fact: Fact, expected: TaskStatus, **fields: Any) -> AgentReport:
+        return AgentReport(
             node_id=self.node_id,
             task_id=handle.task_id,
             attempt=handle.attempt,
@@ -396,6 +500,8 @@ class Agent:
             at=_now(),
             **fields,
         )
+
+    def _send(self, rep: AgentReport) -> asyncio.Future[None]:
         return self.reporter.put(node_report_subject(self.node_id), rep.model_dump_json().encode())
 
     def _handle_for(self, task_id: str) -> Handle | None:

@@ -81,6 +81,13 @@ class AgentSettings(CommonSettings):
     finished_keep_s: float = Field(
         default=3600.0, ge=0, description="and none kept longer than this; 0 = no age limit"
     )
+    attempt_record_keep_s: float = Field(
+        default=2 * 86400.0,
+        ge=0,
+        description="how long the record of an ended attempt is kept (agent/attempts.py: a "
+        "START redelivered for it is answered from the record, not run again); longer than "
+        "a command waits on the stream (1 day); 0 = kept for ever",
+    )
     installation_id: str = Field(
         default="",
         description="the platform installation's id; unset = $HETEROFLOW_HOME/installation_id",
