@@ -18,6 +18,11 @@ publishes to JetStream; its cause is the `jetstream_writes` readiness report (th
 its writes have been refused for a while and the disk has room again (a JetStream store that
 met a write error refuses writes until the server restarts; while the disk is still below the
 threshold a restart would not help, and the gateway sheds writes meanwhile).
+
+Bus keeper (`run_bus_keeper`): every BUS_CHECK_S the streams and the lease bucket are looked
+up, and declared again when the server has lost them (a JetStream store lost under `up`), the
+bucket's revisions above the newest fence so that leaders are not refused; the consumers are
+declared again by their own processes (libs/bus/pull.py).
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import structlog
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings
 
@@ -42,7 +50,8 @@ from heteroflow.processes import Supervisor, children
 from heteroflow.services import SERVICES, by_name, lease_ttl_s, names, nats_users
 from libs import auth
 from libs.bus.lease import open_lease_bucket
-from libs.bus.nats import configured_replicas, connect, ensure_streams
+from libs.bus.nats import configured_replicas, connect, ensure_streams, stream_configs
+from libs.bus.subjects import LEASE_BUCKET
 from libs.bus.writes import WriteProbe
 from libs.config import GatewaySettings
 from libs.diskspace import DiskSpace
@@ -62,6 +71,7 @@ log = structlog.get_logger(__name__)
 
 NODE_LOGIN_SYNC_S = 1.0
 HEALTH_INTERVAL_S = 1.0
+BUS_CHECK_S = 2.0
 
 ServiceRunner = Callable[["Platform", asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -141,20 +151,46 @@ class Platform:
 
     async def declare_bus(self) -> None:
         """Streams and the lease bucket, declared as the admin: service and agent users may
-        not administer streams (libs/bus/permissions.py). The bucket's revisions (the
-        fencing tokens) are kept above every fence the database holds, as after a lost
-        JetStream store (libs/bus/lease.py `raise_revisions`)."""
-        floor = 0
-        if self.store is not None:
-            async with self.store.pool.connection() as conn:
-                floor = await fencing.newest_of_all(conn)
+        not administer streams (libs/bus/permissions.py)."""
         nc = await connect(self.nats_url, "heteroflow-up")
         try:
-            js = nc.jetstream()
-            await ensure_streams(js)
-            await open_lease_bucket(js, lease_ttl_s(), floor=floor)
+            await self.declare_on(nc.jetstream())
         finally:
             await nc.drain()
+
+    async def declare_on(self, js: JetStreamContext) -> None:
+        """`declare_bus` on a connection the caller holds. The bucket's revisions (the
+        fencing tokens) are kept above every fence the database holds, as after a lost
+        JetStream store (libs/bus/lease.py `raise_revisions`)."""
+        floor = await self.fence_floor()
+        await ensure_streams(js)
+        await open_lease_bucket(js, lease_ttl_s(), floor=floor)
+
+    async def fence_floor(self) -> int:
+        """The newest fencing token of any lease (0 without a store)."""
+        if self.store is None:
+            return 0
+        async with self.store.pool.connection() as conn:
+            return await fencing.newest_of_all(conn)
+
+    async def bus_missing(self, js: JetStreamContext) -> list[str]:
+        """The streams (the lease bucket's included) the server does not have, and the
+        bucket when its revisions are behind the fences: what `declare_on` would make."""
+        missing: list[str] = []
+        for name in [c.name or "" for c in stream_configs()]:
+            try:
+                await js.stream_info(name)
+            except NotFoundError:
+                missing.append(name)
+        bucket = f"KV_{LEASE_BUCKET}"
+        try:
+            info = await js.stream_info(bucket)
+        except NotFoundError:
+            missing.append(bucket)
+        else:
+            if info.state.last_seq < await self.fence_floor():
+                missing.append(f"{bucket} (revisions behind the fences)")
+        return missing
 
     async def sync_node_logins(self) -> None:
         """Let exactly the registered nodes log in to the embedded NATS server."""
@@ -264,6 +300,31 @@ async def run_node_logins(platform: Platform, stop: asyncio.Event) -> None:
         await stop.wait()  # external NATS: its users are the operator's; `up` lives on
         return
     await periodic("node_logins", platform.sync_node_logins, stop, NODE_LOGIN_SYNC_S)
+
+
+async def run_bus_keeper(platform: Platform, stop: asyncio.Event) -> None:
+    """Every BUS_CHECK_S, as the admin: when the server has lost a stream or the lease
+    bucket (a JetStream store lost under a running `up`, an external NATS started empty),
+    declare them again (`declare_on`, the bucket above the fences). The consumers are
+    declared again by their own processes once the server says they are gone
+    (libs/bus/pull.py)."""
+    nc = await connect(platform.nats_url, "heteroflow-up-bus")
+    js = nc.jetstream()
+
+    async def once() -> None:
+        try:
+            missing = await platform.bus_missing(js)
+        except (nats.errors.Error, OSError) as exc:  # the server is away: the next round
+            log.debug("bus_check_failed", error=repr(exc))
+            return
+        if missing:
+            log.warning("bus_declared_again", missing=missing)
+            await platform.declare_on(js)
+
+    try:
+        await periodic("bus_keeper", once, stop, BUS_CHECK_S)
+    finally:
+        await nc.close()
 
 
 async def run_health(platform: Platform, stop: asyncio.Event) -> None:
@@ -405,7 +466,7 @@ async def _serve_services(
     if settings.processes:
         await _serve_processes(platform, creds, stop, ready)
         return
-    runners: list[ServiceRunner] = [run_node_logins, run_health]
+    runners: list[ServiceRunner] = [run_node_logins, run_health, run_bus_keeper]
     for spec in SERVICES:
         if spec.up_flag is None or getattr(settings, spec.up_flag):
             runners.append(service_runner(spec))
@@ -451,6 +512,7 @@ async def _serve_processes(
     supervisor = Supervisor(kids, platform.home / "processes.json")
     logins = asyncio.create_task(run_node_logins(platform, stop))
     health = asyncio.create_task(supervised(run_health, platform, stop))
+    bus = asyncio.create_task(supervised(run_bus_keeper, platform, stop))
     running = asyncio.create_task(supervisor.run(stop))
     if await supervisor.wait_ready(stop):
         print(banner(creds, platform.home), flush=True)
@@ -459,3 +521,4 @@ async def _serve_processes(
     await running
     await logins
     await health
+    await bus

@@ -8,6 +8,9 @@ stays connected (it reconnects to the new server by itself). Nobody helps it bac
   the claim is refused when the token is older than the fence);
 * the agent that stayed connected consumes again: its durable consumer is declared again
   once the server says it does not exist, and it runs the tasks created after the restart;
+* the store lost again under the running `up` (nats-server SIGKILLed, its store deleted,
+  the supervisor starting it empty): `up` declares the streams and the bucket again, and the
+  leaders and the agent are back by themselves;
 * every task ends, each run once, the history checker is clean and replay finds no
   difference.
 
@@ -20,7 +23,9 @@ revisions climb past them (hours here, days for a real installation).
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import time
 from typing import Any
 
@@ -28,7 +33,7 @@ import psycopg
 import pytest
 
 from libs.embedded import EmbeddedPostgres
-from tests.integration.test_chaos import Up, finish, up, wait_completed
+from tests.integration.test_chaos import RESTART_BACKOFF_S, Up, finish, up, wait_completed
 from tests.wait import WaitTimeout
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -103,4 +108,23 @@ def test_a_lost_jetstream_store_heals_by_itself(up: Up) -> None:
     log = (up.root / "agent-bus-node.log").read_text(errors="replace")
     assert "consumer_redeclared" in log, log[-3000:]
     assert "lease_bucket_raised" in up.output(0)
-    finish(up, before + after)
+
+    # Lost again, under the running `up`: nats-server SIGKILLed and its store deleted, so
+    # the supervisor starts it on an empty store; `up` declares the streams and the bucket
+    # again (above the fences), the leaders and the agent come back by themselves.
+    now = fences(up)
+    os.kill(up.recorded("nats"), signal.SIGKILL)
+    killed = time.monotonic()
+    shutil.rmtree(store)  # within the supervisor's backoff before the restart
+    up.until(
+        lambda: all(fences(up).get(lease, 0) > token for lease, token in now.items()),
+        f"every leader elected again under the running `up` (fences before: {now})",
+        RESTART_BACKOFF_S + 30,
+    )
+    print(f"store lost under `up`: every leader back {time.monotonic() - killed:.1f} s after")
+    with up.client() as api:
+        later = [create(up, api, f"bus-later-{i}") for i in range(3)]
+        wait_completed(up, api, later)
+    print(f"store lost under `up`: the agent ran tasks {time.monotonic() - killed:.1f} s after")
+    assert "bus_declared_again" in up.output(0)
+    finish(up, before + after + later)
