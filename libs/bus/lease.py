@@ -107,7 +107,18 @@ async def raise_revisions(js: JetStreamContext, bucket: str, floor: int) -> bool
     last = (await js.stream_info(stream)).state.last_seq
     if last >= floor:
         return False
-    await js.purge_stream(stream, seq=floor + 1)
+    try:
+        await js.purge_stream(stream, seq=floor + 1)
+    except Exception as exc:  # a user that may not purge (a service on `up`'s NATS)
+        log.error(
+            "lease_bucket_behind_fences",
+            bucket=bucket,
+            last_revision=last,
+            floor=floor,
+            error=repr(exc),
+            why="its leaders are refused until the bucket is declared by a user that may purge",
+        )
+        return False
     log.warning("lease_bucket_raised", bucket=bucket, last_revision=last, next_revision=floor + 1)
     return True
 

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import AsyncConnection
 
 from libs.domain.errors import Fenced
+
+if TYPE_CHECKING:
+    from .eventstore import EventStore
 
 RAISE_FENCE = """
 INSERT INTO fences (lease, token) VALUES (%s, %s)
@@ -85,3 +88,10 @@ async def newest_of_all(conn: AsyncConnection[Any]) -> int:
     cur = await conn.execute(READ_NEWEST)
     row = await cur.fetchone()
     return int(row[0]) if row and row[0] is not None else 0
+
+
+async def lease_floor(store: EventStore) -> int:
+    """`newest_of_all` on a connection of `store`'s: what a service that opens the lease
+    bucket passes as its `floor` (libs/bus/lease.py `open_lease_bucket`)."""
+    async with store.pool.connection() as conn:
+        return await newest_of_all(conn)

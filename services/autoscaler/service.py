@@ -16,6 +16,7 @@ from libs.bus.lease import Lease, open_lease_bucket
 from libs.controller import Controller, run_controller
 from libs.domain.group.router_figures import RouterFigures
 from libs.service import ServiceContext
+from libs.store.fencing import lease_floor
 
 from .controllers.idle_sleep import IdleSleeper
 from .controllers.scaler import AutoScaler
@@ -58,7 +59,7 @@ def controllers(
 
 
 async def run(ctx: ServiceContext, stop: asyncio.Event, settings: AutoscalerSettings) -> None:
-    kv = await open_lease_bucket(ctx.js, LEASE_TTL_S)
+    kv = await open_lease_bucket(ctx.js, LEASE_TTL_S, floor=await lease_floor(ctx.store))
     me = f"{ctx.name}-{settings.instance_id}"
     book = RouterFigures(settings.autoscale_metric_max_age_s)
     jobs = [

@@ -18,6 +18,7 @@ from libs.bus.lease import Lease, open_lease_bucket
 from libs.controller import run_controller
 from libs.domain.group.router_figures import RouterFigures
 from libs.service import ServiceContext
+from libs.store.fencing import lease_floor
 
 from .controllers.rollout import RolloutController
 from .inflight import ROUTER_SILENT_S, HealthProbe
@@ -34,7 +35,7 @@ def wall_clock() -> datetime:
 
 
 async def run(ctx: ServiceContext, stop: asyncio.Event, settings: RolloutSettings) -> None:
-    kv = await open_lease_bucket(ctx.js, LEASE_TTL_S)
+    kv = await open_lease_bucket(ctx.js, LEASE_TTL_S, floor=await lease_floor(ctx.store))
     # Unique per process: a restarted service is a new holder, and the old one's rollouts
     # are recovered (failed with the reason), not silently adopted.
     me = f"{ctx.name}-{socket.gethostname()}-{os.getpid()}-{settings.instance_id}"

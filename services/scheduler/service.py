@@ -14,6 +14,7 @@ from libs.bus.broker import serve
 from libs.bus.lease import Lease, open_lease_bucket
 from libs.controller import Controller, run_controller
 from libs.service import ServiceContext
+from libs.store.fencing import lease_floor
 
 from . import view
 from .controllers.groups import GroupController, policy_from
@@ -31,7 +32,7 @@ LEASE_TTL_S = 6.0
 
 
 async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSettings) -> None:
-    kv = await open_lease_bucket(ctx.js, LEASE_TTL_S)
+    kv = await open_lease_bucket(ctx.js, LEASE_TTL_S, floor=await lease_floor(ctx.store))
     wake = asyncio.Event()
     placer = Placer(
         ctx.store,
