@@ -5,6 +5,7 @@ job at a time are never both `running`."""
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from tests.wait import wait_until
 
 from . import web
-from .cluster import Cluster
+from .cluster import BIN, Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -103,3 +104,15 @@ def test_a_job_waiting_on_its_queue_is_pending_until_its_task_holds_resources(
     assert history(other)[-2:] == ["running", "succeeded"], seen[other]
     done = get_job(cluster, waited[0])
     assert done["tasks"][0]["task"]["status"] == "completed"
+
+    # The jobs' rows are what their events fold to (job_node_progress included).
+    replay = subprocess.run(
+        [str(BIN), "events", "replay", "--dry-run"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert json.loads(replay.stdout)["differences"] == {}
