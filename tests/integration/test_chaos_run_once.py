@@ -194,8 +194,12 @@ def test_paced_creates_up_killed_each_attempt_runs_once(up: Up) -> None:
         with up.client() as api:
             for i in range(creates):
                 time.sleep(max(0.0, started + i / per_s - time.monotonic()))
+                body = SMALL | {
+                    "name": f"paced-{i}",
+                    "command": f"echo $HETEROFLOW_TASK_ID >> {up.runs}",
+                }
                 try:
-                    r = up.create(api, f"paced-{i}")
+                    r = api.post("/api/v1/tasks", json=body)
                 except httpx.HTTPError:
                     continue
                 if r.status_code == 201:
