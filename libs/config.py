@@ -90,6 +90,13 @@ class GatewaySettings(CommonSettings):
         description="creates/updates/deletes in flight per gateway process; beyond: 503 at "
         "once (0 = unbounded)",
     )
+    max_inflight_writes_per_tenant: int = Field(
+        default=0,
+        ge=0,
+        description="writes one tenant may have in flight per gateway process; beyond: 503 "
+        "while the other tenants still find room (0 = three quarters of max_inflight_writes; no "
+        "share under 4)",
+    )
     max_inflight_reads: int = Field(
         default=256,
         ge=0,

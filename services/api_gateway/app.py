@@ -120,6 +120,7 @@ def create_app(
         rates=app.state.tenant_rates,
         credentials=app.state.auth_cache,
         disk=app.state.disk,
+        max_writes_per_tenant=settings.max_inflight_writes_per_tenant,
     )
     # Inside the metrics middleware, so refused bodies are counted too.
     app.add_middleware(limits.BodyLimit, max_bytes=settings.max_body_bytes)

@@ -9,6 +9,11 @@ give up: a queue that only grows turns every answer late, the cheap ones too.
   burst leave the reads their own room. A request leaves the count when its answer starts:
   what costs CPU and database time is the work before the first byte, and a long stream
   (logs followed, an event stream) must not hold a slot for its whole life.
+* One tenant may hold at most its share of the write slots (`max_writes_per_tenant`, three
+  quarters of them by default, none under 4 slots): past it its writes are 503 while the
+  others' still find room. It counts the writes of callers already known to this gateway
+  (their key in the credential cache: after a tenant's first request, nearly every one); a
+  write holds its slot only once its body is read (limits.py), so slow uploads hold none.
 * `TenantRates` is a token bucket per tenant for writes (429 with `Retry-After` beyond
   it), checked once the caller is authenticated, so one tenant's burst cannot take every
   write slot from the others. A caller already known to this gateway (its key in the
@@ -75,10 +80,12 @@ class Shedding:
         rates: TenantRates | None = None,
         credentials: auth.CredentialCache | None = None,
         disk: DiskSpace | None = None,
+        max_writes_per_tenant: int = 0,
     ) -> None:
         """`rates` and `credentials`: the application's tenant buckets and credential cache,
         for the early 429 (without them, only the dependency checks the rate); `disk`: the
-        free space that sheds writes below its threshold."""
+        free space that sheds writes below its threshold; `max_writes_per_tenant`: one known
+        tenant's share of the write bound (0: three quarters of it; none under 4)."""
         self.app = app
         self.db_wait_s = db_wait_s
         self.bounds = {"read": max_reads, "write": max_writes}
@@ -86,6 +93,10 @@ class Shedding:
         self.rates = rates
         self.credentials = credentials
         self.disk = disk
+        # Under 4 slots a share would leave a tenant too little to be of use: none then.
+        default_share = max_writes * 3 // 4 if max_writes >= 4 else 0
+        self.tenant_share = max_writes_per_tenant or default_share
+        self.tenant_writes: dict[str, int] = {}
 
     def _known_tenant(self, scope: Scope) -> str | None:
         """The tenant of a cached API key in the request's Authorization header, or None
@@ -102,12 +113,29 @@ class Shedding:
                 return principal.tenant_id if known else None
         return None
 
-    async def _over_rate(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Answer the 429 the rate dependency would give, at once; False to go on."""
-        if self.rates is None or self.credentials is None or self.rates.rate <= 0:
+    async def _over_share(self, tenant: str, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer 503 when `tenant` already holds its share of the write slots."""
+        held = self.tenant_writes.get(tenant, 0)
+        if not self.tenant_share or held < self.tenant_share:
             return False
-        tenant = self._known_tenant(scope)
-        if tenant is None:
+        SHED.labels("write", "tenant_share").inc()
+        message = (
+            f"tenant {tenant} has {held} writes in flight, its share of this gateway's "
+            f"{self.bounds['write']}; retry after {RETRY_AFTER_S} s"
+        )
+        answer = FastJSONResponse(
+            {"error": message, "code": int(Code.OVERLOADED)},
+            503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+        await answer(scope, receive, send)
+        return True
+
+    async def _over_rate(
+        self, tenant: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> bool:
+        """Answer the 429 the rate dependency would give, at once; False to go on."""
+        if self.rates is None or tenant is None or self.rates.rate <= 0:
             return False
         try:
             self.rates.check(tenant)
@@ -150,10 +178,16 @@ class Shedding:
             )
             await answer(scope, receive, send)
             return
-        if kind == "write" and await self._over_rate(scope, receive, send):
+        known = kind == "write" and self.credentials is not None
+        tenant = self._known_tenant(scope) if known else None
+        if tenant is not None and await self._over_share(tenant, scope, receive, send):
+            return
+        if kind == "write" and await self._over_rate(tenant, scope, receive, send):
             return
         self.in_flight[kind] += 1
         IN_FLIGHT.labels(kind).inc()
+        if tenant is not None:
+            self.tenant_writes[tenant] = self.tenant_writes.get(tenant, 0) + 1
         held = True
 
         def release() -> None:
@@ -162,6 +196,12 @@ class Shedding:
                 held = False
                 self.in_flight[kind] -= 1
                 IN_FLIGHT.labels(kind).dec()
+                if tenant is not None:
+                    left = self.tenant_writes[tenant] - 1
+                    if left:
+                        self.tenant_writes[tenant] = left
+                    else:
+                        del self.tenant_writes[tenant]
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -5,6 +5,8 @@ sockets held open the way a slow or hostile client holds them.
   write slots), and 10 connections trickling their headers: the other tenant's creates are
   all answered 201 meanwhile, and every trickling request is cut off with 408 by its
   deadline.
+* One tenant's writes held in flight (the event table locked): it gets its share of the
+  write slots and no more, and the other tenant's write takes a slot instead of a 503.
 * 1,100 idle sockets against a gateway whose open-files limit is 1,024: other clients are
   served, every idle socket is closed by the gateway, and the log holds no flood of failed
   `accept()` lines.
@@ -12,6 +14,7 @@ sockets held open the way a slow or hostile client holds them.
 
 from __future__ import annotations
 
+import re
 import resource
 import select
 import shutil
@@ -20,9 +23,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 
 from libs.embedded import EmbeddedNats
@@ -187,6 +192,41 @@ def test_trickling_uploads_of_one_tenant_leave_the_others_writes_served(
     # Nothing of the uploads was recorded.
     r = web.get(f"{cluster.url}/api/v1/tasks", headers=cluster.tenant)
     assert r.json()["total"] == 0, r.text
+
+
+SHARE_BOUND = 8  # write slots in the share test; a tenant's share is three quarters: 6
+
+
+def _writes_in_flight(cluster: Cluster) -> float:
+    text = web.get(f"{cluster.url}/metrics").text
+    found = re.search(r'^heteroflow_gateway_in_flight\{kind="write"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.cluster_env(HETEROFLOW_MAX_INFLIGHT_WRITES=str(SHARE_BOUND))
+def test_one_tenant_cannot_hold_every_write_slot(cluster: Cluster) -> None:
+    other = _new_tenant(cluster, "other")
+    cluster.create()  # the tenant's key is known to the gateway from here
+    url = f"{cluster.url}/api/v1/tasks"
+    body = {"name": "held", "image": "busybox:latest"}
+    with ThreadPoolExecutor(SHARE_BOUND + 1) as pool:
+        with psycopg.connect(cluster.database_url) as locker:
+            # Creates wait on the lock, in flight, for as long as the test holds it.
+            locker.execute("LOCK TABLE events IN EXCLUSIVE MODE")
+            mine = [
+                pool.submit(web.post, url, json=body, headers=cluster.tenant, timeout=60)
+                for _ in range(SHARE_BOUND)
+            ]
+            share = SHARE_BOUND * 3 // 4
+            cluster.wait(lambda: _writes_in_flight(cluster) >= share, f"{share} writes in flight")
+            theirs = pool.submit(web.post, url, json=body, headers=other, timeout=60)
+            cluster.wait(
+                lambda: _writes_in_flight(cluster) >= share + 1, "the other tenant's in flight"
+            )
+        # The lock is let go with the connection: every write held in flight goes on.
+        statuses = sorted(f.result().status_code for f in mine)
+        assert theirs.result().status_code == 201, theirs.result().text
+    assert statuses == [201] * share + [503] * (SHARE_BOUND - share), statuses
 
 
 def _lower_open_files() -> None:
