@@ -632,9 +632,9 @@ def parse_update(
         raise DomainError(Code.INVALID_VALUE, "request body must be a non-empty JSON object")
     _check_keys(raw, CREATE_FIELDS)
     data = dict(raw)
-    if "gpu_count" in data:
-        data["gpu_required"] = data.pop("gpu_count")
-    late = sorted(set(data) - ANYTIME_FIELDS)
+    # The alias is folded by parse_create, which checks both names' types and agreement.
+    named = set(data) - {"gpu_count"} | ({"gpu_required"} if "gpu_count" in data else set())
+    late = sorted(named - ANYTIME_FIELDS)
     if late and current.status is not TaskStatus.PENDING:
         raise DomainError(
             Code.NOT_PENDING,
@@ -642,10 +642,13 @@ def parse_update(
             f"(status: {current.status.value})",
             late,
         )
-    merged = current.spec.model_dump(exclude={"platform"}) | data
+    merged = current.spec.model_dump(exclude={"platform"})
+    if named & {"gpu_required"}:
+        del merged["gpu_required"]
+    merged |= data
     spec = parse_create(merged, tenant=tenant, volume_allow_list=volume_allow_list)
     spec = spec.model_copy(update={"platform": current.spec.platform})
     # memory_mb may change without being named: the boost follows a new image (`boosted`).
     boost = {"memory_mb"} if spec.memory_mb != current.spec.memory_mb else set()
-    changes = {k: v for k, v in spec.model_dump(mode="json").items() if k in data or k in boost}
+    changes = {k: v for k, v in spec.model_dump(mode="json").items() if k in named or k in boost}
     return spec, changes
