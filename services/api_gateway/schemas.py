@@ -14,6 +14,7 @@ against.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
@@ -162,9 +163,23 @@ class LogsQuery(QueryModel):
         raise ValueError("must be true or false")
 
 
+_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
+
+
+def _iso_time(v: Any) -> Any:
+    """A time in a query is ISO 8601, as the document says (`format: date-time`): pydantic
+    would read a bare number as Unix seconds, which the document does not declare."""
+    if isinstance(v, str) and _NUMBER.fullmatch(v):
+        raise ValueError(f"an ISO 8601 time is expected, not the number {v!r}")
+    return v
+
+
+IsoTime = Annotated[datetime, BeforeValidator(_iso_time)]
+
+
 class GpuMetricsQuery(QueryModel):
-    start: datetime | None = Field(default=None, description="default: an hour before end")
-    end: datetime | None = Field(default=None, description="default: now")
+    start: IsoTime | None = Field(default=None, description="default: an hour before end")
+    end: IsoTime | None = Field(default=None, description="default: now")
     step: int = Field(default=60, ge=1, le=86_400, description="seconds per point")
 
 
