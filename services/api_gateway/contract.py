@@ -167,6 +167,8 @@ def _errors(path: str, method: str) -> list[str]:
     statuses = ["400", "401", "403", "500", "503"]
     if "{" in path:
         statuses.append("404")
+    if path.endswith("/serving"):  # 40902: the target declares no `serving` port
+        statuses.append("409")
     if method in WRITES:
         statuses += ["409", "429"]
     if method in ("post", "put", "patch"):
