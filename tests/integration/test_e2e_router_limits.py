@@ -73,6 +73,9 @@ class Handler(BaseHTTPRequestHandler):
 
 
 ThreadingHTTPServer.daemon_threads = True
+# The default listen backlog (5) overflows under 40 uploads at once: the kernel then resets
+# connections the router had opened, a replica fault rather than the router's.
+ThreadingHTTPServer.request_queue_size = 256
 ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), Handler).serve_forever()
 """
 
