@@ -109,6 +109,7 @@ async def test_a_task_claiming_another_tenants_job_is_refused_and_the_job_unchan
     job_id = r.json()["id"]
     train_id = r.json()["tasks"][0]["task"]["id"]
     before = [e.type for e in await api.store.read_stream(job_id)]
+    status = (await api.client.get(f"/api/v1/jobs/{job_id}", headers=api.tenant)).json()["status"]
     forged_spec = parse_create(TASK, tenant=True).model_copy(
         update={"platform": Platform(job_id=job_id, job_key="train")}
     )
@@ -124,7 +125,8 @@ async def test_a_task_claiming_another_tenants_job_is_refused_and_the_job_unchan
     view = (await api.client.get(f"/api/v1/jobs/{job_id}", headers=api.tenant)).json()
     nodes = {t["key"]: t for t in view["tasks"]}
     assert nodes["train"]["state"] == "created" and nodes["deploy"]["task"] is None
-    assert view["status"] == "running"
+    # Unchanged, and `pending`: its one task waits for placement (no task holds resources).
+    assert view["status"] == status == "pending"
 
     await orchestrator.handle(await complete(api.store, train_id, 'HF_METRICS {"accuracy": 0.95}'))
     view = (await api.client.get(f"/api/v1/jobs/{job_id}", headers=api.tenant)).json()
