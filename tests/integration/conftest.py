@@ -7,19 +7,15 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from pydantic import SecretStr
 
-from libs import auth
 from libs.config import GatewaySettings
 from libs.embedded import EmbeddedNats
 from libs.store.eventstore import EventStore
-from services.api_gateway.app import create_app
 
-from . import web
 from .cluster import Cluster
-from .helpers import AGENT_NODE, Api, bearer
+from .helpers import Api, gateway_api
 
 
 @pytest.fixture
@@ -29,19 +25,11 @@ async def api(database_url: str) -> AsyncIterator[Api]:
         jwt_secret=SecretStr("test-secret-0123456789abcdef0123456789"),
         volume_allow_list=["/data", "/tmp/heteroflow"],
     )
-    op = await auth.issue_system_credential(store, "operator", "root")
-    agent = await auth.issue_node_credential(store, AGENT_NODE)
-    await auth.create_tenant(store, "acme", "Acme")
-    await auth.create_tenant(store, "globex", "Globex")
-    _, key = await auth.issue_api_key(store, "acme", "ci")
-    _, other = await auth.issue_api_key(store, "globex", "ci")
-    app = create_app(settings, store)
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://gw", timeout=web.REQUEST
-    ) as client:
-        yield Api(client, store, bearer(op), bearer(key), bearer(other), bearer(agent), settings)
-    await store.close()
+    try:
+        async with gateway_api(store, settings) as api:
+            yield api
+    finally:
+        await store.close()
 
 
 @pytest.fixture

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import httpx
 
+from libs import auth
 from libs.config import GatewaySettings
 from libs.domain.envelope import EventEnvelope
 from libs.domain.reasons import ReasonCode
 from libs.domain.task.decide import decide_transition
 from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
+from services.api_gateway.app import create_app
+
+from . import web
 
 
 @dataclass
@@ -63,3 +70,23 @@ async def complete(store: EventStore, task_id: str, result: str) -> EventEnvelop
         ),
     )
     return (await store.read_stream(task_id))[-1]
+
+
+@contextlib.asynccontextmanager
+async def gateway_api(
+    store: EventStore, settings: GatewaySettings, nc: Any = None
+) -> AsyncIterator[Api]:
+    """The gateway app over `store` (and bus connection `nc`, if any), with an operator, an
+    agent and two tenants' keys."""
+    op = await auth.issue_system_credential(store, "operator", "root")
+    agent = await auth.issue_node_credential(store, AGENT_NODE)
+    await auth.create_tenant(store, "acme", "Acme")
+    await auth.create_tenant(store, "globex", "Globex")
+    _, key = await auth.issue_api_key(store, "acme", "ci")
+    _, other = await auth.issue_api_key(store, "globex", "ci")
+    app = create_app(settings, store, nc) if nc is not None else create_app(settings, store)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://gw", timeout=web.REQUEST
+    ) as client:
+        yield Api(client, store, bearer(op), bearer(key), bearer(other), bearer(agent), settings)

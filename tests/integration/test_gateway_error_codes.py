@@ -6,18 +6,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 from pydantic import SecretStr
 
-from libs import auth
 from libs.bus.nats import connect
 from libs.config import GatewaySettings
 from libs.store.eventstore import EventStore
-from services.api_gateway.app import create_app
 
-from . import web
-from .helpers import AGENT_NODE, Api, bearer
+from .helpers import Api, gateway_api
 
 pytestmark = pytest.mark.integration
 
@@ -31,20 +27,9 @@ async def gw(database_url: str, nats_url: str) -> AsyncIterator[Api]:
     store = await EventStore.open(database_url, max_size=10)
     nc = await connect(nats_url, "test-error-codes")
     settings = GatewaySettings(jwt_secret=SecretStr("e" * 32), volume_allow_list=["/data"])
-    op = await auth.issue_system_credential(store, "operator", "root")
-    agent = await auth.issue_node_credential(store, AGENT_NODE)
-    await auth.create_tenant(store, "acme", "Acme")
-    await auth.create_tenant(store, "globex", "Globex")
-    _, key = await auth.issue_api_key(store, "acme", "ci")
-    _, other = await auth.issue_api_key(store, "globex", "ci")
-    transport = httpx.ASGITransport(app=create_app(settings, store, nc), raise_app_exceptions=False)
     try:
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://gw", timeout=web.REQUEST
-        ) as client:
-            yield Api(
-                client, store, bearer(op), bearer(key), bearer(other), bearer(agent), settings
-            )
+        async with gateway_api(store, settings, nc) as api:
+            yield api
     finally:
         await nc.close()
         await store.close()
