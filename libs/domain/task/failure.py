@@ -4,6 +4,9 @@ Pure: exit code, the OOM-killed flag, the runtime's error kind and message, and 
 the output go in; a `Failure` (class + kind + the evidence that decided it) comes out. Explicit
 runtime kinds win over text; GPU out-of-memory is recognised from the frameworks' own words
 (CUDA, HIP/ROCm, Ascend NPU, XPU), CPU OOM from the kernel's kill.
+
+Whether the card or the application was at fault (XIDs, ECC, a card fallen off the bus) is
+`device_fault.classify_device`, re-exported here; `classify` itself does not consult it yet.
 """
 
 from __future__ import annotations
@@ -11,6 +14,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+
+from libs.domain.task.device_fault import DeviceFault as DeviceFault
+from libs.domain.task.device_fault import DeviceVerdict as DeviceVerdict
+from libs.domain.task.device_fault import classify_device as classify_device
 
 
 class FailureClass(StrEnum):
