@@ -9,8 +9,9 @@ answer but 2xx, or no answer). docs/serving.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import structlog
 
+from .inventory import GpuInfo
 from .runtimes.base import Handle, Runtime
 from .telemetry import sample
 
@@ -43,16 +45,23 @@ async def engine_call(address: str, path: str, timeout_s: float = ENGINE_TIMEOUT
 
 
 async def vram_held_mb(
-    gpu_ids: tuple[str, ...], detect: bool, declared_file: Path | None = None
+    gpu_ids: tuple[str, ...],
+    detect: bool,
+    declared_file: Path | None = None,
+    cards: Sequence[GpuInfo] = (),
 ) -> float | None:
     """VRAM in use on the task's cards (NVML, off the loop); None when nothing can be read
     (no card, NVML off, or declared cards of other vendors). Cards NVML cannot see are read
-    from `declared_file` when one is set (see `declared_vram_mb`)."""
+    from `declared_file` when one is set (see `declared_vram_mb`). Other vendors' `cards` are
+    read through their vendor tool (agent/vendors), as telemetry reads them."""
     if not gpu_ids:
         return None
-    if detect:
+    others = [c for c in cards if c.vendor != "nvidia"]
+    if detect or others:
         holders = {g: ["-"] for g in gpu_ids}
-        samples = await asyncio.to_thread(sample, holders, datetime.now(UTC))
+        samples = await asyncio.to_thread(
+            functools.partial(sample, holders, datetime.now(UTC), cards=others, detect=detect)
+        )
         if samples:
             return round(sum(s.memory_used_mb for s in samples), 1)
     return declared_vram_mb(gpu_ids, declared_file) if declared_file else None

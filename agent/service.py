@@ -62,6 +62,7 @@ from .settings import AgentSettings as AgentSettings
 from .settings import declared, node_inventory
 from .telemetry import holders_of, sample
 from .tracked import Tracked, spec_of
+from .vendors import telemetry_notes
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -159,6 +160,8 @@ class Agent:
             runtime=self.runtime.name,
             gpus=len(self.inventory.gpus),
         )
+        for note in telemetry_notes(g.vendor for g in self.inventory.gpus):
+            log.warning("gpu_telemetry_unavailable", node_id=self.node_id, note=note)
 
     async def readopt(self) -> None:
         """Pick up containers started before a restart; report what happened meanwhile.
@@ -231,13 +234,17 @@ class Agent:
         await periodic("liveness", look, stop, self.settings.heartbeat_interval_s)
 
     async def _telemetry(self, stop: asyncio.Event) -> None:
-        """NVML samples of the cards running tasks hold; nothing for declared cards."""
-        if not self.settings.detect_nvidia:
+        """Samples of the cards running tasks hold: NVML, then other vendors' tools."""
+        detect = self.settings.detect_nvidia
+        cards = [g for g in self.inventory.gpus if g.vendor != "nvidia"]
+        if not detect and not cards:
             return
 
         async def sample_once() -> None:
             holders = holders_of((tid, t.gpu_ids) for tid, t in self.tracked.items())
-            samples = await asyncio.to_thread(sample, holders, _now())
+            samples = await asyncio.to_thread(
+                functools.partial(sample, holders, _now(), cards=cards, detect=detect)
+            )
             if samples:
                 batch = TelemetryBatch(node_id=self.node_id, samples=tuple(samples))
                 await self.nc.publish(
@@ -455,7 +462,8 @@ class Agent:
 
     def _vram(self, tracked: Tracked) -> Callable[[], Awaitable[float | None]]:
         detect, declared = self.settings.detect_nvidia, self.settings.declared_vram_file
-        return lambda: vram_held_mb(tracked.gpu_ids, detect, declared)
+        cards = self.inventory.gpus
+        return lambda: vram_held_mb(tracked.gpu_ids, detect, declared, cards)
 
     # --- reports and logs --------------------------------------------------------------
 

@@ -1,12 +1,14 @@
-"""GPU telemetry sampling through NVML: utilisation, memory and power per card, for running tasks.
+"""GPU telemetry sampling: utilisation, memory and power per card, for running tasks.
 
-Only cards NVML can see report numbers. Declared cards (other vendors, tests) report
-nothing: a missing sample is honest, a made-up one is not.
+NVIDIA cards are read through NVML; other vendors' cards (`cards`, e.g. the declared AMD or
+Ascend ones) through their vendor tool (agent/vendors), matched on vendor and device index. A
+card no backend can read reports nothing: a missing sample is honest, a made-up one is not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -14,16 +16,65 @@ import structlog
 
 from libs.domain.telemetry import GpuSample
 
-from .inventory import nvml_session, nvml_text
+from .inventory import GpuInfo, nvml_session, nvml_text
+from .vendors import Runner, Which, read_vendor
+from .vendors import _run as _run_tool
 
 log = structlog.get_logger(__name__)
 _MIB = 1024 * 1024
 
 
-def sample(holders: dict[str, list[str]], at: datetime, nvml: Any | None = None) -> list[GpuSample]:
-    """One sample per NVML-visible card that a running task holds (`holders`: uuid → tasks)."""
+def sample(
+    holders: dict[str, list[str]],
+    at: datetime,
+    nvml: Any | None = None,
+    cards: Sequence[GpuInfo] = (),
+    run: Runner = _run_tool,
+    which: Which = shutil.which,
+    detect: bool = True,
+) -> list[GpuSample]:
+    """One sample per card a running task holds (`holders`: uuid → tasks): NVML-visible cards
+    (unless `detect` is off), then the non-NVIDIA `cards` through their vendor's tool (`run`,
+    `which`: test seams)."""
     if not holders:
         return []
+    out = _sample_nvml(holders, at, nvml) if detect else []
+    return out + _sample_vendors(holders, at, cards, {s.gpu_id for s in out}, run, which)
+
+
+def _sample_vendors(
+    holders: dict[str, list[str]],
+    at: datetime,
+    cards: Sequence[GpuInfo],
+    done: set[str],
+    run: Runner,
+    which: Which,
+) -> list[GpuSample]:
+    wanted = [c for c in cards if c.uuid in holders and c.uuid not in done and c.vendor != "nvidia"]
+    out: list[GpuSample] = []
+    for vendor in sorted({c.vendor for c in wanted}):
+        readings = {r.index: r for r in read_vendor(vendor, run, which)}
+        for card in (c for c in wanted if c.vendor == vendor):
+            r = readings.get(card.index)
+            if r is None or r.memory_used_mb is None or r.utilization_pct is None:
+                continue  # the tool does not show this card (or not its load): no sample
+            out.append(
+                GpuSample(
+                    gpu_id=card.uuid,
+                    task_ids=tuple(holders[card.uuid]),
+                    utilization_pct=r.utilization_pct,
+                    memory_used_mb=r.memory_used_mb,
+                    memory_total_mb=r.memory_total_mb or float(card.vram_mb),
+                    power_w=r.power_w,
+                    temperature_c=r.temperature_c,
+                    health=r.health,
+                    at=at,
+                )
+            )
+    return out
+
+
+def _sample_nvml(holders: dict[str, list[str]], at: datetime, nvml: Any | None) -> list[GpuSample]:
     out: list[GpuSample] = []
     with nvml_session(nvml) as lib:
         if lib is None:

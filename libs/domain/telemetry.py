@@ -20,6 +20,8 @@ class GpuSample(BaseModel):
     memory_used_mb: float
     memory_total_mb: float
     power_w: float | None  # some boards do not report power
+    temperature_c: float | None = None  # vendor tools' reading; NVML samples leave it unset
+    health: str = "unknown"  # ok | warning | critical | unknown (agent/vendors: the tool's word)
     at: datetime
 
 

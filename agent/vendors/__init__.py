@@ -1,0 +1,232 @@
+"""One telemetry interface for every accelerator vendor the agent knows.
+
+Each backend reads its vendor's tool and gives, per card (by the vendor's device index), a
+`CardReading`: utilisation %, memory used/total (MiB), power (W), temperature (°C) and `health`.
+NVIDIA stays on NVML (agent/telemetry.py); AMD reads the `amdsmi` library's CLI `amd-smi metric
+--json`, else `rocm-smi --json`; Ascend parses `npu-smi info`. A vendor whose tool is absent gives
+no readings and a note saying so (`telemetry_notes`), never an exception.
+
+`health` is one of `ok`, `warning`, `critical` or `unknown` (the tool does not say).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+_MIB = 1024 * 1024
+HEALTH_VALUES = ("ok", "warning", "critical", "unknown")
+
+#: Runs a command, returns its stdout; raises on failure (a test seam).
+Runner = Callable[[Sequence[str]], str]
+#: Finds a tool on PATH, like shutil.which (a test seam).
+Which = Callable[[str], str | None]
+
+
+@dataclass(frozen=True)
+class CardReading:
+    index: int  # the vendor's device index (declared cards match on vendor + index)
+    utilization_pct: float | None
+    memory_used_mb: float | None
+    memory_total_mb: float | None
+    power_w: float | None
+    temperature_c: float | None
+    health: str = "unknown"
+    bus_id: str = ""
+
+
+def _run(cmd: Sequence[str]) -> str:
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=True, timeout=15).stdout
+
+
+def _num(value: Any) -> float | None:
+    """A number from a tool's field: 42, "42", "42.0", {"value": 42}, "N/A" → None."""
+    if isinstance(value, dict):
+        value = value.get("value")
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    m = re.match(r"^\s*(-?\d+(?:\.\d+)?)", str(value))
+    return float(m.group(1)) if m else None
+
+
+# -- AMD ------------------------------------------------------------------------------------
+
+
+def parse_amd_smi_metric(text: str) -> list[CardReading]:
+    """`amd-smi metric --json`: a list of per-GPU objects ({"value", "unit"} leaves)."""
+    data = json.loads(text)
+    if isinstance(data, dict):  # some versions wrap the list
+        data = data.get("gpu_data", [data])
+    out: list[CardReading] = []
+    for gpu in data:
+        usage = gpu.get("usage") if isinstance(gpu.get("usage"), dict) else {}
+        power = gpu.get("power") if isinstance(gpu.get("power"), dict) else {}
+        temp = gpu.get("temperature") if isinstance(gpu.get("temperature"), dict) else {}
+        mem = gpu.get("mem_usage") if isinstance(gpu.get("mem_usage"), dict) else {}
+        ecc = gpu.get("ecc") if isinstance(gpu.get("ecc"), dict) else {}
+        uncorrectable = _num(ecc.get("total_uncorrectable_count"))
+        out.append(
+            CardReading(
+                index=int(gpu["gpu"]),
+                utilization_pct=_num(usage.get("gfx_activity")),
+                memory_used_mb=_num(mem.get("used_vram")),
+                memory_total_mb=_num(mem.get("total_vram")),
+                power_w=_num(power.get("socket_power")),
+                temperature_c=_num(temp.get("hotspot")) or _num(temp.get("edge")),
+                health="critical" if uncorrectable else "unknown",
+            )
+        )
+    return out
+
+
+def _first(fields: dict[str, Any], *patterns: str) -> float | None:
+    for pattern in patterns:
+        for key, value in fields.items():
+            if re.fullmatch(pattern, key, flags=re.IGNORECASE):
+                number = _num(value)
+                if number is not None:
+                    return number
+    return None
+
+
+def parse_rocm_smi(*texts: str) -> list[CardReading]:
+    """`rocm-smi ... --json` outputs ({"card0": {...}}), merged by card: several calls (use and
+    memory; power and temperature) describe the same cards."""
+    cards: dict[int, dict[str, Any]] = {}
+    for text in texts:
+        for key, fields in json.loads(text).items():
+            m = re.fullmatch(r"card(\d+)", key)
+            if m and isinstance(fields, dict):
+                cards.setdefault(int(m.group(1)), {}).update(fields)
+    out: list[CardReading] = []
+    for index, f in sorted(cards.items()):
+        used = _first(f, r"VRAM Total Used Memory \(B\)")
+        total = _first(f, r"VRAM Total Memory \(B\)")
+        out.append(
+            CardReading(
+                index=index,
+                utilization_pct=_first(f, r"GPU use \(%\)"),
+                memory_used_mb=None if used is None else used / _MIB,
+                memory_total_mb=None if total is None else total / _MIB,
+                power_w=_first(
+                    f,
+                    r"Current Socket Graphics Package Power \(W\)",
+                    r"Average Graphics Package Power \(W\)",
+                ),
+                temperature_c=_first(
+                    f,
+                    r"Temperature \(Sensor junction\) \(C\)",
+                    r"Temperature \(Sensor edge\) \(C\)",
+                ),
+                bus_id=str(f.get("PCI Bus", "")),
+            )
+        )
+    return out
+
+
+ROCM_SMI_CALLS = (
+    ("rocm-smi", "--showuse", "--showmeminfo", "vram", "--json"),
+    ("rocm-smi", "--showpower", "--showtemp", "--json"),
+)
+
+
+def read_amd(run: Runner = _run, which: Which = shutil.which) -> list[CardReading]:
+    if which("amd-smi"):
+        return parse_amd_smi_metric(run(("amd-smi", "metric", "--json")))
+    if which("rocm-smi"):
+        return parse_rocm_smi(*(run(cmd) for cmd in ROCM_SMI_CALLS))
+    return []
+
+
+# -- Huawei Ascend --------------------------------------------------------------------------
+
+_NPU_HEALTH = {"ok": "ok", "warning": "warning", "alarm": "warning", "critical": "critical"}
+
+
+def parse_npu_smi_info(text: str) -> list[CardReading]:
+    """`npu-smi info`: each chip is two table rows, `| NPU Name | Health | Power Temp Hugepages |`
+    then `| Chip Phy-ID | Bus-Id | AICore Memory-Usage HBM-Usage |`. The device index is the
+    chip's Phy-ID (what ASCEND_VISIBLE_DEVICES names)."""
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.strip().startswith("|") and line.count("|") >= 4
+    ]
+    out: list[CardReading] = []
+    for first, second in zip(rows, rows[1:], strict=False):
+        if len(first) < 3 or len(second) < 3 or not re.match(r"^\d+\s", first[0] + " "):
+            continue
+        if not re.fullmatch(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d", second[1]):
+            continue
+        power_temp = first[2].split()
+        numbers = re.findall(r"(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)", second[2])
+        hbm = numbers[-1] if numbers else None
+        chip = second[0].split()
+        out.append(
+            CardReading(
+                index=int(chip[1] if len(chip) > 1 else chip[0]),
+                utilization_pct=_num(second[2].split()[0]),
+                memory_used_mb=float(hbm[0]) if hbm else None,
+                memory_total_mb=float(hbm[1]) if hbm else None,
+                power_w=_num(power_temp[0]) if power_temp else None,
+                temperature_c=_num(power_temp[1]) if len(power_temp) > 1 else None,
+                health=_NPU_HEALTH.get(first[1].lower(), "unknown"),
+                bus_id=second[1],
+            )
+        )
+    return out
+
+
+def read_ascend(run: Runner = _run, which: Which = shutil.which) -> list[CardReading]:
+    if which("npu-smi"):
+        return parse_npu_smi_info(run(("npu-smi", "info")))
+    return []
+
+
+# -- the interface --------------------------------------------------------------------------
+
+#: vendor → (reader, the tools it tries, in order). NVIDIA is read through NVML elsewhere.
+BACKENDS: dict[str, tuple[Callable[[Runner, Which], list[CardReading]], tuple[str, ...]]] = {
+    "amd": (read_amd, ("amd-smi", "rocm-smi")),
+    "huawei": (read_ascend, ("npu-smi",)),
+    "ascend": (read_ascend, ("npu-smi",)),
+}
+
+
+def read_vendor(vendor: str, run: Runner = _run, which: Which = shutil.which) -> list[CardReading]:
+    """Readings of one vendor's cards; [] when the vendor has no backend, its tool is absent
+    or its output cannot be read (logged)."""
+    backend = BACKENDS.get(vendor.lower())
+    if backend is None:
+        return []
+    try:
+        return backend[0](run, which)
+    except Exception as e:  # noqa: BLE001 - a tool that fails gives no readings, not a crash
+        log.warning("vendor_telemetry_failed", vendor=vendor, error=str(e))
+        return []
+
+
+def telemetry_notes(vendors: Iterable[str], which: Which = shutil.which) -> list[str]:
+    """One line per vendor of this node's cards whose telemetry cannot be read here."""
+    notes: list[str] = []
+    for vendor in sorted({v.lower() for v in vendors}):
+        if vendor == "nvidia":
+            continue
+        backend = BACKENDS.get(vendor)
+        if backend is None:
+            notes.append(f"{vendor}: no telemetry backend; these cards report no metrics")
+        elif not any(which(tool) for tool in backend[1]):
+            tools = " or ".join(backend[1])
+            notes.append(f"{vendor}: {tools} not found on PATH; these cards report no metrics")
+    return notes

@@ -1,0 +1,117 @@
+"""Vendor telemetry parsers against recorded tool outputs (tests/fixtures/vendors/README.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from agent.vendors import (
+    ROCM_SMI_CALLS,
+    parse_amd_smi_metric,
+    parse_npu_smi_info,
+    parse_rocm_smi,
+    read_vendor,
+    telemetry_notes,
+)
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vendors"
+MIB = 1024 * 1024
+
+
+def _text(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+def test_npu_smi_info_two_chips() -> None:
+    cards = parse_npu_smi_info(_text("ascend/npu-smi-info.txt"))
+    assert [c.index for c in cards] == [0, 1]
+    first, second = cards
+    assert (first.power_w, first.temperature_c, first.health) == (162.6, 34.0, "ok")
+    assert (first.memory_used_mb, first.memory_total_mb) == (3419.0, 65536.0)
+    assert first.utilization_pct == 0.0 and first.bus_id == "0000:9D:00.0"
+    assert second.power_w is None  # "-": not reported for the second chip
+    assert (second.memory_used_mb, second.temperature_c) == (2874.0, 34.0)
+
+
+def test_npu_smi_health_column() -> None:
+    text = _text("ascend/npu-smi-info.txt").replace(
+        "| OK            | 162.6", "| Critical      | 162.6"
+    )
+    assert [c.health for c in parse_npu_smi_info(text)] == ["critical", "ok"]
+
+
+def test_amd_smi_metric() -> None:
+    (card,) = parse_amd_smi_metric(_text("amd/amd-smi-metric.json"))
+    assert card.index == 0
+    assert (card.utilization_pct, card.power_w, card.temperature_c) == (2.0, 20.0, 41.0)
+    assert (card.memory_used_mb, card.memory_total_mb) == (14569.0, 16368.0)
+    assert card.health == "unknown"
+
+
+def test_rocm_smi_merges_calls() -> None:
+    (card,) = parse_rocm_smi(
+        _text("amd/rocm-smi-use-meminfo.json"), _text("amd/rocm-smi-power-temp.json")
+    )
+    assert card.index == 0 and card.utilization_pct == 0.0
+    assert card.memory_used_mb == pytest.approx(27856896 / MIB)
+    assert card.memory_total_mb == pytest.approx(21458059264 / MIB)
+    assert (card.power_w, card.temperature_c) == (222.0, 103.0)  # junction before edge
+
+
+def test_amd_falls_back_to_rocm_smi() -> None:
+    outputs = {
+        ROCM_SMI_CALLS[0]: _text("amd/rocm-smi-use-meminfo.json"),
+        ROCM_SMI_CALLS[1]: _text("amd/rocm-smi-power-temp.json"),
+    }
+
+    def run(cmd: Sequence[str]) -> str:
+        return outputs[tuple(cmd)]
+
+    (card,) = read_vendor("amd", run, lambda tool: "/usr/bin/x" if tool == "rocm-smi" else None)
+    assert card.power_w == 222.0
+
+
+def test_missing_tool_is_a_note_not_a_crash() -> None:
+    def run(cmd: Sequence[str]) -> str:
+        raise AssertionError("no tool: nothing runs")
+
+    assert read_vendor("amd", run, lambda tool: None) == []
+    assert read_vendor("huawei", run, lambda tool: None) == []
+    notes = telemetry_notes(["amd", "huawei", "nvidia", "hygon"], lambda tool: None)
+    assert notes == [
+        "amd: amd-smi or rocm-smi not found on PATH; these cards report no metrics",
+        "huawei: npu-smi not found on PATH; these cards report no metrics",
+        "hygon: no telemetry backend; these cards report no metrics",
+    ]
+    assert telemetry_notes(["huawei"], lambda tool: "/usr/bin/npu-smi") == []
+
+
+def test_failing_tool_gives_no_readings() -> None:
+    def run(cmd: Sequence[str]) -> str:
+        raise OSError("exit status 1")
+
+    assert read_vendor("huawei", run, lambda tool: "/usr/bin/npu-smi") == []
+
+
+def test_sample_reads_declared_ascend_cards_through_npu_smi() -> None:
+    from datetime import UTC, datetime
+
+    from agent.inventory import declared_gpus
+    from agent.telemetry import sample
+
+    cards = declared_gpus("huawei:Ascend910B:65536x2", node_id="n1")
+    held = {cards[1].uuid: ["t1"]}
+    npu = _text("ascend/npu-smi-info.txt")
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    (s,) = sample(held, at, cards=cards, run=lambda cmd: npu, which=lambda t: "/x", detect=False)
+    assert (s.gpu_id, s.task_ids, s.memory_used_mb, s.memory_total_mb) == (
+        cards[1].uuid,
+        ("t1",),
+        2874.0,
+        65536.0,
+    )
+    assert (s.temperature_c, s.health, s.power_w) == (34.0, "ok", None)
+    # No tool on PATH: no sample, no exception.
+    assert sample(held, at, cards=cards, which=lambda t: None, detect=False) == []
