@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         from .peer import main as peer_main
 
         return peer_main(raw[1:])
+    if raw[:1] == ["serve-peer"]:  # brings its own servers (and Ray): not one of the suites
+        from .serve_peer import main as serve_peer_main
+
+        return serve_peer_main(raw[1:])
     available = available_suites()
     parser = build_parser(available)
     args = parser.parse_args(argv)
