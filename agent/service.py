@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -62,7 +63,7 @@ from .settings import AgentSettings as AgentSettings
 from .settings import declared, node_inventory
 from .telemetry import holders_of, sample
 from .tracked import Tracked, spec_of
-from .vendors import telemetry_notes
+from .vendors import Runner, Which, recorded_tools, run_tool, telemetry_notes
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -160,7 +161,8 @@ class Agent:
             runtime=self.runtime.name,
             gpus=len(self.inventory.gpus),
         )
-        for note in telemetry_notes(g.vendor for g in self.inventory.gpus):
+        _run, which = self._vendor_tools()
+        for note in telemetry_notes((g.vendor for g in self.inventory.gpus), which):
             log.warning("gpu_telemetry_unavailable", node_id=self.node_id, note=note)
 
     async def readopt(self) -> None:
@@ -239,11 +241,14 @@ class Agent:
         cards = [g for g in self.inventory.gpus if g.vendor != "nvidia"]
         if not detect and not cards:
             return
+        run, which = self._vendor_tools()
 
         async def sample_once() -> None:
             holders = holders_of((tid, t.gpu_ids) for tid, t in self.tracked.items())
             samples = await asyncio.to_thread(
-                functools.partial(sample, holders, _now(), cards=cards, detect=detect)
+                functools.partial(
+                    sample, holders, _now(), cards=cards, detect=detect, run=run, which=which
+                )
             )
             if samples:
                 batch = TelemetryBatch(node_id=self.node_id, samples=tuple(samples))
@@ -459,6 +464,12 @@ class Agent:
         )
         tracked.expected = S.RUNNING
         await self.report(tracked.handle, Fact.RESUMED, S.WAKING, **fields)
+
+    def _vendor_tools(self) -> tuple[Runner, Which]:
+        """The vendor tools themselves, or their recorded outputs (simulated nodes)."""
+        if self.settings.vendor_tool_outputs is not None:
+            return recorded_tools(self.settings.vendor_tool_outputs)
+        return run_tool, shutil.which
 
     def _vram(self, tracked: Tracked) -> Callable[[], Awaitable[float | None]]:
         detect, declared = self.settings.detect_nvidia, self.settings.declared_vram_file

@@ -33,6 +33,11 @@ class AgentSettings(CommonSettings):
         description="JSON map card id → MB in use, read for cards NVML cannot see (the sleep "
         "measurement that makes a card lendable, docs/serving.md#card-lending)",
     )
+    vendor_tool_outputs: Path | None = Field(
+        default=None,
+        description="directory of recorded vendor tool outputs (amd-smi, rocm-smi, npu-smi) read "
+        "instead of running the tools: simulated nodes' telemetry (docs/runtimes.md)",
+    )
     node_labels: dict[str, str] = Field(default_factory=dict, description="JSON map")
     node_cpu_cores: int | None = Field(
         default=None, ge=1, description="CPU cores to offer; unset = the host's count"

@@ -17,8 +17,7 @@ import structlog
 from libs.domain.telemetry import GpuSample
 
 from .inventory import GpuInfo, nvml_session, nvml_text
-from .vendors import Runner, Which, read_vendor
-from .vendors import _run as _run_tool
+from .vendors import Runner, Which, read_vendor, run_tool
 
 log = structlog.get_logger(__name__)
 _MIB = 1024 * 1024
@@ -29,7 +28,7 @@ def sample(
     at: datetime,
     nvml: Any | None = None,
     cards: Sequence[GpuInfo] = (),
-    run: Runner = _run_tool,
+    run: Runner = run_tool,
     which: Which = shutil.which,
     detect: bool = True,
 ) -> list[GpuSample]:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -44,7 +45,7 @@ class CardReading:
     bus_id: str = ""
 
 
-def _run(cmd: Sequence[str]) -> str:
+def run_tool(cmd: Sequence[str]) -> str:
     return subprocess.run(list(cmd), capture_output=True, text=True, check=True, timeout=15).stdout
 
 
@@ -141,7 +142,7 @@ ROCM_SMI_CALLS = (
 )
 
 
-def read_amd(run: Runner = _run, which: Which = shutil.which) -> list[CardReading]:
+def read_amd(run: Runner = run_tool, which: Which = shutil.which) -> list[CardReading]:
     if which("amd-smi"):
         return parse_amd_smi_metric(run(("amd-smi", "metric", "--json")))
     if which("rocm-smi"):
@@ -188,7 +189,7 @@ def parse_npu_smi_info(text: str) -> list[CardReading]:
     return out
 
 
-def read_ascend(run: Runner = _run, which: Which = shutil.which) -> list[CardReading]:
+def read_ascend(run: Runner = run_tool, which: Which = shutil.which) -> list[CardReading]:
     if which("npu-smi"):
         return parse_npu_smi_info(run(("npu-smi", "info")))
     return []
@@ -204,7 +205,9 @@ BACKENDS: dict[str, tuple[Callable[[Runner, Which], list[CardReading]], tuple[st
 }
 
 
-def read_vendor(vendor: str, run: Runner = _run, which: Which = shutil.which) -> list[CardReading]:
+def read_vendor(
+    vendor: str, run: Runner = run_tool, which: Which = shutil.which
+) -> list[CardReading]:
     """Readings of one vendor's cards; [] when the vendor has no backend, its tool is absent
     or its output cannot be read (logged)."""
     backend = BACKENDS.get(vendor.lower())
@@ -215,6 +218,26 @@ def read_vendor(vendor: str, run: Runner = _run, which: Which = shutil.which) ->
     except Exception as e:  # noqa: BLE001 - a tool that fails gives no readings, not a crash
         log.warning("vendor_telemetry_failed", vendor=vendor, error=str(e))
         return []
+
+
+def recorded_name(cmd: Sequence[str]) -> str:
+    """Where a recorded output of `cmd` is kept: `amd-smi metric --json` → `amd-smi-metric-json`."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", " ".join(cmd)).strip("-")
+
+
+def recorded_tools(directory: Path) -> tuple[Runner, Which]:
+    """A runner and a `which` that answer from recorded outputs under `directory` instead of
+    running the tools (simulated nodes: a declared card's telemetry goes through the same parser
+    as a real tool's). A tool is present when one of its outputs is recorded."""
+
+    def run(cmd: Sequence[str]) -> str:
+        return (directory / recorded_name(cmd)).read_text()
+
+    def which(tool: str) -> str | None:
+        found = any(p.name.startswith(recorded_name([tool]) + "-") for p in directory.glob("*"))
+        return str(directory) if found else None
+
+    return run, which
 
 
 def telemetry_notes(vendors: Iterable[str], which: Which = shutil.which) -> list[str]:

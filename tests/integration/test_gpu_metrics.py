@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
+from agent.inventory import declared_gpus
+from agent.telemetry import sample
+from agent.vendors import recorded_tools
 from libs.domain.telemetry import GpuSample, TelemetryBatch
 from libs.store import telemetry as telemetry_rows
 from services.event_timeline.handlers.telemetry import TelemetrySink
@@ -14,6 +19,7 @@ from services.event_timeline.handlers.telemetry import TelemetrySink
 from .helpers import Api
 
 pytestmark = pytest.mark.integration
+AMD_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendors" / "amd"
 
 
 async def test_metrics_and_energy_from_samples(api: Api) -> None:
@@ -88,3 +94,28 @@ async def test_samples_for_a_task_on_another_node_are_dropped_and_counted(api: A
         assert body["measured"] is False and "no GPU samples" in body["note"]
     samples = await telemetry_rows.power(api.store, ours)
     assert [(s.power_w, s.shared_by) for s in samples] == [(999.0, 1)]
+
+
+async def test_simulated_amd_card_reports_through_the_amd_smi_parser(
+    api: Api, tmp_path: Path
+) -> None:
+    """A declared AMD card on a simulated node: its recorded `amd-smi metric --json` output goes
+    through the same parser and sampler as a real tool's, then the sink and the API."""
+    shutil.copy(AMD_FIXTURES / "amd-smi-metric.json", tmp_path / "amd-smi-metric-json")
+    run, which = recorded_tools(tmp_path)
+    cards = declared_gpus("amd:MI300X:196608", node_id="n1")
+    r = await api.client.post(
+        "/api/v1/tasks", headers=api.tenant, json={"name": "t", "image": "x", "gpu_required": 1}
+    )
+    tid = r.json()["id"]
+    await api.place(tid, "n1")
+    now = datetime.now(UTC).replace(microsecond=0)
+    samples = sample({cards[0].uuid: [tid]}, now, cards=cards, run=run, which=which, detect=False)
+    assert len(samples) == 1
+    await TelemetrySink(api.store).write(TelemetryBatch(node_id="n1", samples=tuple(samples)))
+    r = await api.client.get(f"/api/v1/tasks/{tid}/gpu-metrics", headers=api.tenant)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["measured"] and body["series"][0]["gpu_id"] == cards[0].uuid
+    (point,) = body["series"][0]["points"]
+    assert point["power_w"] == 20.0
