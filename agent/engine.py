@@ -22,6 +22,7 @@ import structlog
 from .inventory import GpuInfo
 from .runtimes.base import Handle, Runtime
 from .telemetry import sample
+from .vendors import Runner, Which
 
 log = structlog.get_logger(__name__)
 
@@ -49,18 +50,23 @@ async def vram_held_mb(
     detect: bool,
     declared_file: Path | None = None,
     cards: Sequence[GpuInfo] = (),
+    tools: tuple[Runner, Which] | None = None,
 ) -> float | None:
     """VRAM in use on the task's cards (NVML, off the loop); None when nothing can be read
     (no card, NVML off, or declared cards of other vendors). Cards NVML cannot see are read
     from `declared_file` when one is set (see `declared_vram_mb`). Other vendors' `cards` are
-    read through their vendor tool (agent/vendors), as telemetry reads them."""
+    read through their vendor tool (agent/vendors), as telemetry reads them (`tools`: the
+    runner and `which` to use, e.g. recorded outputs on a simulated node)."""
     if not gpu_ids:
         return None
     others = [c for c in cards if c.vendor != "nvidia"]
+    seams: dict[str, Any] = {"run": tools[0], "which": tools[1]} if tools else {}
     if detect or others:
         holders = {g: ["-"] for g in gpu_ids}
         samples = await asyncio.to_thread(
-            functools.partial(sample, holders, datetime.now(UTC), cards=others, detect=detect)
+            functools.partial(
+                sample, holders, datetime.now(UTC), cards=others, detect=detect, **seams
+            )
         )
         if samples:
             return round(sum(s.memory_used_mb for s in samples), 1)

@@ -473,8 +473,8 @@ class Agent:
 
     def _vram(self, tracked: Tracked) -> Callable[[], Awaitable[float | None]]:
         detect, declared = self.settings.detect_nvidia, self.settings.declared_vram_file
-        cards = self.inventory.gpus
-        return lambda: vram_held_mb(tracked.gpu_ids, detect, declared, cards)
+        cards, tools = self.inventory.gpus, self._vendor_tools()
+        return lambda: vram_held_mb(tracked.gpu_ids, detect, declared, cards, tools)
 
     # --- reports and logs --------------------------------------------------------------
 

@@ -115,3 +115,17 @@ def test_sample_reads_declared_ascend_cards_through_npu_smi() -> None:
     assert (s.temperature_c, s.health, s.power_w) == (34.0, "ok", None)
     # No tool on PATH: no sample, no exception.
     assert sample(held, at, cards=cards, which=lambda t: None, detect=False) == []
+
+
+async def test_card_lending_vram_reads_the_vendor_tool(tmp_path: Path) -> None:
+    import shutil
+
+    from agent.engine import vram_held_mb
+    from agent.inventory import declared_gpus
+    from agent.vendors import recorded_tools
+
+    shutil.copy(FIX / "amd" / "amd-smi-metric.json", tmp_path / "amd-smi-metric-json")
+    cards = declared_gpus("amd:RX7800XT:16368", node_id="n1")
+    held = await vram_held_mb((cards[0].uuid,), False, None, cards, recorded_tools(tmp_path))
+    assert held == 14569.0
+    assert await vram_held_mb((cards[0].uuid,), False, None, cards, (str, lambda t: None)) is None
