@@ -26,7 +26,7 @@ def parse(path: Path) -> dict[str, list[tuple[list[str], int]]]:
             continue
         frames = stack.split(";")[1:]  # the first frame names the root process
         name = "root process"
-        if frames and frames[0].startswith("process "):
+        while frames and frames[0].startswith("process "):  # a child's child: the last names it
             name, frames = frames[0][:60], frames[1:]
         out[name].append(([_LINE.sub(")", f) for f in frames], int(count)))
     return out
