@@ -229,7 +229,7 @@ async def test_jwt_algorithm_pinned_and_exp_checked(api: Api) -> None:
 
     secret = api.settings.jwt_secret.get_secret_value()  # type: ignore[union-attr]
     claims = {"sub": "eve", "tenant_id": "acme", "iss": "heteroflow", "exp": 4102444800}
-    none_alg = pyjwt.encode(claims, key=None, algorithm="none")
+    none_alg = pyjwt.encode(claims, key="", algorithm="none")
     expired = pyjwt.encode(claims | {"exp": 1}, secret, algorithm="HS256")
     no_exp = pyjwt.encode({k: v for k, v in claims.items() if k != "exp"}, secret, "HS256")
     for token in (none_alg, expired, no_exp):
