@@ -97,6 +97,17 @@ async def closed_loop(name: str, port: int, path: str, key: str, n: int, conns: 
     return side
 
 
+async def seed_replica(url: str, upstream_port: int) -> tuple[str, str]:
+    """The bench tenant, its API key and a running inference task served at `upstream_port`."""
+    store = await EventStore.open(url, max_size=4)
+    try:
+        await auth.create_tenant(store, TENANT, "bench")
+        _, key = await auth.issue_api_key(store, TENANT, "bench")
+        return key, await _target(store, upstream_port)
+    finally:
+        await store.close()
+
+
 async def _target(store: EventStore, upstream_port: int) -> str:
     spec = TaskSpec(
         name="bench-replica",
@@ -132,13 +143,7 @@ async def run(ctx: Context) -> list[Row]:
     )
     try:
         with ctx.database() as url, tempfile.TemporaryDirectory(prefix="hf-bench-sv-") as home:
-            store = await EventStore.open(url, max_size=4)
-            try:
-                await auth.create_tenant(store, TENANT, "bench")
-                _, key = await auth.issue_api_key(store, TENANT, "bench")
-                task_id = await _target(store, up_port)
-            finally:
-                await store.close()
+            key, task_id = await seed_replica(url, up_port)
             load = GatewayLoad(url, ctx.servers.nats_url, key, 0.0, 0.0, conns, 1)
             gateway = await _start(load, gw_port, probe, home)
             try:

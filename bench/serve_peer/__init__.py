@@ -23,14 +23,12 @@ from pathlib import Path
 
 import psutil
 
-from libs import auth
 from libs.logging import configure
-from libs.store.eventstore import EventStore
 
 from .. import fresh_database, servers
 from ..gateway_load import GatewayLoad, _free_port, _start, _stop, _wait_ready
 from ..report import environment
-from ..serving import TENANT, _target
+from ..serving import seed_replica
 from .load import WRK, json_load, sse_load
 from .table import CHUNKS, DIRECT, HETEROFLOW, RAY, Figures, render, render_targets, targets
 
@@ -148,13 +146,7 @@ async def run_heteroflow(args: argparse.Namespace, db: str, nats: str) -> Figure
     )
     try:
         with fresh_database(db) as url, tempfile.TemporaryDirectory(prefix="hf-bench-sp-") as home:
-            store = await EventStore.open(url, max_size=4)
-            try:
-                await auth.create_tenant(store, TENANT, "bench")
-                _, key = await auth.issue_api_key(store, TENANT, "bench")
-                task_id = await _target(store, up_port)
-            finally:
-                await store.close()
+            key, task_id = await seed_replica(url, up_port)
             load = GatewayLoad(url, nats, key, 0.0, 0.0, 64, 1)
             gateway = await _start(load, gw_port, probe, home)
             try:
