@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -164,25 +166,26 @@ async def run_heteroflow(args: argparse.Namespace, db: str, nats: str) -> Figure
 
 
 async def run_ray(args: argparse.Namespace) -> Figures:
-    import ray
-    from ray import serve
+    # Typed as Any: ray's annotations differ between installs with and without it.
+    ray: Any = importlib.import_module("ray")
+    serve: Any = importlib.import_module("ray.serve")
 
     from .app import app
 
-    @serve.deployment
-    @serve.ingress(app)
-    class Replica:
+    class Ingress:
         pass
+
+    replica: Any = serve.deployment(serve.ingress(app)(Ingress))
 
     port = _free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(Replica.bind(), route_prefix="/")  # type: ignore[attr-defined]
+        serve.run(replica.bind(), route_prefix="/")
         return await measure(port, "", "", args.quick, args.duration, None)
     finally:
         with contextlib.suppress(Exception):
-            serve.shutdown()  # type: ignore[no-untyped-call]
+            serve.shutdown()
         ray.shutdown()
 
 
