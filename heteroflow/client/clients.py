@@ -1,49 +1,44 @@
-"""`Client` (blocking) and `AsyncClient` (asyncio) over httpx, with one resource per kind:
-`client.tasks`, `.groups`, `.jobs`, `.queues`, `.pools`, each with create/get/list/iter/
-update/delete and `action` for the POST verbs (stop, sleep, wake, scale, rollout)."""
+"""`Client` (blocking) and `AsyncClient` (asyncio) over httpx. Both carry the same resources
+(routes.py): `tasks`, `groups`, `jobs`, `queues`, `pools`, `nodes`, `tenants`; `send` is one
+call answered as an httpx response (retried, refusals raised), `events` a Server-Sent
+Events stream, `serve` a request to an inference target through the gateway's router."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel
-
-from heteroflow.cli_user.client import resolve_target
 
 from .core import (
     API_PREFIX,
     DEFAULT_PER_PAGE,
     TIMEOUT_S,
+    SseEvent,
+    SseParser,
     Unreachable,
     api_error,
     body_of,
     clean_params,
     page_items,
+    parse_sse,
     retry_wait,
+    stream_error,
 )
+from .credentials import resolve_target
+from .routes import Body, Groups, Jobs, Nodes, Pools, Queues, Tasks, Tenants, seg
 
-Body = BaseModel | Mapping[str, Any] | None
-
-# name -> (path, key of the list's items, paged)
-KINDS: dict[str, tuple[str, str, bool]] = {
-    "tasks": ("/tasks", "tasks", True),
-    "groups": ("/groups", "groups", True),
-    "jobs": ("/jobs", "jobs", True),
-    "queues": ("/queues", "queues", False),
-    "pools": ("/pools", "pools", False),
-}
+JSON = dict[str, Any]
 
 
 def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
+def _json(response: httpx.Response) -> JSON:
     """The answer's JSON object ({} for an empty answer, `{"items": [...]}` for a list)."""
     if not response.content:
         return {}
@@ -51,50 +46,25 @@ def _json(response: httpx.Response) -> dict[str, Any]:
     return data if isinstance(data, dict) else {"items": data}
 
 
-class Resource:
-    """One kind's routes on a blocking client."""
+def _first_page(params: dict[str, Any]) -> int:
+    params.setdefault("per_page", DEFAULT_PER_PAGE)
+    return int(params.pop("page", 1))
 
-    def __init__(self, client: Client, path: str, key: str, paged: bool) -> None:
-        self._c, self.path, self.key, self.paged = client, path, key, paged
 
-    def create(self, body: Body, **params: Any) -> dict[str, Any]:
-        return self._c.request("POST", self.path, body=body, params=params)
+def _line_of(event: SseEvent) -> str | None:
+    """A log line, None at the stream's `end`; an `error` event raises."""
+    if event.event == "error":
+        raise stream_error(event)
+    return None if event.event == "end" else event.data
 
-    def get(self, ident: str) -> dict[str, Any]:
-        return self._c.request("GET", f"{self.path}/{ident}")
 
-    def list(self, **params: Any) -> dict[str, Any]:
-        """One page as the API answers it (`{key: [...], total, page, per_page}`)."""
-        return self._c.request("GET", self.path, params=params)
-
-    def iter(self, **params: Any) -> Iterator[dict[str, Any]]:
-        """Every item, page after page."""
-        if not self.paged:
-            yield from self.list(**params).get(self.key) or []
-            return
-        page = int(params.pop("page", 1))
-        params.setdefault("per_page", DEFAULT_PER_PAGE)
-        while True:
-            items, more = page_items(self.list(page=page, **params), self.key)
-            yield from items
-            if not more:
-                return
-            page += 1
-
-    def update(self, ident: str, body: Body) -> dict[str, Any]:
-        return self._c.request("PUT", f"{self.path}/{ident}", body=body)
-
-    def delete(self, ident: str) -> dict[str, Any]:
-        return self._c.request("DELETE", f"{self.path}/{ident}")
-
-    def action(self, ident: str, verb: str, body: Body = None, **params: Any) -> dict[str, Any]:
-        """`POST {path}/{ident}/{verb}` (stop, sleep, wake, scale, rollout, rollout/pause...)."""
-        return self._c.request("POST", f"{self.path}/{ident}/{verb}", body=body, params=params)
+STREAM_TIMEOUT = httpx.Timeout(TIMEOUT_S, read=None)  # a quiet task sends nothing for long
 
 
 class Client:
     """A blocking client. Server and token: arguments, then `HETEROFLOW_SERVER` /
-    `HETEROFLOW_TOKEN`, then `$HETEROFLOW_HOME/credentials.json`, as the CLI resolves them."""
+    `HETEROFLOW_TOKEN`, then `$HETEROFLOW_HOME/credentials.json`, as the CLI resolves them.
+    `http`: an httpx client of one's own (its base URL must end in /api/v1)."""
 
     def __init__(
         self,
@@ -105,31 +75,36 @@ class Client:
         credentials_path: Path | None = None,
         timeout: float = TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
+        http: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         target = resolve_target(server, token, operator=operator, credentials_path=credentials_path)
         self.server, self.token = target.server, target.token
         self._sleep = sleep
-        self._http = httpx.Client(
+        self._http = http or httpx.Client(
             base_url=self.server + API_PREFIX,
             headers=_headers(self.token),
             timeout=timeout,
             transport=transport,
         )
-        for name, (path, key, paged) in KINDS.items():
-            setattr(self, name, Resource(self, path, key, paged))
+        self.tasks = Tasks[JSON, Iterator[JSON], Iterator[str]](self)
+        self.groups = Groups[JSON, Iterator[JSON], Iterator[str]](self)
+        self.jobs = Jobs[JSON, Iterator[JSON], Iterator[str]](self)
+        self.queues = Queues[JSON, Iterator[JSON], Iterator[str]](self)
+        self.pools = Pools[JSON, Iterator[JSON], Iterator[str]](self)
+        self.nodes = Nodes[JSON, Iterator[JSON], Iterator[str]](self)
+        self.tenants = Tenants[JSON, Iterator[JSON], Iterator[str]](self)
 
-    tasks: Resource
-    groups: Resource
-    jobs: Resource
-    queues: Resource
-    pools: Resource
-
-    def request(
-        self, method: str, path: str, *, body: Body = None, params: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Body = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> httpx.Response:
         """One call: retried on 429/503 with Retry-After when `method` is idempotent; a
-        refusal raises `ApiError`; the answer's JSON otherwise."""
+        refusal raises `ApiError`, no answer `Unreachable`."""
         attempt = 0
         while True:
             try:
@@ -137,14 +112,72 @@ class Client:
                     method, path, params=clean_params(params), json=body_of(body)
                 )
             except httpx.HTTPError as exc:
-                raise Unreachable(f"cannot reach {self.server}: {exc or type(exc)}") from None
+                raise Unreachable(self.server, str(exc) or type(exc).__name__) from None
             if response.status_code < 400:
-                return _json(response)
+                return response
             wait = retry_wait(method, response, attempt)
             if wait is None:
                 raise api_error(response)
             self._sleep(wait)
             attempt += 1
+
+    def request(
+        self, method: str, path: str, *, body: Body = None, params: Mapping[str, Any] | None = None
+    ) -> JSON:
+        """`send`, answered as the JSON object."""
+        return _json(self.send(method, path, body=body, params=params))
+
+    def pages(self, path: str, key: str, paged: bool, params: dict[str, Any]) -> Iterator[JSON]:
+        if not paged:
+            yield from self.request("GET", path, params=params).get(key) or []
+            return
+        page = _first_page(params)
+        while True:
+            items, more = page_items(self.request("GET", path, params=params | {"page": page}), key)
+            yield from items
+            if not more:
+                return
+            page += 1
+
+    def events(self, path: str, **params: Any) -> Iterator[SseEvent]:
+        """Follow a Server-Sent Events route; a refusal before the stream starts raises
+        (retried as `send` retries a GET)."""
+        attempt = 0
+        while True:
+            try:
+                with self._http.stream(
+                    "GET", path, params=clean_params(params), timeout=STREAM_TIMEOUT
+                ) as response:
+                    if response.status_code < 400:
+                        yield from parse_sse(response.iter_lines())
+                        return
+                    response.read()
+            except httpx.HTTPError as exc:
+                raise Unreachable(self.server, str(exc) or type(exc).__name__) from None
+            wait = retry_wait("GET", response, attempt)
+            if wait is None:
+                raise api_error(response)
+            self._sleep(wait)
+            attempt += 1
+
+    def lines(self, path: str, params: dict[str, Any]) -> Iterator[str]:
+        for event in self.events(path, **params):
+            line = _line_of(event)
+            if line is None:
+                return
+            yield line
+
+    def serve(
+        self, target_id: str, path: str = "", method: str = "POST", **kwargs: Any
+    ) -> httpx.Response:
+        """A request to an inference task or group through the gateway's router
+        (`/serve/{target_id}/{path}`), answered as the replica answers; `kwargs` go to httpx
+        (`json=`, `content=`, `headers=`). Not retried; an error status is not raised."""
+        url = f"{self.server}/serve/{seg(target_id)}/{path.lstrip('/')}"
+        try:
+            return self._http.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            raise Unreachable(self.server, str(exc) or type(exc).__name__) from None
 
     def close(self) -> None:
         self._http.close()
@@ -156,51 +189,12 @@ class Client:
         self.close()
 
 
-class AsyncResource:
-    """One kind's routes on an asyncio client."""
-
-    def __init__(self, client: AsyncClient, path: str, key: str, paged: bool) -> None:
-        self._c, self.path, self.key, self.paged = client, path, key, paged
-
-    async def create(self, body: Body, **params: Any) -> dict[str, Any]:
-        return await self._c.request("POST", self.path, body=body, params=params)
-
-    async def get(self, ident: str) -> dict[str, Any]:
-        return await self._c.request("GET", f"{self.path}/{ident}")
-
-    async def list(self, **params: Any) -> dict[str, Any]:
-        return await self._c.request("GET", self.path, params=params)
-
-    async def iter(self, **params: Any) -> AsyncIterator[dict[str, Any]]:
-        if not self.paged:
-            for item in (await self.list(**params)).get(self.key) or []:
-                yield item
-            return
-        page = int(params.pop("page", 1))
-        params.setdefault("per_page", DEFAULT_PER_PAGE)
-        while True:
-            items, more = page_items(await self.list(page=page, **params), self.key)
-            for item in items:
-                yield item
-            if not more:
-                return
-            page += 1
-
-    async def update(self, ident: str, body: Body) -> dict[str, Any]:
-        return await self._c.request("PUT", f"{self.path}/{ident}", body=body)
-
-    async def delete(self, ident: str) -> dict[str, Any]:
-        return await self._c.request("DELETE", f"{self.path}/{ident}")
-
-    async def action(
-        self, ident: str, verb: str, body: Body = None, **params: Any
-    ) -> dict[str, Any]:
-        path = f"{self.path}/{ident}/{verb}"
-        return await self._c.request("POST", path, body=body, params=params)
+AJSON = Awaitable[JSON]
 
 
 class AsyncClient:
-    """The asyncio twin of `Client` (same resolution of server and token)."""
+    """The asyncio twin of `Client` (same resolution of server and token, same resources;
+    their calls are awaited, their iterators are `async for`)."""
 
     def __init__(
         self,
@@ -211,29 +205,34 @@ class AsyncClient:
         credentials_path: Path | None = None,
         timeout: float = TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
-        sleep: Callable[[float], Any] = asyncio.sleep,
+        http: httpx.AsyncClient | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         target = resolve_target(server, token, operator=operator, credentials_path=credentials_path)
         self.server, self.token = target.server, target.token
         self._sleep = sleep
-        self._http = httpx.AsyncClient(
+        self._http = http or httpx.AsyncClient(
             base_url=self.server + API_PREFIX,
             headers=_headers(self.token),
             timeout=timeout,
             transport=transport,
         )
-        for name, (path, key, paged) in KINDS.items():
-            setattr(self, name, AsyncResource(self, path, key, paged))
+        self.tasks = Tasks[AJSON, AsyncIterator[JSON], AsyncIterator[str]](self)
+        self.groups = Groups[AJSON, AsyncIterator[JSON], AsyncIterator[str]](self)
+        self.jobs = Jobs[AJSON, AsyncIterator[JSON], AsyncIterator[str]](self)
+        self.queues = Queues[AJSON, AsyncIterator[JSON], AsyncIterator[str]](self)
+        self.pools = Pools[AJSON, AsyncIterator[JSON], AsyncIterator[str]](self)
+        self.nodes = Nodes[AJSON, AsyncIterator[JSON], AsyncIterator[str]](self)
+        self.tenants = Tenants[AJSON, AsyncIterator[JSON], AsyncIterator[str]](self)
 
-    tasks: AsyncResource
-    groups: AsyncResource
-    jobs: AsyncResource
-    queues: AsyncResource
-    pools: AsyncResource
-
-    async def request(
-        self, method: str, path: str, *, body: Body = None, params: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Body = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> httpx.Response:
         attempt = 0
         while True:
             try:
@@ -241,14 +240,76 @@ class AsyncClient:
                     method, path, params=clean_params(params), json=body_of(body)
                 )
             except httpx.HTTPError as exc:
-                raise Unreachable(f"cannot reach {self.server}: {exc or type(exc)}") from None
+                raise Unreachable(self.server, str(exc) or type(exc).__name__) from None
             if response.status_code < 400:
-                return _json(response)
+                return response
             wait = retry_wait(method, response, attempt)
             if wait is None:
                 raise api_error(response)
             await self._sleep(wait)
             attempt += 1
+
+    async def request(
+        self, method: str, path: str, *, body: Body = None, params: Mapping[str, Any] | None = None
+    ) -> JSON:
+        return _json(await self.send(method, path, body=body, params=params))
+
+    async def pages(
+        self, path: str, key: str, paged: bool, params: dict[str, Any]
+    ) -> AsyncIterator[JSON]:
+        if not paged:
+            for item in (await self.request("GET", path, params=params)).get(key) or []:
+                yield item
+            return
+        page = _first_page(params)
+        while True:
+            data = await self.request("GET", path, params=params | {"page": page})
+            items, more = page_items(data, key)
+            for item in items:
+                yield item
+            if not more:
+                return
+            page += 1
+
+    async def events(self, path: str, **params: Any) -> AsyncIterator[SseEvent]:
+        attempt = 0
+        while True:
+            try:
+                async with self._http.stream(
+                    "GET", path, params=clean_params(params), timeout=STREAM_TIMEOUT
+                ) as response:
+                    if response.status_code < 400:
+                        parser = SseParser()
+                        async for line in response.aiter_lines():
+                            if (event := parser.feed(line)) is not None:
+                                yield event
+                        if parser.data:
+                            yield SseEvent(parser.event, "\n".join(parser.data))
+                        return
+                    await response.aread()
+            except httpx.HTTPError as exc:
+                raise Unreachable(self.server, str(exc) or type(exc).__name__) from None
+            wait = retry_wait("GET", response, attempt)
+            if wait is None:
+                raise api_error(response)
+            await self._sleep(wait)
+            attempt += 1
+
+    async def lines(self, path: str, params: dict[str, Any]) -> AsyncIterator[str]:
+        async for event in self.events(path, **params):
+            line = _line_of(event)
+            if line is None:
+                return
+            yield line
+
+    async def serve(
+        self, target_id: str, path: str = "", method: str = "POST", **kwargs: Any
+    ) -> httpx.Response:
+        url = f"{self.server}/serve/{seg(target_id)}/{path.lstrip('/')}"
+        try:
+            return await self._http.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            raise Unreachable(self.server, str(exc) or type(exc).__name__) from None
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from pydantic import BaseModel
 
-API_PREFIX = "/api/v1"
+from .credentials import API_PREFIX
+
+__all__ = ["API_PREFIX", "ApiError", "SseEvent", "Unreachable", "parse_sse"]
+
 TIMEOUT_S = 30.0
 # Methods whose repetition changes nothing more than the first call: only these are retried.
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
@@ -44,7 +48,12 @@ class ApiError(Exception):
 
 
 class Unreachable(Exception):
-    """No answer from the server (connection refused, timeout, broken stream)."""
+    """No answer from the server (connection refused, timeout, broken stream); `reason` is
+    what httpx said."""
+
+    def __init__(self, server: str, reason: str) -> None:
+        super().__init__(f"cannot reach {server}: {reason}")
+        self.server, self.reason = server, reason
 
 
 def api_error(response: httpx.Response) -> ApiError:
@@ -137,3 +146,57 @@ def page_items(data: Any, key: str) -> tuple[list[dict[str, Any]], bool]:
     if not isinstance(total, int) or not isinstance(page, int) or not isinstance(per_page, int):
         return items, False
     return items, bool(items) and page * per_page < total
+
+
+@dataclass
+class SseEvent:
+    event: str
+    data: str
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
+    """Server-Sent Events from decoded lines: `event:`/`data:` fields, a blank line ends one."""
+    parser = SseParser()
+    for line in lines:
+        if (event := parser.feed(line)) is not None:
+            yield event
+    if parser.data:
+        yield SseEvent(parser.event, "\n".join(parser.data))
+
+
+class SseParser:
+    """`parse_sse` one line at a time (for an asyncio stream): `feed` gives the event a
+    line completes, if any; `close` the one left unfinished at the end."""
+
+    def __init__(self) -> None:
+        self.event: str = "message"
+        self.data: list[str] = []
+
+    def feed(self, line: str) -> SseEvent | None:
+        if line == "":
+            done = self.close()
+            self.event, self.data = "message", []
+            return done
+        if not line.startswith(":"):
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "event":
+                self.event = value
+            elif name == "data":
+                self.data.append(value)
+        return None
+
+    def close(self) -> SseEvent | None:
+        if not self.data and self.event == "message":
+            return None
+        return SseEvent(self.event, "\n".join(self.data))
+
+
+def stream_error(event: SseEvent, status: int = 200) -> ApiError:
+    """An `error` event of a log stream as an ApiError (its JSON `error`, else its text)."""
+    try:
+        body = json.loads(event.data)
+    except ValueError:
+        body = None
+    message = body.get("error") if isinstance(body, dict) else None
+    return ApiError(status, str(message or event.data or "the stream ended with an error"))
