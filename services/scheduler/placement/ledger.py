@@ -6,14 +6,23 @@ nodes that can hold a request, best-packed first. It is the one mutable thing in
 evaluation: it never leaves `planner.plan`, and `checkpoint`/`rollback` undo a gang that
 could not be placed whole. Updating one node costs the same on a 10-node and a 10,000-node
 cluster (copying the whole ledger per placement did not).
+
+Between evaluations the planner keeps its ledger and `update`s it to the next snapshot's
+allocations: the round's reservations are rolled back and only the tasks whose allocation
+changed are moved, so a round costs what changed rather than what is held. The result equals
+a ledger built from the same allocations (tests/unit/test_ledger_incremental.py): each node's
+allocations are kept in task-id order and sums of costs are exactly rounded (`math.fsum`), so
+neither depends on the order in which tasks came or went.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from libs.domain.task.states import TaskStatus
 
@@ -30,6 +39,7 @@ LEAVING: frozenset[TaskStatus] = frozenset(
 FULL = -1
 
 _IDLE = NodeUsage()
+_T = TypeVar("_T")
 
 
 def bucket_key(node: Node, usage: NodeUsage) -> int:
@@ -87,38 +97,145 @@ class Ledger:
         self, index: ClusterIndex, allocations: Iterable[Allocation], gpus: Mapping[str, Gpu]
     ) -> None:
         self.index = index
+        self.gpus = gpus
         self.tenant_used: dict[str, float] = {}
         self.queue_use: dict[str, QueueUse] = {}
-        grouped: dict[str, list[Allocation]] = {}
-        holders = [a for a in allocations if a.holding]
-        lenders = {a.task_id for a in holders if a.status is TaskStatus.SLEEPING}
-        for a in holders:
-            grouped.setdefault(a.node_id, []).append(a)
-            # A borrower runs on its sleeping lender's card: the quota counts that card once.
-            cost = 0.0 if a.borrowed_from in lenders else allocation_cost(a, gpus)
-            self.tenant_used[a.tenant_id] = self.tenant_used.get(a.tenant_id, 0.0) + cost
-            if a.queue:
-                self.queue_use.setdefault(a.queue, QueueUse()).add(a, cost)
-        self.by_node: dict[str, tuple[Allocation, ...]] = {
-            n: tuple(allocs) for n, allocs in grouped.items()
-        }
+        self.by_node: dict[str, tuple[Allocation, ...]] = {}
         self.usage: dict[str, NodeUsage] = {}
         self.key_of: list[int] = [h or FULL for h in index.healthy]  # idle nodes
         # Nodes holding work that preemption could remove or that is already leaving.
         self.evictable: set[int] = set()
-        for node_id, held in self.by_node.items():
-            pos = index.position.get(node_id)
-            self.usage[node_id], key = _usage_and_key(index, node_id, pos, held)
+        # The snapshot's holders (the state `update` starts from), by task, and what each
+        # counts for: cost by tenant, (cost, job) by queue, allocations by node.
+        self._held: dict[str, Allocation] = {}
+        self._costs: dict[str, dict[str, float]] = {}
+        self._queued: dict[str, dict[str, tuple[float, str]]] = {}
+        self._members: dict[str, dict[str, Allocation]] = {}
+        holders = {a.task_id: a for a in allocations if a.holding}
+        lenders = {t for t, a in holders.items() if a.status is TaskStatus.SLEEPING}
+        for a in holders.values():
+            # A borrower runs on its sleeping lender's card: the quota counts that card once.
+            self._add(a, 0.0 if a.borrowed_from in lenders else allocation_cost(a, gpus))
+        for node_id in self._members:
+            pos, key = self._base(node_id)
             if pos is not None:
                 self.key_of[pos] = key
-                if _may_be_evicted(held):
-                    self.evictable.add(pos)
+        self._sum(self._costs, self._queued)
         self.buckets: list[dict[int, list[int]]] = [{} for _ in index.classes]
         for pos, key in enumerate(self.key_of):  # ascending positions: lists stay sorted
             self.buckets[index.class_of[pos]].setdefault(key, []).append(pos)
         self._versions = itertools.count(1)
         self.version = 0  # a new number for every state, rollbacks included
         self._journal: list[_Undo] = []
+
+    def update(self, allocations: Iterable[Allocation]) -> bool:
+        """Become the ledger of `allocations` (this evaluation's reservations undone first),
+        moving only the tasks whose allocation changed. False where it cannot: a change
+        touches card lending (a borrower's cost depends on its lender's status), or two
+        allocations name one task; the caller then builds a new ledger."""
+        # Back to the snapshot's state. A node, tenant or queue that only a reservation had
+        # added stays, holding nothing: the same to every reader as no entry.
+        self.rollback(0)
+        holders: dict[str, Allocation] = {}
+        changed: list[Allocation] = []
+        count = 0
+        for a in allocations:
+            if not a.holding:
+                continue
+            count += 1
+            holders[a.task_id] = a
+            old = self._held.get(a.task_id)
+            if old is not a and old != a:
+                if _lends(a) or (old is not None and _lends(old)):
+                    return False
+                changed.append(a)
+        if count != len(holders):
+            return False
+        gone = [self._held[t] for t in self._held.keys() - holders.keys()]
+        if any(_lends(a) for a in gone):
+            return False
+        nodes: set[str] = set()
+        tenants = {a.tenant_id for a in gone}
+        queues = {a.queue for a in gone if a.queue}
+        for a in gone:
+            self._remove(a)
+            nodes.add(a.node_id)
+        for a in changed:
+            old = self._held.get(a.task_id)
+            if old is not None:
+                self._remove(old)
+                nodes.add(old.node_id)
+                tenants.add(old.tenant_id)
+                if old.queue:
+                    queues.add(old.queue)
+            self._add(a, allocation_cost(a, self.gpus))
+            nodes.add(a.node_id)
+            tenants.add(a.tenant_id)
+            if a.queue:
+                queues.add(a.queue)
+        for node_id in nodes:
+            pos, key = self._base(node_id)
+            if pos is not None:
+                self._move(pos, key)
+        self._sum(
+            {t: self._costs.get(t, {}) for t in tenants},
+            {q: self._queued.get(q, {}) for q in queues},
+        )
+        self.version = next(self._versions)
+        return True
+
+    def _add(self, a: Allocation, cost: float) -> None:
+        self._held[a.task_id] = a
+        self._costs.setdefault(a.tenant_id, {})[a.task_id] = cost
+        if a.queue:
+            self._queued.setdefault(a.queue, {})[a.task_id] = (cost, a.job_key)
+        self._members.setdefault(a.node_id, {})[a.task_id] = a
+
+    def _remove(self, a: Allocation) -> None:
+        del self._held[a.task_id]
+        _drop(self._costs, a.tenant_id, a.task_id)
+        if a.queue:
+            _drop(self._queued, a.queue, a.task_id)
+        _drop(self._members, a.node_id, a.task_id)
+
+    def _base(self, node_id: str) -> tuple[int | None, int]:
+        """A node's allocations, usage and evictability as its holders make them; its
+        position and bucket key (the caller files it)."""
+        members = self._members.get(node_id)
+        held = tuple(members[t] for t in sorted(members)) if members else ()
+        pos = self.index.position.get(node_id)
+        if held:
+            self.by_node[node_id] = held
+            self.usage[node_id], key = _usage_and_key(self.index, node_id, pos, held)
+        else:
+            self.by_node.pop(node_id, None)
+            self.usage.pop(node_id, None)
+            key = (self.index.healthy[pos] or FULL) if pos is not None else FULL
+        if pos is not None:  # else work on a node the snapshot does not list: quota only
+            if _may_be_evicted(held):
+                self.evictable.add(pos)
+            else:
+                self.evictable.discard(pos)
+        return pos, key
+
+    def _sum(
+        self,
+        costs: Mapping[str, Mapping[str, float]],
+        queued: Mapping[str, Mapping[str, tuple[float, str]]],
+    ) -> None:
+        for tenant, by_task in costs.items():
+            if by_task:
+                self.tenant_used[tenant] = math.fsum(by_task.values())
+            else:
+                self.tenant_used.pop(tenant, None)
+        for queue, entries in queued.items():
+            if not entries:
+                self.queue_use.pop(queue, None)
+                continue
+            use = QueueUse(math.fsum(c for c, _ in entries.values()), len(entries))
+            for _, job in entries.values():
+                use.jobs[job] = use.jobs.get(job, 0) + 1
+            self.queue_use[queue] = use
 
     def on(self, node_id: str) -> tuple[Allocation, ...]:
         return self.by_node.get(node_id, ())
@@ -181,7 +298,10 @@ class Ledger:
             self.evictable.add(pos)
         else:
             self.evictable.discard(pos)
-        old, new = self.key_of[pos], bucket_key(self.index.nodes[pos], self.usage[node_id])
+        self._move(pos, bucket_key(self.index.nodes[pos], self.usage[node_id]))
+
+    def _move(self, pos: int, new: int) -> None:
+        old = self.key_of[pos]
         if old == new:
             return
         buckets = self.buckets[self.index.class_of[pos]]
@@ -191,3 +311,14 @@ class Ledger:
             del buckets[old]
         bisect.insort(buckets.setdefault(new, []), pos)
         self.key_of[pos] = new
+
+
+def _lends(a: Allocation) -> bool:
+    return a.status is TaskStatus.SLEEPING or bool(a.borrowed_from)
+
+
+def _drop(groups: dict[str, dict[str, _T]], key: str, task_id: str) -> None:
+    group = groups[key]
+    del group[task_id]
+    if not group:
+        del groups[key]

@@ -120,12 +120,15 @@ class Planner:
     The index depends on the nodes alone. A caller that passes the very same nodes tuple
     again (the scheduler does, while no node changed) gets the index built for it last time
     instead of a new one: same input, same index, so plans stay a function of their input.
+    The ledger over that index is kept too and updated to each snapshot's allocations
+    (`Ledger.update`): it then equals one built from them, so the same holds for it.
     """
 
-    __slots__ = ("_last",)
+    __slots__ = ("_last", "_ledger")
 
     def __init__(self) -> None:
         self._last: tuple[tuple[Node, ...], ClusterIndex, Mapping[str, Gpu]] | None = None
+        self._ledger: Ledger | None = None
 
     def indexed(self, snapshot: ClusterSnapshot) -> tuple[ClusterIndex, Mapping[str, Gpu]]:
         last = self._last
@@ -133,6 +136,14 @@ class Planner:
             gpus = MappingProxyType(snapshot.gpus_by_id())
             last = self._last = (snapshot.nodes, ClusterIndex(snapshot.nodes), gpus)
         return last[1], last[2]
+
+    def ledger(self, ev: Evaluation) -> Ledger:
+        """The working ledger of `ev`'s allocations: last evaluation's, updated, while the
+        index is the same; else a new one."""
+        kept = self._ledger
+        if kept is None or kept.index is not ev.index or not kept.update(ev.snapshot.allocations):
+            kept = self._ledger = Ledger(ev.index, ev.snapshot.allocations, ev.gpus)
+        return kept
 
     def plan(
         self,
@@ -154,7 +165,7 @@ class Planner:
         if max_candidates is not None and max_candidates < 1:
             raise ValueError("max_candidates must be at least 1 (or None)")
         ev = Evaluation.of(snapshot, max_candidates, self)
-        ledger = Ledger(ev.index, snapshot.allocations, ev.gpus)
+        ledger = self.ledger(ev)
         outcomes: list[Outcome] = []
         deferred: list[str] = []
         budget = max_batch
