@@ -26,6 +26,7 @@ OP_HELP = {
     "wake": "resume a sleeping task",
     "rm": "delete (stops first when needed)",
 }
+AS_OF_HELP = "show it as it stood at TIME (RFC 3339, e.g. 2026-12-01T12:00:00Z), from the event log"
 
 
 class _TrailingCommandParser(argparse.ArgumentParser):
@@ -148,6 +149,7 @@ def _add_task_commands(
 
     p = sub.add_parser("describe", parents=both, help="a task, its attempts and timeline")
     p.add_argument("task_id")
+    p.add_argument("--as-of", metavar="TIME", help=AS_OF_HELP)
     p.set_defaults(func=_entry(commands.cmd_describe))
 
     p = sub.add_parser("logs", parents=[conn], help="a task's output")
@@ -210,6 +212,7 @@ def _add_groups(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentP
     p.set_defaults(func=_entry(events.cmd_groups_events))
     p = gsub.add_parser("describe", parents=[conn, fmt], help="a group and its tasks")
     p.add_argument("group_id")
+    p.add_argument("--as-of", metavar="TIME", help=AS_OF_HELP)
     p.set_defaults(func=_entry(events.cmd_groups_describe))
     p = gsub.add_parser(
         "scale", parents=[conn, fmt], help="set a group's replica count (not static-world groups)"
@@ -245,6 +248,8 @@ def _add_jobs(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentPar
     for name, handler, text in commands_by_name:
         p = jsub.add_parser(name, parents=both, help=text)
         p.add_argument("job_id")
+        if name == "describe":
+            p.add_argument("--as-of", metavar="TIME", help=AS_OF_HELP)
         p.set_defaults(func=_entry(handler))
     for noun, table, what in (
         ("queues", jobs.QUEUE_COMMANDS, "queues with quota and policy"),

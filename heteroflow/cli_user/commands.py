@@ -10,6 +10,7 @@ import argparse
 import json
 import re
 import time
+from datetime import datetime
 from typing import Any, TextIO
 from urllib.parse import quote
 
@@ -306,14 +307,23 @@ def cmd_ps(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_describe(ctx: Context, args: argparse.Namespace) -> int:
     path = task_path(args.task_id)
-    task = ctx.client.get(path)
+    as_of = getattr(args, "as_of", None)
+    task = ctx.client.get(path, as_of=as_of) if as_of else ctx.client.get(path)
     retries = ctx.client.get(path + "/retries").get("retries") or []
     events = fetch_timeline(ctx.client, path)
+    if as_of:  # the server took the time: the attempts and timeline entries up to then
+        retries = [r for r in retries if _up_to(r.get("started_at"), as_of)]
+        events = [e for e in events or [] if _up_to(e.get("occurred_at"), as_of)]
     if ctx.output == "table":
         ctx.print(out.describe_text(task, retries, events))
     else:
         ctx.print(out.render({"task": task, "retries": retries, "events": events}, ctx.output))
     return EXIT_OK
+
+
+def _up_to(when: Any, as_of: str) -> bool:
+    """Whether a time of the task's history (none: not begun yet) is no later than `as_of`."""
+    return not when or datetime.fromisoformat(str(when)) <= datetime.fromisoformat(as_of)
 
 
 def cmd_retries(ctx: Context, args: argparse.Namespace) -> int:

@@ -186,7 +186,8 @@ def cmd_groups_ls(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_groups_describe(ctx: Context, args: argparse.Namespace) -> int:
-    group = ctx.client.get(f"{GROUPS}/{quote(args.group_id, safe='')}")
+    path, as_of = f"{GROUPS}/{quote(args.group_id, safe='')}", getattr(args, "as_of", None)
+    group = ctx.client.get(path, as_of=as_of) if as_of else ctx.client.get(path)
     ctx.print(group_text(group) if ctx.output == "table" else out.render(group, ctx.output))
     return EXIT_OK
 

@@ -95,7 +95,10 @@ def cmd_jobs_ls(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_describe(ctx: Context, args: argparse.Namespace) -> int:
-    return _show(ctx, ctx.client.get(f"{JOBS}/{quote(args.job_id, safe='')}"), dag_text)
+    path, as_of = f"{JOBS}/{quote(args.job_id, safe='')}", getattr(args, "as_of", None)
+    return _show(
+        ctx, ctx.client.get(path, as_of=as_of) if as_of else ctx.client.get(path), dag_text
+    )
 
 
 def cmd_jobs_events(ctx: Context, args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ from libs.store.projections import GROUPS
 from libs.store.types import GroupQuery
 
 from . import request_docs, timeline
+from .as_of import AsOf, group_at
 from .deps import Principal, Store, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
@@ -158,7 +159,9 @@ async def group_stats(principal: Principal, store: Store) -> dict[str, Any]:
 
 
 @router.get("/{group_id}")
-async def get_group(group_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+async def get_group(group_id: str, principal: Principal, store: Store, q: AsOf) -> dict[str, Any]:
+    if (at := q.at()) is not None:
+        return group_view(*await group_at(store, group_id, tenant_scope(principal), at))
     group = await _load(store, group_id, tenant_scope(principal))
     return group_view(group, await _tasks(store, group_id))
 

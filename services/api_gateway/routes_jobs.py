@@ -30,6 +30,7 @@ from libs.store.eventstore import EventStore, NewTask, new_task_id
 from libs.store.projections import JOBS
 
 from . import request_docs
+from .as_of import AsOf, job_at
 from .deps import Principal, Store, page_query, tenant_scope
 from .queueing import queue_for
 from .responses import FastJSONResponse
@@ -156,7 +157,9 @@ async def list_jobs(request: Request, principal: Principal, store: Store) -> dic
 
 
 @router.get("/{job_id}")
-async def get_job(job_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+async def get_job(job_id: str, principal: Principal, store: Store, q: AsOf) -> dict[str, Any]:
+    if (at := q.at()) is not None:
+        return job_view(*await job_at(store, job_id, tenant_scope(principal), at))
     job = await _load(store, job_id, tenant_scope(principal))
     return job_view(job, await task_rows.of_job(store, job_id))
 

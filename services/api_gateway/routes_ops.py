@@ -16,7 +16,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from libs import auth
 from libs.bus.subjects import node_logs_subject
-from libs.domain.errors import Code, DomainError
+from libs.domain.errors import Code, DomainError, NotFound
 from libs.domain.group.serving_control import decide_wake
 from libs.domain.protocol import LogsReply, LogsRequest
 from libs.domain.reasons import ReasonCode
@@ -28,6 +28,7 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, payload_of
 
 from . import timeline
+from .as_of import AsOf, node_at
 from .deps import Principal, Store, require_operator, tenant_scope
 from .responses import FastJSONResponse
 from .routes_tasks import actor_of
@@ -214,6 +215,17 @@ async def task_events(
 async def list_nodes(principal: Principal, store: Store) -> dict[str, Any]:
     require_operator(principal)
     return {"nodes": [n.model_dump(mode="json") for n in await node_rows.all_nodes(store)]}
+
+
+@router.get("/nodes/{node_id}")
+async def get_node(node_id: str, principal: Principal, store: Store, q: AsOf) -> dict[str, Any]:
+    """One node (operators), live or `?as_of=` a past time."""
+    require_operator(principal)
+    at = q.at()
+    node = await node_rows.get(store, node_id) if at is None else await node_at(store, node_id, at)
+    if node is None:
+        raise NotFound("node")
+    return node.model_dump(mode="json")
 
 
 @router.post("/nodes/{node_id}/credentials", status_code=201)

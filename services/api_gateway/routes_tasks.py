@@ -34,6 +34,7 @@ from libs.store import tasks as task_rows
 from libs.store.types import TaskQuery
 
 from . import request_docs
+from .as_of import AsOf, task_at
 from .deps import Principal, Store, tenant_scope
 from .queueing import into_queue
 from .responses import FastJSONResponse
@@ -116,7 +117,9 @@ async def task_stats(principal: Principal, store: Store) -> dict[str, Any]:
 
 
 @router.get("/{task_id}", responses=task_responses())
-async def get_task(task_id: str, principal: Principal, store: Store) -> dict[str, Any]:
+async def get_task(task_id: str, principal: Principal, store: Store, q: AsOf) -> dict[str, Any]:
+    if (at := q.at()) is not None:
+        return task_view(await task_at(store, task_id, tenant_scope(principal), at))
     return task_view(await store.get_task(task_id, tenant_id=tenant_scope(principal)))
 
 
