@@ -29,6 +29,7 @@ from . import (
     routes_groups,
     routes_jobs,
     routes_ops,
+    routes_plan,
     routes_pools,
     routes_queues,
     routes_rollout,
@@ -94,6 +95,8 @@ def create_app(
         settings.tenant_write_rate_per_s, settings.tenant_write_burst
     )
     errors.install(app)
+    # Before the create routers: `/tasks/plan` is not a task id (no `/{id}` route takes it).
+    app.include_router(routes_plan.router)
     app.include_router(routes_tasks.router)
     app.include_router(routes_ops.router)
     app.include_router(gpu.router)

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs import auth
+from libs.auth import Principal as PrincipalT
 from libs.domain.errors import NotFound
 from libs.domain.group.events import GroupCreated, GroupDeleted
 from libs.domain.group.model import (
@@ -37,7 +38,7 @@ from libs.store.eventstore import EventStore, NewTask
 from libs.store.projections import GROUPS
 from libs.store.types import GroupQuery
 
-from . import request_docs, timeline
+from . import planning, request_docs, timeline
 from .as_of import AsOf, group_at
 from .deps import Principal, Store, tenant_scope
 from .queueing import into_queue
@@ -105,10 +106,11 @@ async def _tasks(store: EventStore, group_id: str) -> list[Task]:
     return await task_rows.of_group(store, group_id, include_deleted=False)
 
 
-@router.post("", status_code=201, dependencies=FOR_TENANT)
-async def create_group(
-    request: Request, principal: Principal, store: Store, body: CreateBody
-) -> JSONResponse:
+async def group_submission(
+    request: Request, principal: PrincipalT, store: EventStore, body: dict[str, Any]
+) -> tuple[str, GroupSpec]:
+    """A create body parsed into (tenant, spec with its template in its queue): the create's
+    and the plan's one parse, so both refuse a bad body alike."""
     tenant_id = tenant_for_create(principal, request)
     await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
     spec: GroupSpec = parse_group(
@@ -120,7 +122,15 @@ async def create_group(
         defaults=request.app.state.settings.task_defaults(),
     )
     template = await into_queue(store, tenant_id, spec.template)
-    spec = spec.model_copy(update={"template": template})
+    return tenant_id, spec.model_copy(update={"template": template})
+
+
+@router.post("", status_code=201, dependencies=FOR_TENANT)
+async def create_group(
+    request: Request, principal: Principal, store: Store, body: CreateBody
+) -> JSONResponse:
+    tenant_id, spec = await group_submission(request, principal, store, body)
+    template = spec.template
     group_id = "grp-" + uuid.uuid4().hex[:16]
 
     def decide(_: Group | None) -> tuple[list[Payload], list[NewTask]]:
@@ -163,7 +173,8 @@ async def get_group(group_id: str, principal: Principal, store: Store, q: AsOf) 
     if (at := q.at()) is not None:
         return group_view(*await group_at(store, group_id, tenant_scope(principal), at))
     group = await _load(store, group_id, tenant_scope(principal))
-    return group_view(group, await _tasks(store, group_id))
+    tasks = await _tasks(store, group_id)
+    return await planning.with_first_pending(store, group_view(group, tasks), tasks)
 
 
 async def _each_member(

@@ -14,12 +14,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from libs import auth
+from libs.auth import Principal as PrincipalT
 from libs.domain.errors import DomainError, NotFound
 from libs.domain.job.decide import advance, cascade
 from libs.domain.job.events import JobDeleted, JobStopRequested, JobSubmitted
 from libs.domain.job.evolve import evolve_job
 from libs.domain.job.model import DONE, Job
-from libs.domain.job.spec import parse_job
+from libs.domain.job.spec import JobSpec, parse_job
 from libs.domain.payload import Payload
 from libs.domain.task import decide as commands
 from libs.domain.task.model import Task, TenantId, tenant_allow_list
@@ -29,7 +30,7 @@ from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask, new_task_id
 from libs.store.projections import JOBS
 
-from . import request_docs
+from . import planning, request_docs
 from .as_of import AsOf, job_at
 from .deps import Principal, Store, page_query, tenant_scope
 from .queueing import queue_for
@@ -103,10 +104,11 @@ async def _load(store: EventStore, job_id: str, tenant: str | None) -> Job:
     return job
 
 
-@router.post("", status_code=201, dependencies=FOR_TENANT)
-async def create_job(
-    request: Request, principal: Principal, store: Store, body: CreateBody
-) -> JSONResponse:
+async def job_submission(
+    request: Request, principal: PrincipalT, store: EventStore, body: dict[str, Any]
+) -> tuple[str, JobSpec]:
+    """A submission body parsed into (tenant, spec): the submit's and the plan's one parse,
+    so both refuse a bad body alike."""
     tenant_id = tenant_for_create(principal, request)
     await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
     raw_queue = body.get("queue", "")
@@ -129,6 +131,14 @@ async def create_job(
         queue_problem=queue_problem,
         defaults=request.app.state.settings.task_defaults(),
     )
+    return tenant_id, spec
+
+
+@router.post("", status_code=201, dependencies=FOR_TENANT)
+async def create_job(
+    request: Request, principal: Principal, store: Store, body: CreateBody
+) -> JSONResponse:
+    tenant_id, spec = await job_submission(request, principal, store, body)
     job_id = "job-" + uuid.uuid4().hex[:16]
     submitted = JobSubmitted(job_id=job_id, tenant_id=TenantId(tenant_id), spec=spec)
 
@@ -161,7 +171,8 @@ async def get_job(job_id: str, principal: Principal, store: Store, q: AsOf) -> d
     if (at := q.at()) is not None:
         return job_view(*await job_at(store, job_id, tenant_scope(principal), at))
     job = await _load(store, job_id, tenant_scope(principal))
-    return job_view(job, await task_rows.of_job(store, job_id))
+    tasks = await task_rows.of_job(store, job_id)
+    return await planning.with_first_pending(store, job_view(job, tasks), tasks)
 
 
 @router.get("/{job_id}/events")

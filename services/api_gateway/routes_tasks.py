@@ -22,6 +22,7 @@ from libs.domain.task.model import (
     REPORT_FIELDS,
     SERVER_OWNED,
     Task,
+    TaskSpec,
     TenantId,
     boost_line,
     parse_create,
@@ -31,9 +32,10 @@ from libs.domain.task.model import (
 from libs.domain.task.states import Actor, TaskStatus
 from libs.domain.validation import REPORT_TEXT_MAX
 from libs.store import tasks as task_rows
+from libs.store.eventstore import EventStore
 from libs.store.types import TaskQuery
 
-from . import request_docs
+from . import planning, request_docs
 from .as_of import AsOf, task_at
 from .deps import Principal, Store, tenant_scope
 from .queueing import into_queue
@@ -74,10 +76,11 @@ def tenant_for_create(principal: PrincipalT, request: Request) -> str:
     raise DomainError(Code.FORBIDDEN, "agents cannot create tasks")
 
 
-@router.post("", status_code=201, dependencies=FOR_TENANT)
-async def create_task(
-    request: Request, principal: Principal, store: Store, body: CreateBody
-) -> JSONResponse:
+async def task_submission(
+    request: Request, principal: PrincipalT, store: EventStore, body: dict[str, Any]
+) -> tuple[str, TaskSpec]:
+    """A create body parsed into (tenant, spec in its queue): the create's and the plan's
+    one parse, so both refuse a bad body alike."""
     settings = request.app.state.settings
     tenant_id = tenant_for_create(principal, request)
     await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
@@ -87,7 +90,14 @@ async def create_task(
         volume_allow_list=tenant_allow_list(settings.volume_allow_list, tenant_id),
         defaults=settings.task_defaults(),
     )
-    spec = await into_queue(store, tenant_id, spec)
+    return tenant_id, await into_queue(store, tenant_id, spec)
+
+
+@router.post("", status_code=201, dependencies=FOR_TENANT)
+async def create_task(
+    request: Request, principal: Principal, store: Store, body: CreateBody
+) -> JSONResponse:
+    tenant_id, spec = await task_submission(request, principal, store, body)
     task = await store.create_task(
         TenantId(tenant_id), spec, metadata={"principal": principal.subject}
     )
@@ -120,7 +130,8 @@ async def task_stats(principal: Principal, store: Store) -> dict[str, Any]:
 async def get_task(task_id: str, principal: Principal, store: Store, q: AsOf) -> dict[str, Any]:
     if (at := q.at()) is not None:
         return task_view(await task_at(store, task_id, tenant_scope(principal), at))
-    return task_view(await store.get_task(task_id, tenant_id=tenant_scope(principal)))
+    task = await store.get_task(task_id, tenant_id=tenant_scope(principal))
+    return await planning.with_pending(store, task_view(task), task)
 
 
 @router.put("/{task_id}")

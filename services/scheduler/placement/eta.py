@@ -1,0 +1,341 @@
+"""Why a task pends, where it stands in its queue, and when it should start (docs/scheduling.md,
+"Plan and ETA").
+
+The binding constraint is the scheduler's own last reason for the task (its stage by
+`dryrun.stage_of`). The estimate reads what holds the resource that reason names:
+
+* capacity (cards, memory, CPU on the nodes that can take it, `check_static`): the tasks
+  placed there, summed over those nodes, against what the task and the work ahead of it
+  (the planner's own order) need beyond what is free now;
+* the tenant's GPU quota: the tenant's placed tasks; the queue's quota: the queue's;
+* retry backoff: its end.
+
+Each holder ends at its `timeout` or after the typical runtime of its tenant's finished tasks
+of the same image (`Runtime`, at least `MIN_SAMPLES` of them); the estimate is when enough of
+them have ended, with the range from the low and high ends. Nothing bounds it (a holder with
+neither, or a node that can never take it) → no estimate: `eta` is None, shown "unknown".
+It sums capacity over nodes and does not pack: fragmentation is seen only when the sum is
+enough, then the first node to free enough for the task alone counts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .dryrun import stage_of
+from .feasibility import allocation_cost, floor_cost, free_whole_cards
+from .ledger import LEAVING, Ledger
+from .model import Allocation, ClusterSnapshot, Node, PendingTask
+from .planner import Evaluation, _order_key
+from .queues import with_queues
+from .reasons import Reason
+from .stages import check_static
+
+MIN_SAMPLES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """A tenant's typical runtime of one image, in seconds: median, p10 and p90."""
+
+    median_s: float
+    low_s: float
+    high_s: float
+    samples: int
+
+
+def runtime_of(durations: Sequence[float]) -> Runtime | None:
+    if len(durations) < MIN_SAMPLES:
+        return None
+    ordered = sorted(durations)
+    q = statistics.quantiles(ordered, n=10, method="inclusive")
+    return Runtime(statistics.median(ordered), q[0], q[-1], len(ordered))
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A placed task as the estimate sees it."""
+
+    started_at: datetime | None  # None: placed, not started (counted from now)
+    timeout_s: int = 0
+    runtime: Runtime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Eta:
+    at: datetime
+    low: datetime
+    high: datetime
+    how: str = ""  # what bounds it: "timeout", "runtime", "both", "leaving", "backoff", "now"
+
+
+def end_of(h: Holding, now: datetime) -> Eta | None:
+    """When a holder should end (None: nothing bounds it)."""
+    start = h.started_at or now
+    deadline = start + timedelta(seconds=h.timeout_s) if h.timeout_s else None
+    if h.runtime is None:
+        if deadline is None:
+            return None
+        return Eta(max(now, deadline), now, max(now, deadline), "timeout")
+
+    def at(s: float) -> datetime:
+        t = max(now, start + timedelta(seconds=s))
+        return min(t, deadline) if deadline else t
+
+    r = h.runtime
+    return Eta(at(r.median_s), at(r.low_s), at(r.high_s), "both" if deadline else "runtime")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingInfo:
+    """The "why pending" answer of one task."""
+
+    stage: str
+    reason: Reason | None
+    detail: str
+    queue: str
+    position: int  # 1 = next in its queue
+    eta: Eta | None
+    method: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    what: str
+    weight: Callable[[Allocation], float]
+    holders: tuple[Allocation, ...]
+    deficit: float
+
+
+def estimate(
+    snapshot: ClusterSnapshot,
+    task: PendingTask,
+    pending: Sequence[PendingTask],
+    holding: Mapping[str, Holding],
+    *,
+    reason: Reason | None,
+    detail: str = "",
+) -> PendingInfo:
+    """`task`'s answer; `pending` is every pending task (itself included), `holding` the
+    placed tasks by id."""
+    queued = with_queues(pending, snapshot.queues)
+    me = next((t for t in queued if t.task_id == task.task_id), with_queues([task], {})[0])
+    order = sorted(queued, key=_order_key)
+    ahead = order[: order.index(me)] if me in order else order
+    position = 1 + sum(1 for t in ahead if t.queue == me.queue)
+    eta, method = _eta(snapshot, me, ahead, holding, reason)
+    return PendingInfo(stage_of(reason), reason, detail, me.queue, position, eta, method)
+
+
+_CAPACITY = {
+    Reason.INSUFFICIENT_GPUS,
+    Reason.FRACTION_UNAVAILABLE,
+    Reason.POOL_CAPACITY,
+    Reason.INSUFFICIENT_MEMORY,
+    Reason.INSUFFICIENT_CPU,
+}
+
+
+def _eta(
+    snapshot: ClusterSnapshot,
+    task: PendingTask,
+    ahead: Sequence[PendingTask],
+    holding: Mapping[str, Holding],
+    reason: Reason | None,
+) -> tuple[Eta | None, str]:
+    now = snapshot.now
+    if reason is Reason.BACKOFF and task.not_before is not None:
+        return Eta(task.not_before, task.not_before, task.not_before, "backoff"), "retry backoff"
+    ev = Evaluation.of(snapshot, None)
+    ledger = Ledger(ev.index, snapshot.allocations, ev.gpus)
+    if reason is None or reason in _CAPACITY:
+        needs: list[_Need | None] = [_capacity(ev, ledger, task, ahead, reason)]
+    elif reason is Reason.TENANT_QUOTA_EXCEEDED:
+        needs = [_tenant(ev, ledger, task, ahead)]
+    elif reason is Reason.QUEUE_QUOTA_EXCEEDED:
+        needs = list(_queue(ev, ledger, task, ahead))
+    else:
+        return None, f"nothing that ends frees it: it waits for a change ({reason.value})"
+    worst: tuple[Eta, str] | None = None
+    for need in needs:
+        if need is None:  # only _capacity answers None
+            return None, "no node that can take it: it waits for a node to come"
+        found = _when(need, holding, now)
+        if found[0] is None:
+            return found
+        if worst is None or found[0].at > worst[0].at:
+            worst = (found[0], found[1])
+    if worst is None:
+        return Eta(now, now, now, "now"), "fits: placed at the next evaluation"
+    return worst
+
+
+def _when(need: _Need, holding: Mapping[str, Holding], now: datetime) -> tuple[Eta | None, str]:
+    if need.deficit <= 1e-9:
+        return Eta(now, now, now, "now"), f"{need.what}: free now, placed at the next evaluation"
+    ends: list[tuple[Eta, float]] = []
+    unbounded = 0
+    for a in need.holders:
+        w = need.weight(a)
+        if w <= 0:
+            continue
+        if a.status in LEAVING:
+            ends.append((Eta(now, now, now, "leaving"), w))
+            continue
+        h = holding.get(a.task_id)
+        end = end_of(h, now) if h is not None else None
+        if end is None:
+            unbounded += 1
+        else:
+            ends.append((end, w))
+    if sum(w for _, w in ends) + 1e-9 < need.deficit:
+        return None, (
+            f"{need.what}; {unbounded} task(s) holding it have no timeout and no typical "
+            "runtime of their image: nothing bounds when enough is freed"
+        )
+    at, low, high = (_reach(ends, need.deficit, key) for key in ("at", "low", "high"))
+    hows = sorted({e.how for e, _ in ends})
+    method = f"{need.what}; freed as placed tasks end (by {', '.join(hows)})"
+    return Eta(at, min(low, at), max(high, at), "+".join(hows)), method
+
+
+def _reach(ends: Sequence[tuple[Eta, float]], deficit: float, key: str) -> datetime:
+    total = 0.0
+    for end, w in sorted(ends, key=lambda e: getattr(e[0], key)):
+        total += w
+        if total + 1e-9 >= deficit:
+            return getattr(end, key)  # type: ignore[no-any-return]
+    raise AssertionError("the caller checked the sum")
+
+
+def _eligible(ev: Evaluation, task: PendingTask) -> list[Node]:
+    return [n for n in ev.nodes if check_static(task, n).ok]
+
+
+def _capacity(
+    ev: Evaluation,
+    ledger: Ledger,
+    task: PendingTask,
+    ahead: Sequence[PendingTask],
+    reason: Reason | None,
+) -> _Need | None:
+    nodes = _eligible(ev, task)
+    if not nodes:
+        return None
+    ids = {n.id for n in nodes}
+    competing = [t for t in ahead if any(check_static(t, n).ok for n in nodes)]
+    holders = tuple(a for nid in sorted(ids) for a in ledger.on(nid))
+    unit, demand, weight, free_on = _dimension(ev, ledger, reason)
+    free = sum(free_on(n) for n in nodes)
+    own = demand(task)
+    need = own + sum(demand(t) for t in competing)
+    what = (
+        f"{need:g} {unit} needed on the {len(nodes)} node(s) that can take it "
+        f"({len(competing)} task(s) ahead), {free:g} free"
+    )
+    deficit = need - free
+    if deficit <= 0 and reason is not None:
+        # Enough in sum but on no one node: the node that frees the most of what it lacks.
+        lack = min(own - free_on(n) for n in nodes)
+        node = min(nodes, key=lambda n: (own - free_on(n), n.id))
+        return _Need(
+            f"{what}, split across nodes: node {node.id!r} must free {lack:g}",
+            weight,
+            ledger.on(node.id),
+            lack,
+        )
+    return _Need(what, weight, holders, deficit)
+
+
+Dimension = tuple[
+    str,
+    Callable[[PendingTask], float],
+    Callable[[Allocation], float],
+    Callable[[Node], float],
+]
+
+
+def _dimension(ev: Evaluation, ledger: Ledger, reason: Reason | None) -> Dimension:
+    """(unit, what a task needs, what a holder frees, what a node has free) for `reason`."""
+    if reason is Reason.INSUFFICIENT_MEMORY:
+        return (
+            "MB of memory",
+            lambda t: float(t.requirement.memory_mb),
+            lambda a: float(a.memory_mb),
+            lambda n: float(n.memory_mb - ledger.usage_on(n.id).memory_mb),
+        )
+    if reason is Reason.INSUFFICIENT_CPU:
+        return (
+            "CPU cores",
+            lambda t: t.requirement.cpu_cores,
+            lambda a: a.cpu_cores,
+            lambda n: n.cpu_cores - ledger.usage_on(n.id).cpu_cores,
+        )
+    return (
+        "card(s)",
+        floor_cost,
+        lambda a: allocation_cost(a, ev.gpus),
+        lambda n: float(free_whole_cards(n, ledger.usage_on(n.id))),
+    )
+
+
+def _tenant(
+    ev: Evaluation, ledger: Ledger, task: PendingTask, ahead: Sequence[PendingTask]
+) -> _Need:
+    limit = ev.snapshot.quota_of(task.tenant_id)
+    used = ledger.tenant_used.get(task.tenant_id, 0.0)
+    mine = [t for t in ahead if t.tenant_id == task.tenant_id]
+    need = floor_cost(task) + sum(floor_cost(t) for t in mine)
+    holders = tuple(a for a in ev.snapshot.allocations if a.tenant_id == task.tenant_id)
+    what = (
+        f"tenant {task.tenant_id!r} GPU quota {limit:g}: {used:g} held, {need:g} needed "
+        f"({len(mine)} of its task(s) ahead)"
+    )
+    return _Need(what, lambda a: allocation_cost(a, ev.gpus), holders, used + need - limit)
+
+
+def _queue(
+    ev: Evaluation, ledger: Ledger, task: PendingTask, ahead: Sequence[PendingTask]
+) -> list[_Need]:
+    limits = ev.snapshot.queues.get(task.queue)
+    if limits is None:
+        return [_Need(f"queue {task.queue!r} is deleted", _one, (), 1.0)]
+    use = ledger.queue_use.get(task.queue)
+    holders = tuple(a for a in ev.snapshot.allocations if a.queue == task.queue and a.holding)
+    mine = [t for t in ahead if t.queue == task.queue]
+    name = f"queue {task.queue!r}"
+    out: list[_Need] = []
+    if limits.max_gpus:
+        used = use.gpus if use else 0.0
+        need = floor_cost(task) + sum(floor_cost(t) for t in mine)
+        out.append(
+            _Need(
+                f"{name} max_gpus {limits.max_gpus}: {used:g} held, {need:g} needed",
+                lambda a: allocation_cost(a, ev.gpus),
+                holders,
+                used + need - limits.max_gpus,
+            )
+        )
+    if limits.max_running_tasks:
+        tasks = use.tasks if use else 0
+        out.append(
+            _Need(
+                f"{name} max_running_tasks {limits.max_running_tasks}: {tasks} running, "
+                f"{len(mine)} ahead",
+                _one,
+                holders,
+                float(tasks + 1 + len(mine) - limits.max_running_tasks),
+            )
+        )
+    if limits.max_running_jobs and not out:
+        # A job ends with its last task, which may not exist yet: no task's end bounds it.
+        what = f"{name} max_running_jobs {limits.max_running_jobs}: a job ends with its last task"
+        out.append(_Need(what, _one, (), 1.0))
+    return out
+
+
+def _one(a: Allocation) -> float:
+    return 1.0
