@@ -31,6 +31,10 @@ check:
 bench *SUITES:
     .venv/bin/python -m bench {{SUITES}}
 
+# regenerate the committed JSON Schema of workload files (heteroflow apply -f)
+files-schema:
+    .venv/bin/python -m heteroflow.files.schema > docs/schema/heteroflow-files.json
+
 # regenerate the committed OpenAPI document
 openapi:
     .venv/bin/python -m services.api_gateway.openapi > docs/openapi.json

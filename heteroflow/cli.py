@@ -18,6 +18,7 @@ import httpx
 from heteroflow.cli_check import register_check_commands
 from heteroflow.cli_ops import OPS, build_ops_parser
 from heteroflow.cli_user import register_user_commands
+from heteroflow.cli_user.apply import register_file_commands
 from heteroflow.settings_help import SettingsHelpParser, agent_settings, up_settings
 from libs.logging import configure
 
@@ -219,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     service.set_defaults(func=_service)
     register_check_commands(sub)
     register_user_commands(parser, sub)
+    register_file_commands(sub)  # apply -f, delete -f, get KIND NAME (workload files)
     return parser
 
 
