@@ -1,24 +1,44 @@
-"""HTTP client of the user commands: where the server is, which credential, and the API's
-refusals turned into exceptions that carry the command's exit code.
+"""The user commands' view of the Python client (heteroflow.client): where the server is,
+which credential, and the API's refusals turned into exceptions that carry the command's
+exit code.
 
 Server and token are resolved flags first, then `HETEROFLOW_SERVER` / `HETEROFLOW_TOKEN`,
-then `$HETEROFLOW_HOME/credentials.json` (written by `heteroflow up`).
+then `$HETEROFLOW_HOME/credentials.json` (written by `heteroflow up`), by
+heteroflow.client.credentials; the HTTP calls, their retries and the event streams are
+heteroflow.client's.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
 
-DEFAULT_SERVER = "http://127.0.0.1:3333"
-API_PREFIX = "/api/v1"
+from heteroflow import client as hf
+from heteroflow.client import credentials
+from heteroflow.client.core import SseEvent, parse_sse
+from heteroflow.client.credentials import (
+    API_PREFIX,
+    DEFAULT_SERVER,
+    Target,
+    home,
+    normalise_server,
+)
+
+__all__ = [
+    "API_PREFIX",
+    "DEFAULT_SERVER",
+    "SseEvent",
+    "Target",
+    "home",
+    "normalise_server",
+    "parse_sse",
+]
+
 TIMEOUT_S = 30.0  # above the gateway's own waits (wake answers within 10 s)
 
 EXIT_OK = 0
@@ -69,34 +89,16 @@ class ApiError(CliError):
     def __str__(self) -> str:
         return f"{self.message} (code {self.code})" if self.code else self.message
 
-
-def home(env: Mapping[str, str] | None = None) -> Path:
-    raw = (os.environ if env is None else env).get("HETEROFLOW_HOME")
-    return Path(raw).expanduser() if raw else Path.home() / ".heteroflow"
+    @classmethod
+    def of(cls, exc: hf.ApiError) -> ApiError:
+        return cls(exc.status, exc.message, exc.code, exc.fields)
 
 
 def load_credentials(path: Path) -> dict[str, str]:
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
-@dataclass(frozen=True)
-class Target:
-    server: str
-    token: str | None
-    credentials_path: Path
-
-
-def normalise_server(url: str) -> str:
-    url = url.strip().rstrip("/")
-    if "://" not in url:
-        url = "http://" + url
-    return url.removesuffix(API_PREFIX)
+        return credentials.load_credentials(path)
+    except credentials.CredentialsError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def resolve_target(
@@ -108,92 +110,65 @@ def resolve_target(
     credentials_path: Path | None = None,
 ) -> Target:
     """Flags, then environment, then the local credentials file (operator key on request)."""
-    env = os.environ if env is None else env
-    path = credentials_path or home(env) / "credentials.json"
-    url = server or env.get("HETEROFLOW_SERVER")
-    secret = token or env.get("HETEROFLOW_TOKEN")
-    if not url or not secret:  # the file is read only when something is still missing
-        creds = load_credentials(path)
-        url = url or creds.get("url") or DEFAULT_SERVER
-        secret = secret or creds.get("operator_token" if operator else "tenant_api_key")
-    return Target(normalise_server(url), secret or None, path)
-
-
-@dataclass
-class SseEvent:
-    event: str
-    data: str
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
-    """Server-Sent Events from decoded lines: `event:`/`data:` fields, a blank line ends one."""
-    event = "message"
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if data or event != "message":
-                yield SseEvent(event, "\n".join(data))
-            event, data = "message", []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-    if data:
-        yield SseEvent(event, "\n".join(data))
+    try:
+        return credentials.resolve_target(
+            server, token, operator=operator, env=env, credentials_path=credentials_path
+        )
+    except credentials.CredentialsError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def api_error(response: httpx.Response) -> ApiError:
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and "error" in body:
-        code = body.get("code")
-        return ApiError(
-            response.status_code,
-            str(body["error"]),
-            int(code) if isinstance(code, int) else None,
-            [str(f) for f in body.get("fields") or []],
-        )
-    text = response.text.strip()[:200] or response.reason_phrase
-    return ApiError(response.status_code, f"HTTP {response.status_code}: {text}", None, [])
+    return ApiError.of(hf.core.api_error(response))
 
 
 @dataclass
 class Client:
+    """The commands' client: a heteroflow.client.Client made on first use (so a command
+    without a credential fails only when it calls the API), its errors as CliErrors."""
+
     target: Target
     timeout: float = TIMEOUT_S
     _http: httpx.Client | None = field(default=None, repr=False)
+    _api: hf.Client | None = field(default=None, repr=False)
 
     @property
-    def http(self) -> httpx.Client:
-        if self._http is None:
+    def api(self) -> hf.Client:
+        if self._api is None:
             if not self.target.token:
                 raise UsageError(
                     "no credential: pass --token, set HETEROFLOW_TOKEN, or start the platform "
                     f"with `heteroflow up` to create {self.target.credentials_path}"
                 )
-            self._http = httpx.Client(
-                base_url=self.target.server + API_PREFIX,
-                headers={"Authorization": f"Bearer {self.target.token}"},
+            self._api = hf.Client(
+                self.target.server,
+                self.target.token,
+                credentials_path=self.target.credentials_path,
                 timeout=self.timeout,
+                http=self._http,
             )
-        return self._http
+        return self._api
 
     def close(self) -> None:
-        if self._http is not None:
+        if self._api is not None:
+            self._api.close()
+        elif self._http is not None:
             self._http.close()
 
-    def _unreachable(self, exc: httpx.HTTPError) -> Unreachable:
+    def _unreachable(self, exc: hf.Unreachable) -> Unreachable:
         return Unreachable(
-            f"cannot reach the HeteroFlow server at {self.target.server}: {exc or type(exc)}"
+            f"cannot reach the HeteroFlow server at {self.target.server}: {exc.reason}"
             " (is it running? set --server or HETEROFLOW_SERVER)"
         )
+
+    def _refused(self, exc: hf.ApiError, method: str, path: str) -> ApiError:
+        error = ApiError.of(exc)
+        if error.route_missing:
+            error.message = (
+                f"the server at {self.target.server} has no {method} {API_PREFIX}{path}"
+                " endpoint; it is older than this client"
+            )
+        return error
 
     def request(
         self,
@@ -204,18 +179,11 @@ class Client:
         body: Any = None,
     ) -> httpx.Response:
         try:
-            response = self.http.request(method, path, params=params, json=body)
-        except httpx.HTTPError as exc:
+            return self.api.send(method, path, params=params, body=body)
+        except hf.Unreachable as exc:
             raise self._unreachable(exc) from None
-        if response.status_code >= 400:
-            error = api_error(response)
-            if error.route_missing:
-                error.message = (
-                    f"the server at {self.target.server} has no {method} {API_PREFIX}{path}"
-                    " endpoint; it is older than this client"
-                )
-            raise error
-        return response
+        except hf.ApiError as exc:
+            raise self._refused(exc, method, path) from None
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params or None).json()
@@ -228,15 +196,12 @@ class Client:
 
     def events(self, path: str, **params: Any) -> Iterator[SseEvent]:
         """Follow a Server-Sent Events endpoint; errors before the stream starts raise."""
-        timeout = httpx.Timeout(self.timeout, read=None)  # a quiet task sends nothing for long
         try:
-            with self.http.stream("GET", path, params=params, timeout=timeout) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise api_error(response)
-                yield from parse_sse(response.iter_lines())
-        except httpx.HTTPError as exc:
+            yield from self.api.events(path, **params)
+        except hf.Unreachable as exc:
             raise self._unreachable(exc) from None
+        except hf.ApiError as exc:
+            raise ApiError.of(exc) from None
 
 
 @dataclass

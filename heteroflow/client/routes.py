@@ -150,7 +150,8 @@ class Groups(_Timeline[R, I, L]):
         return self.update(ident, {"schedule_window": _plain(schedule_window)})
 
     def rollout(self, ident: str, body: Body) -> R:
-        """Start a rollout of a new template (`{"template": {...}, "strategy": ...}`)."""
+        """Start a rollout: a `RolloutRequest` (libs/domain/rollout/model.py: `image`, `env`,
+        `volumes`, `max_surge`, `max_unavailable`, ...) or its mapping."""
         return self.action(ident, "rollout", body)
 
     def rollout_status(self, ident: str) -> R:

@@ -136,3 +136,83 @@ async def test_async_client_retries_and_pages() -> None:
     ) as c:
         assert [q["name"] async for q in c.queues.iter()] == ["q"]
     assert waits == [1.0] and calls == 2
+
+
+SSE = b'data: one\n\n: keep-alive\n\ndata: two\n\nevent: end\ndata: {"status": "completed"}\n\n'
+
+
+def _logs_api(stream: bytes, seen: list[httpx.Request]) -> Any:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=stream, headers={"content-type": "text/event-stream"})
+
+    return handler
+
+
+def test_follow_logs_yields_each_line_until_the_end_event() -> None:
+    seen: list[httpx.Request] = []
+    with _client(_logs_api(SSE, seen), []) as c:
+        assert list(c.tasks.follow_logs("t 1", lines=5)) == ["one", "two"]
+    assert seen[0].url.raw_path.split(b"?")[0] == b"/api/v1/tasks/t%201/logs"
+    assert dict(seen[0].url.params) == {"follow": "true", "lines": "5"}
+
+
+def test_follow_logs_raises_the_streams_error_event() -> None:
+    stream = b'data: one\n\nevent: error\ndata: {"error": "node lost"}\n\n'
+    with _client(_logs_api(stream, []), []) as c:
+        lines = c.tasks.follow_logs("t1")
+        assert next(lines) == "one"
+        with pytest.raises(ApiError, match="node lost"):
+            next(lines)
+
+
+async def test_async_follow_logs_and_group_routes() -> None:
+    seen: list[httpx.Request] = []
+    logs = _logs_api(SSE, seen)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/logs"):
+            return logs(request)  # type: ignore[no-any-return]
+        seen.append(request)
+        return httpx.Response(200, json={"id": "grp-1"})
+
+    async with AsyncClient("http://gw", "tok", transport=httpx.MockTransport(handler)) as c:
+        assert [line async for line in c.tasks.follow_logs("t1")] == ["one", "two"]
+        await c.groups.scale("grp-1", 3)
+        await c.groups.autoscale("grp-1", None)
+        await c.groups.pause_rollout("grp-1")
+    calls = [(r.method, r.url.path, r.content) for r in seen[1:]]
+    assert calls == [
+        ("POST", "/api/v1/task-groups/grp-1/scale", b'{"replicas":3}'),
+        ("PUT", "/api/v1/task-groups/grp-1", b'{"auto_scale":null}'),
+        ("POST", "/api/v1/task-groups/grp-1/rollout/pause", b""),
+    ]
+
+
+def test_a_stream_refused_with_retry_after_is_retried() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return httpx.Response(503, headers={"Retry-After": "1"}, json={"error": "busy"})
+        return httpx.Response(200, content=SSE)
+
+    waits: list[float] = []
+    with _client(handler, waits) as c:
+        assert list(c.tasks.follow_logs("t1")) == ["one", "two"]
+    assert waits == [1.0]
+
+
+def test_serve_goes_to_the_router_outside_the_api_prefix() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(502, json={"error": "no replica"})
+
+    with _client(handler, []) as c:
+        answer = c.serve("grp-1", "/v1/completions", json={"prompt": "hi"})
+    assert answer.status_code == 502  # answered as the replica (or router) answers
+    assert seen[0].url.path == "/serve/grp-1/v1/completions"
