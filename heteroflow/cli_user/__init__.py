@@ -17,6 +17,7 @@ from libs.domain.group.autoscale import Metric
 from . import commands, events, jobs, rollout, scale
 from .client import Client, CliError, Context, resolve_target
 from .output import FORMATS
+from .plan import cmd_groups_create
 
 Handler = Callable[[Context, argparse.Namespace], int]
 OPS = ("stop", "sleep", "wake", "rm")
@@ -100,6 +101,9 @@ def _replicas(raw: str) -> int:
     return int(raw)
 
 
+PLAN_HELP = "show where it would be placed (or why not) and when, creating nothing"
+
+
 def _add_run(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run",
@@ -133,6 +137,7 @@ def _add_run(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("-d", "--detach", action="store_true", help="print the id and return")
     mode.add_argument("-f", "--follow", action="store_true", help="stream logs while waiting")
+    mode.add_argument("--plan", action="store_true", help=PLAN_HELP)
     p.set_defaults(func=_entry(commands.cmd_run))
 
 
@@ -207,6 +212,11 @@ def _add_groups(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentP
     p = gsub.add_parser("ls", parents=[conn, fmt], help="list task groups")
     p.add_argument("--status", help="only groups in this status")
     p.set_defaults(func=_entry(events.cmd_groups_ls))
+    p = gsub.add_parser("create", parents=[conn, fmt], help="create a group from a JSON file")
+    p.add_argument("file", help="the POST /task-groups body (- = stdin)")
+    p.add_argument("--tenant", help="operators: create the group for this tenant")
+    p.add_argument("--plan", action="store_true", help=PLAN_HELP)
+    p.set_defaults(func=_entry(cmd_groups_create))
     p = gsub.add_parser("events", parents=[conn, fmt], help="a group's timeline")
     p.add_argument("group_id")
     p.set_defaults(func=_entry(events.cmd_groups_events))
@@ -235,6 +245,7 @@ def _add_jobs(sub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentPar
     p = jsub.add_parser("submit", parents=both, help="submit a job from a JSON file (- = stdin)")
     p.add_argument("file")
     p.add_argument("--tenant", help="operators: submit for this tenant")
+    p.add_argument("--plan", action="store_true", help=PLAN_HELP)
     p.set_defaults(func=_entry(jobs.cmd_jobs_submit))
     p = jsub.add_parser("ls", parents=both, help="list jobs")
     p.add_argument("--status", help="only jobs in this status")

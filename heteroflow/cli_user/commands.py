@@ -17,6 +17,7 @@ from urllib.parse import quote
 from . import output as out
 from .client import EXIT_FAILED, EXIT_OK, ApiError, CliError, Context, UsageError
 from .events import fetch_timeline
+from .plan import show_plan
 
 TERMINAL = ("completed", "failed", "cancelled", "stopped")
 UNSTARTED = ("pending", "scheduled")  # placed perhaps, but the node has no output yet
@@ -112,6 +113,8 @@ def task_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
     params = {"tenant_id": args.tenant} if args.tenant else {}
+    if getattr(args, "plan", False):
+        return show_plan(ctx, "/tasks", task_body(args), params)
     task = ctx.client.post("/tasks", task_body(args), **params).json()
     if args.detach:
         ctx.print(task["id"] if ctx.output == "table" else out.render(task, ctx.output))

@@ -84,6 +84,10 @@ def dag_text(job: dict[str, Any]) -> str:
 
 def cmd_jobs_submit(ctx: Context, args: argparse.Namespace) -> int:
     params = {"tenant_id": args.tenant} if args.tenant else {}
+    if getattr(args, "plan", False):
+        from .plan import show_plan  # plan.py reads documents with this module's reader
+
+        return show_plan(ctx, JOBS, read_document(args.file), params)
     job = ctx.client.post(JOBS, read_document(args.file), **params).json()
     return _show(ctx, job, dag_text)
 
