@@ -35,9 +35,14 @@ class Checkpoint:
 
 class OutboxEvent(StoredEvent):
     """One row of `events` as the relay reads it: the envelope it publishes, and the id of the
-    transaction that wrote it (the checkpoint's half; never part of the message)."""
+    transaction that wrote it (the checkpoint's half; never part of the message).
+
+    The relay's query has PostgreSQL write the whole message body (`raw`, the envelope as
+    JSON): payload and metadata are then neither parsed into Python nor encoded again, and
+    stay empty on the row. Without `raw` the body is encoded from the fields."""
 
     tx_id: str = Field(exclude=True)
+    raw: bytes | None = Field(default=None, exclude=True)
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -47,7 +52,12 @@ class OutboxEvent(StoredEvent):
 def outbox_row(**columns: Any) -> OutboxEvent:
     """The relay's row maker (psycopg `kwargs_row`). Not validated: the rows come from our own
     table, one that failed validation would hold the relay for good, and validating costs
-    throughput."""
+    throughput. A `body` column (text) becomes `raw`."""
+    body = columns.pop("body", None)
+    if body is not None:
+        columns.setdefault("payload", {})
+        columns.setdefault("metadata", {})
+        columns["raw"] = body.encode()
     return cast(OutboxEvent, OutboxEvent.model_construct(**columns))
 
 
@@ -66,19 +76,24 @@ def headers_of(event: EventEnvelope) -> dict[str, str]:
 
 
 def envelope_of(event: EventEnvelope) -> bytes:
-    """The message body: the event with its store metadata, compact JSON."""
-    return event.body()
+    """The message body: the event with its store metadata as JSON (as the relay's query
+    wrote it, or compact from the fields)."""
+    raw = getattr(event, "raw", None)
+    return raw if isinstance(raw, bytes) else event.body()
 
 
-def message_size(event: EventEnvelope, expected_stream: str | None = None) -> int:
-    """Bytes the server counts against its max_payload: headers and body together."""
+def message_size(
+    event: EventEnvelope, expected_stream: str | None = None, body: bytes | None = None
+) -> int:
+    """Bytes the server counts against its max_payload: headers and body (`body`: the one
+    `envelope_of` gives, when the caller has it already) together."""
     headers = headers_of(event)
     if expected_stream is not None:
         headers["Nats-Expected-Stream"] = expected_stream
     header_bytes = _HEADER_FRAMING + sum(
         len(k) + len(v.encode()) + _HEADER_LINE_FRAMING for k, v in headers.items()
     )
-    return header_bytes + len(envelope_of(event))
+    return header_bytes + len(envelope_of(event) if body is None else body)
 
 
 def is_permanent(exc: BaseException) -> bool:

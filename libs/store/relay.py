@@ -95,9 +95,18 @@ _NOTIFY_CHANNEL = "hf_events"
 # of the same name (PostgreSQL prefers output names in ORDER BY), '1000' would sort before
 # '999', and a batch cut across such a boundary would move the checkpoint past events it
 # never read.
+#
+# The message body is written by PostgreSQL (json_build_object over the row, payload and
+# metadata embedded as they are stored): the relay neither parses them nor encodes them again.
 _SELECT = """
 SELECT position, event_id, stream_id, stream_type, version, type, schema_version,
-       payload, metadata, occurred_at, tx_id::text AS tx_id
+       occurred_at, tx_id::text AS tx_id,
+       json_build_object(
+         'event_id', event_id, 'position', position, 'stream_id', stream_id,
+         'stream_type', stream_type, 'version', version, 'type', type,
+         'schema_version', schema_version, 'occurred_at', occurred_at,
+         'payload', payload, 'metadata', metadata
+       )::text AS body
 FROM events
 WHERE (tx_id, position) > (%(tx)s::xid8, %(pos)s)
   AND tx_id < pg_snapshot_xmin(pg_current_snapshot())
@@ -252,14 +261,17 @@ class OutboxRelay:
         """Publish `events` in order, dead-lettering those refused for good; return how long a
         prefix is handled and which of its events JetStream acknowledged."""
         limit = self._max_message_bytes()
-        sizes = [message_size(e, self.expected_stream) for e in events]
+        bodies = [envelope_of(e) for e in events]
+        sizes = [
+            message_size(e, self.expected_stream, b) for e, b in zip(events, bodies, strict=True)
+        ]
         published: list[OutboxEvent] = []
         i = 0
         while i < len(events):
             # Pipeline up to the next event the server would refuse by size (it would close
             # the connection rather than answer), then learn why the stop happened.
             end = next((k for k in range(i, len(events)) if sizes[k] > limit), len(events))
-            acked = await self._publish(events[i:end])
+            acked = await self._publish(events[i:end], bodies[i:end])
             published.extend(events[i : i + acked])
             i += acked
             if i == len(events):
@@ -327,15 +339,15 @@ class OutboxRelay:
         # nats-py exposes the server's INFO max_payload only on the client.
         return int(self.js._nc.max_payload)
 
-    async def _publish(self, events: Sequence[OutboxEvent]) -> int:
+    async def _publish(self, events: Sequence[OutboxEvent], bodies: Sequence[bytes]) -> int:
         """Publish pipelined; return the length of the acknowledged prefix."""
         futures: list[asyncio.Future[PubAck]] = []
         try:
-            for event in events:
+            for event, body in zip(events, bodies, strict=True):
                 futures.append(
                     await self.js.publish_async(
                         subject_of(event),
-                        envelope_of(event),
+                        body,
                         wait_stall=self.publish_timeout,
                         stream=self.expected_stream,
                         headers=headers_of(event),

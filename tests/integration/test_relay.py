@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 
 from libs.bus import subjects as s
 from libs.bus.nats import connect, ensure_durable_consumer, ensure_streams
+from libs.domain.envelope import EventEnvelope
 from libs.store.migrations import migrate
 from libs.store.relay import OutboxEvent, OutboxRelay, RelayPublishError, in_stream_order
 
@@ -125,6 +126,32 @@ async def test_every_committed_event_is_published_once(
         "event_id", "position", "stream_id", "stream_type", "version", "type",
         "schema_version", "occurred_at", "payload", "metadata",
     }  # fmt: skip
+
+
+async def test_the_message_is_the_stored_event_as_its_envelope(
+    db: str, js: JetStreamContext, stream_type: str
+) -> None:
+    """The body PostgreSQL writes for the relay parses as the envelope of the stored row:
+    nested payload values, text needing escapes, floats, metadata and the time all intact."""
+    payload = {"f": 0.1, "big": 2**53 + 1, "s": 'é "q" \\ \n', "nested": {"a": [1, None, True]}}
+    metadata = {"node_id": "n-1", "fact": "running"}
+    at = datetime(2026, 12, 2, 13, 5, 7, 123456, tzinfo=UTC)
+    with psycopg.connect(db) as conn:
+        event_id = str(uuid.uuid4())
+        conn.execute(
+            "INSERT INTO events (event_id, stream_id, stream_type, version, type,"
+            " schema_version, payload, metadata, occurred_at)"
+            " VALUES (%s, 'task-x', %s, 1, 'thing_happened', 3, %s, %s, %s)",
+            (event_id, stream_type, Jsonb(payload), Jsonb(metadata), at),
+        )
+    async with OutboxRelay(db, js, name="r-" + stream_type) as relay:
+        assert await relay.run_once() == 1
+    (msg,) = await stored(js, stream_type)
+    got = EventEnvelope.model_validate_json(msg.data)
+    assert (str(got.event_id), got.stream_id, got.stream_type) == (event_id, "task-x", stream_type)
+    assert (got.version, got.type, got.schema_version) == (1, "thing_happened", 3)
+    assert (got.payload, got.metadata, got.occurred_at) == (payload, metadata, at)
+    assert msg.headers is not None and msg.headers[s.HDR_POSITION] == str(got.position)
 
 
 async def test_a_new_relay_resumes_from_the_checkpoint(
