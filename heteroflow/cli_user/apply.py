@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import sys
+import textwrap
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -25,8 +26,10 @@ from heteroflow.files import kinds
 from heteroflow.files.load import ALIASES, KINDS, Document, FileError, load
 
 from .client import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, CliError
+from .plan import plan_text
 
 ACTIVE_ROLLOUT = frozenset({"running", "paused"})
+PLANNED = frozenset({"Task", "TaskGroup", "Job"})  # kinds with a POST .../plan route
 
 
 @dataclass
@@ -127,6 +130,7 @@ class Applier:
         if view is None:
             if self.dry_run:
                 self.say(f"{doc.ref} would be created")
+                await self._plan(doc, c, path)
                 return
             try:
                 made = await c.request("POST", path, body=kinds.body_of(doc))
@@ -156,6 +160,17 @@ class Applier:
             return
         if not self.dry_run:
             await self._write(doc, c, f"{path}/{_ident(doc.kind, doc.name, view)}", plan)
+
+    async def _plan(self, doc: Document, c: AsyncClient, path: str) -> None:
+        """Where the creation would be placed (POST .../plan, for the kinds that have it)."""
+        if doc.kind not in PLANNED:
+            return
+        try:
+            answer = await c.request("POST", f"{path}/plan", body=kinds.body_of(doc))
+        except ApiError as exc:
+            self.refused_by_server(doc, exc)
+            return
+        self.say(textwrap.indent(plan_text(answer), "  "))
 
     @staticmethod
     def _how(field: str, plan: kinds.Plan) -> str:

@@ -61,6 +61,14 @@ async def test_examples_apply_then_unchanged_then_a_rollout(
 ) -> None:
     docs = load([EXAMPLES])
     assert {d.kind for d in docs} == {"Task", "TaskGroup", "Job", "Queue", "Pool"}
+    empty = await _events(api)
+    rc, text = await _apply(clients, docs, dry_run=True)
+    assert rc == 0, text
+    assert text.count(" would be created") == len(docs), text
+    # Each creation's plan (POST .../plan): a group's every rank, and why it would wait.
+    assert "  rank 1: pending at cluster (no_nodes)" in text, text
+    assert await _events(api) == empty  # planned, not made
+
     rc, text = await _apply(clients, docs)
     assert rc == 0, text
     assert text.count(" created") == len(docs), text
