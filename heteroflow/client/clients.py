@@ -179,6 +179,10 @@ class Client:
         except httpx.HTTPError as exc:
             raise Unreachable(self.server, str(exc) or type(exc).__name__) from None
 
+    def ready(self) -> JSON:
+        """`GET /readyz`: the gateway and what it depends on answer (a 503 raises)."""
+        return self.request("GET", f"{self.server}/readyz")
+
     def close(self) -> None:
         self._http.close()
 
@@ -310,6 +314,9 @@ class AsyncClient:
             return await self._http.request(method, url, **kwargs)
         except httpx.HTTPError as exc:
             raise Unreachable(self.server, str(exc) or type(exc).__name__) from None
+
+    async def ready(self) -> JSON:
+        return await self.request("GET", f"{self.server}/readyz")
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -77,6 +77,11 @@ class Resource(_Routes[R, I, L]):
     def delete(self, ident: str) -> R:
         return self._c.request("DELETE", self._at(ident))
 
+    def plan(self, body: Body, **params: Any) -> R:
+        """`POST /{kind}/plan` (tasks, groups, jobs): what the create would do with `body`
+        now (each node's verdict, preemptions, admission), writing nothing."""
+        return self._post(f"{self.path}/plan", body, **params)
+
     def action(self, ident: str, verb: str, body: Body = None, **params: Any) -> R:
         """`POST {path}/{ident}/{verb}` (verb may have several segments: `rollout/pause`)."""
         return self._post(self._at(ident, verb), body, **params)
@@ -100,6 +105,13 @@ class _Timeline(Resource[R, I, L]):
     def serving(self, ident: str) -> R:
         """Replicas, readiness and the router's figures of an inference task or group."""
         return self._c.request("GET", self._at(ident, "serving"))
+
+    def gpu_metrics(self, ident: str, **params: Any) -> R:
+        """GPU samples of a task or a group's members (`start`, `end`, `step` s)."""
+        return self._c.request("GET", self._at(ident, "gpu-metrics"), params=params)
+
+    def energy(self, ident: str, **params: Any) -> R:
+        return self._c.request("GET", self._at(ident, "energy"), params=params)
 
     def stop(self, ident: str) -> R:
         return self.action(ident, "stop")
@@ -126,13 +138,6 @@ class Tasks(_Timeline[R, I, L]):
         """The last `lines` lines, then each new line as it comes, until the task ends."""
         params: dict[str, Any] = {"follow": "true", "lines": lines}
         return self._c.lines(self._at(ident, "logs"), params)
-
-    def gpu_metrics(self, ident: str, **params: Any) -> R:
-        """GPU samples (`start`, `end` ISO 8601, `step` seconds)."""
-        return self._c.request("GET", self._at(ident, "gpu-metrics"), params=params)
-
-    def energy(self, ident: str, **params: Any) -> R:
-        return self._c.request("GET", self._at(ident, "energy"), params=params)
 
 
 class Groups(_Timeline[R, I, L]):
@@ -194,6 +199,19 @@ class Nodes(_Routes[R, I, L]):
     def list(self) -> R:
         """`{"nodes": [...]}`: every node with its inventory and status."""
         return self._c.request("GET", self.path)
+
+    def get(self, node_id: str, **params: Any) -> R:
+        """One node (`as_of=` an RFC 3339 time: as it was then)."""
+        return self._c.request("GET", self._at(node_id), params=params)
+
+    def uncordon_card(self, node_id: str, gpu_id: str) -> R:
+        """Return a quarantined card to placement now."""
+        return self._post(self._at(node_id, "gpus", seg(gpu_id), "uncordon"))
+
+    def quarantine_card(self, node_id: str, gpu_id: str, reason: str | None = None) -> R:
+        """Take a card out of placement by hand."""
+        body = {"reason": reason} if reason is not None else {}
+        return self._post(self._at(node_id, "gpus", seg(gpu_id), "quarantine"), body)
 
     def register(self, node_id: str) -> R:
         """Issue `node_id`'s agent key (a previous key stops working)."""

@@ -72,6 +72,13 @@ async def test_task_lifecycle_through_the_client(api: Api) -> None:
         assert refused.value.status == 400 and refused.value.fields == ["gpuz"]
         assert refused.value.code == 40001
 
+        planned = await c.tasks.plan({"name": "p", "image": "busybox:latest", "gpu_required": 1})
+        assert (planned["kind"], planned["written"], planned["fits"]) == ("task", False, False)
+        assert (await c.tasks.stats())["total"] == 2  # the plan wrote nothing
+        with pytest.raises(ApiError) as unplannable:
+            await c.tasks.plan({"name": "p", "image": "busybox:latest", "gpuz": 1})
+        assert unplannable.value.fields == ["gpuz"]
+
 
 GROUP = {"name": "web", "image": "busybox:latest", "command": "httpd -f", "task_count": 2}
 JOB = {
@@ -87,6 +94,8 @@ JOB = {
 async def test_groups_jobs_queues_pools_through_the_client(api: Api) -> None:
     tenant, op = _clients(api)
     async with tenant as c, op:
+        assert (await c.groups.plan(GROUP))["kind"] == "group"
+        assert (await c.jobs.plan(JOB))["kind"] == "job"
         group = await c.groups.create(GROUP)
         gid = group["id"]
         assert (await c.groups.get(gid))["name"] == "web"
@@ -150,6 +159,10 @@ async def test_groups_jobs_queues_pools_through_the_client(api: Api) -> None:
         tenants = {t["id"] for t in (await op.tenants.list())["tenants"]}
         assert {"acme", "globex"} <= tenants
         assert "nodes" in await op.nodes.list()
+        with pytest.raises(ApiError) as no_node:
+            await op.nodes.get("ghost")
+        assert no_node.value.status == 404
+        assert (await c.ready())["checks"]["postgres"] == "ok"
 
 
 @pytest.fixture

@@ -216,3 +216,27 @@ def test_serve_goes_to_the_router_outside_the_api_prefix() -> None:
         answer = c.serve("grp-1", "/v1/completions", json={"prompt": "hi"})
     assert answer.status_code == 502  # answered as the replica (or router) answers
     assert seen[0].url.path == "/serve/grp-1/v1/completions"
+
+
+def test_operator_routes_paths_and_bodies() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={})
+
+    with _client(handler, []) as c:
+        c.nodes.get("n1", as_of="2026-01-01T00:00:00Z")
+        c.nodes.uncordon_card("n1", "GPU-0")
+        c.nodes.quarantine_card("n1", "GPU-0", reason="xid 79")
+        c.nodes.join_token(ttl_s=60)
+        c.tenants.create_token("acme", "ci", ttl_seconds=600)
+        c.groups.plan({"name": "g"})
+    assert [(r.method, str(r.url).removeprefix("http://gw/api/v1"), r.content) for r in seen] == [
+        ("GET", "/nodes/n1?as_of=2026-01-01T00%3A00%3A00Z", b""),
+        ("POST", "/nodes/n1/gpus/GPU-0/uncordon", b""),
+        ("POST", "/nodes/n1/gpus/GPU-0/quarantine", b'{"reason":"xid 79"}'),
+        ("POST", "/nodes/join-tokens?ttl_s=60", b""),
+        ("POST", "/tenants/acme/tokens", b'{"subject":"ci","ttl_seconds":600}'),
+        ("POST", "/task-groups/plan", b'{"name":"g"}'),
+    ]
