@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from heteroflow.cli_user.apply import Clients, apply_files, get_document, render
+from heteroflow.cli_user.apply import Clients, apply_files, delete_files, get_document, render
 from heteroflow.client import AsyncClient
 from heteroflow.files.load import Document, load, parse_text
 from libs import auth
@@ -66,7 +66,7 @@ async def test_examples_apply_then_unchanged_then_a_rollout(
     assert rc == 0, text
     assert text.count(" would be created") == len(docs), text
     # Each creation's plan (POST .../plan): a group's every rank, and why it would wait.
-    assert "  rank 1: pending at cluster (no_nodes)" in text, text
+    assert "  rank 1: pending at " in text and "the cluster has no nodes" in text, text
     assert await _events(api) == empty  # planned, not made
 
     rc, text = await _apply(clients, docs)
@@ -112,3 +112,24 @@ async def test_examples_apply_then_unchanged_then_a_rollout(
     assert rc == 0, text
     assert all(line.endswith(" unchanged") for line in text.splitlines()), text
     assert await _events(api) == count
+
+    out, err = io.StringIO(), io.StringIO()
+    assert await delete_files(clients, load([EXAMPLES]), out, err) == 0, err.getvalue()
+    assert sorted(out.getvalue().splitlines()) == sorted(f"{d.ref} deleted" for d in docs)
+    for doc in docs:
+        assert await get_document(clients, doc.kind, doc.name) is None, doc.ref
+
+
+async def test_a_refusal_of_the_server_names_the_line_of_the_field(
+    clients: Clients, tmp_path: Path
+) -> None:
+    """The host-path allow-list is the server's: its 400 is mapped back onto the file."""
+    path = tmp_path / "group.yaml"
+    path.write_text(
+        "apiVersion: heteroflow/v1\nkind: TaskGroup\nmetadata:\n  name: g\nspec:\n"
+        "  image: busybox:latest\n  task_count: 1\n  volumes:\n"
+        "    - host_path: /etc/secrets\n      container_path: /work\n"
+    )
+    rc, text = await _apply(clients, load([path]))
+    assert rc == 1
+    assert f"{path}, document 1 (TaskGroup 'g'), line 9: spec.volumes.0.host_path" in text, text
