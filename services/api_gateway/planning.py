@@ -52,10 +52,11 @@ async def read_cluster(store: EventStore) -> Cluster:
         view.load_pending(store, PENDING_LIMIT),
     )
     snapshot = view.snapshot(store.clock(), nodes, holding, quotas, queues, pools)
-    runtimes = await learned_runtimes(store, {t.tenant_id for t in holding})
+    runtimes = await learned_runtimes(store, {t.tenant_id for t in (*holding, *pending)})
+    # Placed tasks end from their start; pending ones (ahead in line) from when they start.
     holders: dict[str, Holding] = {
         t.id: Holding(t.started_at, t.spec.timeout, runtimes.get((t.tenant_id, t.spec.image)))
-        for t in holding
+        for t in (*holding, *pending)
     }
     return Cluster(snapshot, holders, pending)
 

@@ -27,8 +27,8 @@ def node(nid: str, cards: int) -> Node:
     return Node(nid, True, 65_536, 16, gpus, runtime="simulated")
 
 
-def held(tid: str, nid: str, cards: int, tenant: str = "acme") -> Allocation:
-    ids = tuple(f"{nid}-g{i}" for i in range(cards))
+def held(tid: str, nid: str, cards: int, tenant: str = "acme", first: int = 0) -> Allocation:
+    ids = tuple(f"{nid}-g{i}" for i in range(first, first + cards))
     return Allocation(tid, tenant, nid, TaskStatus.RUNNING, gpu_ids=ids, memory_mb=1024)
 
 
@@ -99,3 +99,22 @@ def test_a_typical_runtime_needs_samples_and_a_timeout_caps_it() -> None:
     capped = end_of(Holding(NOW, timeout_s=60, runtime=Runtime(300, 100, 900, 5)), NOW)
     assert capped is not None and capped.at == capped.high == NOW + timedelta(seconds=60)
     assert end_of(Holding(NOW), NOW) is None
+
+
+def test_work_ahead_with_a_bound_is_replayed_forward() -> None:
+    first, second = want("p1", 2, minutes_ago=2), want("p2", 2, minutes_ago=1)
+    bounds = {"h": TEN_MIN, "p1": Holding(None, timeout_s=600)}
+    info = estimate(SNAP, second, [first, second], bounds, reason=R.INSUFFICIENT_GPUS)
+    # h frees the two cards at +5 min, p1 takes them for at most ten minutes, then p2.
+    assert info.eta is not None and info.eta.at == NOW + timedelta(minutes=15)
+    assert info.eta.low == NOW  # both may end at any moment
+
+
+def test_a_smaller_task_behind_a_blocked_one_is_not_held_by_it() -> None:
+    # The planner is greedy, not strict FIFO: one card frees, the one-card task takes it even
+    # though a two-card task is ahead.
+    snap = ClusterSnapshot(NOW, (node("a", 2),), (held("h1", "a", 1), held("h2", "a", 1, first=1)))
+    big, small = want("big", 2, minutes_ago=2), want("small", 1, minutes_ago=1)
+    bounds = {"h1": Holding(NOW, timeout_s=60), "h2": Holding(NOW, timeout_s=600)}
+    info = estimate(snap, small, [big, small], bounds, reason=R.INSUFFICIENT_GPUS)
+    assert info.eta is not None and info.eta.at == NOW + timedelta(seconds=60)

@@ -20,9 +20,11 @@ enough, then the first node to free enough for the task alone counts.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from .dryrun import stage_of
@@ -104,10 +106,15 @@ class PendingInfo:
 
 @dataclass(frozen=True, slots=True)
 class _Need:
+    """A resource the task waits for: what is free now, what it and the work ahead of it
+    need (in order), and the placed tasks whose ends free it."""
+
     what: str
     weight: Callable[[Allocation], float]
     holders: tuple[Allocation, ...]
-    deficit: float
+    free: float
+    own: float
+    ahead: tuple[tuple[str, float], ...] = ()
 
 
 def estimate(
@@ -120,7 +127,8 @@ def estimate(
     detail: str = "",
 ) -> PendingInfo:
     """`task`'s answer; `pending` is every pending task (itself included), `holding` the
-    placed tasks by id."""
+    placed tasks by id and, for the pending ones, their timeout and typical runtime (their
+    `started_at` is ignored: each is counted from when it would start)."""
     queued = with_queues(pending, snapshot.queues)
     me = next((t for t in queued if t.task_id == task.task_id), with_queues([task], {})[0])
     order = sorted(queued, key=_order_key)
@@ -174,8 +182,8 @@ def _eta(
 
 
 def _when(need: _Need, holding: Mapping[str, Holding], now: datetime) -> tuple[Eta | None, str]:
-    if need.deficit <= 1e-9:
-        return Eta(now, now, now, "now"), f"{need.what}: free now, placed at the next evaluation"
+    """Replay the resource forward: at each end of a holder, the tasks ahead that fit start
+    in order (each then holds its share until its own bounded end), until this one fits."""
     ends: list[tuple[Eta, float]] = []
     unbounded = 0
     for a in need.holders:
@@ -191,24 +199,52 @@ def _when(need: _Need, holding: Mapping[str, Holding], now: datetime) -> tuple[E
             unbounded += 1
         else:
             ends.append((end, w))
-    if sum(w for _, w in ends) + 1e-9 < need.deficit:
+    found = [_replay(need, ends, holding, now, key) for key in ("at", "low", "high")]
+    at, low, high = found
+    if at is None or low is None or high is None:
         return None, (
-            f"{need.what}; {unbounded} task(s) holding it have no timeout and no typical "
-            "runtime of their image: nothing bounds when enough is freed"
+            f"{need.what}; {unbounded} placed task(s) holding it, or work ahead of it, have no "
+            "timeout and no typical runtime of their image: nothing bounds when enough is freed"
         )
-    at, low, high = (_reach(ends, need.deficit, key) for key in ("at", "low", "high"))
-    hows = sorted({e.how for e, _ in ends})
+    hows = sorted({e.how for e, _ in ends}) or ["free now"]
     method = f"{need.what}; freed as placed tasks end (by {', '.join(hows)})"
+    if at == now and not need.ahead:
+        method = f"{need.what}: placed at the next evaluation"
     return Eta(at, min(low, at), max(high, at), "+".join(hows)), method
 
 
-def _reach(ends: Sequence[tuple[Eta, float]], deficit: float, key: str) -> datetime:
-    total = 0.0
-    for end, w in sorted(ends, key=lambda e: getattr(e[0], key)):
-        total += w
-        if total + 1e-9 >= deficit:
-            return getattr(end, key)  # type: ignore[no-any-return]
-    raise AssertionError("the caller checked the sum")
+def _replay(
+    need: _Need,
+    ends: Sequence[tuple[Eta, float]],
+    holding: Mapping[str, Holding],
+    now: datetime,
+    key: str,
+) -> datetime | None:
+    heap: list[tuple[datetime, int, float]] = [
+        (getattr(e, key), i, w) for i, (e, w) in enumerate(ends)
+    ]
+    heapq.heapify(heap)
+    tick = itertools.count(len(heap))
+    waiting: list[tuple[str, float]] = [*need.ahead, ("", need.own)]
+    free, t = need.free, now
+    while True:
+        still: list[tuple[str, float]] = []
+        for tid, demand in waiting:
+            if demand > free + 1e-9:
+                still.append((tid, demand))
+                continue
+            if not tid:
+                return t
+            free -= demand
+            h = holding.get(tid)
+            end = end_of(replace(h, started_at=t), t) if h is not None else None
+            if end is not None:
+                heapq.heappush(heap, (getattr(end, key), next(tick), demand))
+        waiting = still
+        if not heap:
+            return None
+        at, _, w = heapq.heappop(heap)
+        t, free = max(t, at), free + w
 
 
 def _eligible(ev: Evaluation, task: PendingTask) -> list[Node]:
@@ -236,18 +272,18 @@ def _capacity(
         f"{need:g} {unit} needed on the {len(nodes)} node(s) that can take it "
         f"({len(competing)} task(s) ahead), {free:g} free"
     )
-    deficit = need - free
-    if deficit <= 0 and reason is not None:
-        # Enough in sum but on no one node: the node that frees the most of what it lacks.
-        lack = min(own - free_on(n) for n in nodes)
+    if need <= free and reason is not None:
+        # Enough in sum but on no one node: the node that lacks the least must free it.
         node = min(nodes, key=lambda n: (own - free_on(n), n.id))
         return _Need(
-            f"{what}, split across nodes: node {node.id!r} must free {lack:g}",
+            f"{what}, split across nodes: node {node.id!r} must free {own - free_on(node):g}",
             weight,
             ledger.on(node.id),
-            lack,
+            free_on(node),
+            own,
         )
-    return _Need(what, weight, holders, deficit)
+    ahead_of = tuple((t.task_id, demand(t)) for t in competing)
+    return _Need(what, weight, holders, free, own, ahead_of)
 
 
 Dimension = tuple[
@@ -294,7 +330,9 @@ def _tenant(
         f"tenant {task.tenant_id!r} GPU quota {limit:g}: {used:g} held, {need:g} needed "
         f"({len(mine)} of its task(s) ahead)"
     )
-    return _Need(what, lambda a: allocation_cost(a, ev.gpus), holders, used + need - limit)
+    ahead_of = tuple((t.task_id, floor_cost(t)) for t in mine)
+    cost = lambda a: allocation_cost(a, ev.gpus)  # noqa: E731
+    return _Need(what, cost, holders, limit - used, floor_cost(task), ahead_of)
 
 
 def _queue(
@@ -302,7 +340,7 @@ def _queue(
 ) -> list[_Need]:
     limits = ev.snapshot.queues.get(task.queue)
     if limits is None:
-        return [_Need(f"queue {task.queue!r} is deleted", _one, (), 1.0)]
+        return [_Need(f"queue {task.queue!r} is deleted", _one, (), 0.0, 1.0)]
     use = ledger.queue_use.get(task.queue)
     holders = tuple(a for a in ev.snapshot.allocations if a.queue == task.queue and a.holding)
     mine = [t for t in ahead if t.queue == task.queue]
@@ -316,7 +354,9 @@ def _queue(
                 f"{name} max_gpus {limits.max_gpus}: {used:g} held, {need:g} needed",
                 lambda a: allocation_cost(a, ev.gpus),
                 holders,
-                used + need - limits.max_gpus,
+                limits.max_gpus - used,
+                floor_cost(task),
+                tuple((t.task_id, floor_cost(t)) for t in mine),
             )
         )
     if limits.max_running_tasks:
@@ -327,13 +367,15 @@ def _queue(
                 f"{len(mine)} ahead",
                 _one,
                 holders,
-                float(tasks + 1 + len(mine) - limits.max_running_tasks),
+                float(limits.max_running_tasks - tasks),
+                1.0,
+                tuple((t.task_id, 1.0) for t in mine),
             )
         )
     if limits.max_running_jobs and not out:
         # A job ends with its last task, which may not exist yet: no task's end bounds it.
         what = f"{name} max_running_jobs {limits.max_running_jobs}: a job ends with its last task"
-        out.append(_Need(what, _one, (), 1.0))
+        out.append(_Need(what, _one, (), 0.0, 1.0))
     return out
 
 
