@@ -36,6 +36,7 @@ SUITE_NAMES = (
     "serving",
     "console",
     "deploy",
+    "eta",
 )
 
 DATABASE_URL_ENV = "HETEROFLOW_BENCH_DATABASE_URL"
