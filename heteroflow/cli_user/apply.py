@@ -142,7 +142,7 @@ class Applier:
         want = kinds.desired(doc)
         plan = kinds.plan(doc, want, kinds.live(doc.kind, view, want), view)
         if plan.unchanged:
-            self.say(f"{doc.ref} unchanged")
+            self.say(f"{doc.ref} unchanged" + "".join(f" ({n})" for n in plan.notes))
             return
         self.say(f"{doc.ref} {'would change' if self.dry_run else 'changed'}:")
         for ch in plan.changes:

@@ -29,18 +29,35 @@ TOP_LEVEL = frozenset({"apiVersion", "kind", "metadata", "spec"})
 
 
 class Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no type stubs here
-    """YAML 1.1 with YAML 1.2's booleans: `on`, `off`, `yes` and `no` stay strings (a job's
-    dependency says `on: prep`), only true/false are booleans."""
+    """YAML 1.1 read with YAML 1.2's scalars: `on`, `off`, `yes` and `no` stay strings (a
+    job's dependency says `on: prep`), only true/false are booleans, and `20:00` is a time
+    of day, not the base-60 number 1200."""
 
 
+_REPLACED = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
 Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _REPLACED]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 Loader.add_implicit_resolver(
     "tag:yaml.org,2002:bool",
     re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
     list("tTfF"),
+)
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?"
+        r"|\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
 )
 
 

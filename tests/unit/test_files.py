@@ -101,11 +101,18 @@ def test_the_same_object_twice_is_refused(tmp_path: Path) -> None:
         load([tmp_path])
 
 
-def test_yaml_words_on_and_no_stay_strings() -> None:
-    assert yaml.load("{on: prep, no: yes, t: true}", Loader=Loader) == {
+def test_yaml_reads_scalars_as_yaml_1_2_does() -> None:
+    text = "{on: prep, no: yes, t: true, end: 20:00, n: 12, x: 0x1f, f: 1.5, e: 1e3, s: 1_0a}"
+    assert yaml.load(text, Loader=Loader) == {
         "on": "prep",
         "no": "yes",
         "t": True,
+        "end": "20:00",
+        "n": 12,
+        "x": 31,
+        "f": 1.5,
+        "e": 1000.0,
+        "s": "1_0a",
     }
 
 
