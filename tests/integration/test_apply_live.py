@@ -101,6 +101,21 @@ async def test_examples_apply_then_unchanged_then_a_rollout(
     rc, text = await _apply(clients, load([edited]))
     assert (rc, text.strip()) == (0, "TaskGroup/chat unchanged"), text
 
+    # A pending task and a queue are updated in place (PUT), then unchanged.
+    edits = tmp_path / "edits.yaml"
+    edits.write_text(
+        (EXAMPLES / "task.yaml").read_text().replace("memory_mb: 64", "memory_mb: 96")
+        + "---\n"
+        + (EXAMPLES / "queue-and-pool.yaml").read_text().replace("priority: 10", "priority: 20")
+    )
+    rc, text = await _apply(clients, load([edits]))
+    assert rc == 0, text
+    for line in ("Pool/cpu-nodes unchanged", "Queue/research updated", "Task/hello updated"):
+        assert line in text, text
+    assert "  priority: 10 -> 20  (update)" in text and "  memory_mb: 64 -> 96  (update)" in text
+    rc, text = await _apply(clients, load([edits]))
+    assert rc == 0 and text.count(" unchanged") == 3, text
+
     # What `get -o yaml` writes applies over the live objects as unchanged.
     written = []
     for doc in docs:

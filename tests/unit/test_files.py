@@ -194,3 +194,31 @@ def test_every_example_follows_the_schema_and_the_parsers() -> None:
         kinds.check(doc)
     bad = {"apiVersion": "heteroflow/v1", "kind": "Task", "metadata": {"name": "t"}}
     assert list(validator.iter_errors(bad | {"spec": {"image": "x", "gpuz": 1}}))
+
+
+def test_a_json_file_is_read_with_its_lines() -> None:
+    text = (
+        '{\n  "apiVersion": "heteroflow/v1",\n  "kind": "Task",\n  "metadata": {"name": "t"},\n'
+        '  "spec": {\n    "image": "busybox:latest",\n    "priority": "high"\n  }\n}\n'
+    )
+    refused = _refusal(text)
+    assert (refused.where, refused.line, refused.field) == (
+        "f.yaml, document 1 (Task 't')",
+        7,
+        "spec.priority",
+    )
+
+
+def test_a_task_change_is_an_update_and_a_job_change_is_refused() -> None:
+    doc = Document("t.yaml", 1, "Task", "t", {"image": "a:1", "memory_mb": 96})
+    live = {"name": "t", "image": "a:1", "memory_mb": 64, "status": "pending"}
+    want = kinds.desired(doc)
+    plan = kinds.plan(doc, want, kinds.live("Task", live, want), live)
+    assert (plan.update, plan.fixed) == ({"memory_mb": 96}, [])
+
+    task = {"key": "a", "name": "a", "image": "a:1"}
+    doc = Document("j.yaml", 1, "Job", "j", {"tasks": [task | {"image": "a:2"}]})
+    spec = {"tasks": [{"key": "a", "spec": task, "metrics": []}], "dependencies": []}
+    want = kinds.desired(doc)
+    plan = kinds.plan(doc, want, kinds.live("Job", {"spec": spec}, want), {})
+    assert plan.fixed == ["tasks"]
