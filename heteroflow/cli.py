@@ -17,6 +17,7 @@ import httpx
 
 from heteroflow.cli_check import register_check_commands
 from heteroflow.cli_ops import OPS, build_ops_parser
+from heteroflow.cli_policy import register_policy_commands
 from heteroflow.cli_user import register_user_commands
 from heteroflow.cli_user.apply import register_file_commands
 from heteroflow.settings_help import SettingsHelpParser, agent_settings, up_settings
@@ -219,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("name", choices=ServiceNames(), metavar="NAME", help="%(choices)s")
     service.set_defaults(func=_service)
     register_check_commands(sub)
+    register_policy_commands(sub)
     register_user_commands(parser, sub)
     register_file_commands(sub)  # apply -f, delete -f, get KIND NAME (workload files)
     return parser
