@@ -50,6 +50,7 @@ from libs.installation import installation_id
 from libs.periodic import periodic
 
 from .attempts import AttemptRecord
+from .device_log import KernelLog
 from .engine import put_to_sleep, vram_held_mb, wake_from_sleep
 from .inventory import Inventory, detect_inventory, visible_gpu_ids
 from .launch import engine_profile, run_spec
@@ -91,6 +92,8 @@ class Agent:
         self.attempts = AttemptRecord(
             self.settings.resolved_state_dir(), keep_s=self.settings.attempt_record_keep_s
         )
+        # dmesg where the node looks for real cards; a named file wherever one is set.
+        self.kernel_log = KernelLog(self.settings.kernel_log, use_dmesg=self.settings.detect_nvidia)
 
     @property
     def node_id(self) -> str:
@@ -302,8 +305,9 @@ class Agent:
             )
             return
         await self._record_started(handle)
+        mark = await asyncio.to_thread(self.kernel_log.mark) if run.gpu_ids else -1
         self.tracked[cmd.task_id] = Tracked(
-            handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids
+            handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids, kernel_mark=mark
         )
         address = await self._endpoint(handle, run)
         tracked = self.tracked[cmd.task_id]
@@ -413,6 +417,10 @@ class Agent:
             extra = {"error_kind": known, "error": detail or kind}
         elif result.error:
             extra = {"error": result.error}  # a cause that names no kind: kept as text
+        if not result.succeeded and tracked.kernel_mark >= 0:
+            lines = await asyncio.to_thread(self.kernel_log.since, tracked.kernel_mark)
+            if lines:
+                extra["device_log"] = lines
         return await self._final(
             tracked.handle,
             Fact.EXITED,

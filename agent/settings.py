@@ -38,6 +38,11 @@ class AgentSettings(CommonSettings):
         description="directory of recorded vendor tool outputs (amd-smi, rocm-smi, npu-smi) read "
         "instead of running the tools: simulated nodes' telemetry (docs/runtimes.md)",
     )
+    kernel_log: Path | None = Field(
+        default=None,
+        description="file the kernel's device lines (NVRM Xid, amdgpu RAS) are read from "
+        "instead of dmesg, e.g. /var/log/kern.log (docs/operations.md, device faults)",
+    )
     node_labels: dict[str, str] = Field(default_factory=dict, description="JSON map")
     node_cpu_cores: int | None = Field(
         default=None, ge=1, description="CPU cores to offer; unset = the host's count"

@@ -24,6 +24,7 @@ class Tracked:
     engine_slept: bool = False  # asleep through the engine's /sleep, not frozen
     inference: bool = False  # reported in the heartbeats' liveness evidence
     health_path: str = ""
+    kernel_mark: int = -1  # the kernel log's end when a GPU attempt started (device_log.py)
 
     @property
     def health_url(self) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from libs.domain.group.autoscale import Metric
 
-from . import commands, events, jobs, rollout, scale
+from . import cards, commands, events, jobs, rollout, scale
 from .client import Client, CliError, Context, resolve_target
 from .output import FORMATS
 from .plan import cmd_groups_create
@@ -180,6 +180,23 @@ def _add_task_commands(
     p.set_defaults(func=_entry(commands.cmd_stats))
     p = sub.add_parser("nodes", parents=both, help="node inventory (operators)")
     p.set_defaults(func=_entry(events.cmd_nodes, operator=True))
+    _add_card_commands(p, both)
+
+
+def _add_card_commands(nodes: argparse.ArgumentParser, both: list[Any]) -> None:
+    """`nodes uncordon-card` / `nodes quarantine-card` (bare `nodes` still lists)."""
+    nsub = nodes.add_subparsers(dest="nodes_command", metavar="{uncordon-card,quarantine-card}")
+    p = nsub.add_parser(
+        "uncordon-card", parents=both, help="return a quarantined card to placement now"
+    )
+    p.add_argument("node_id")
+    p.add_argument("gpu_id", metavar="CARD")
+    p.set_defaults(func=_entry(cards.cmd_uncordon_card, operator=True))
+    p = nsub.add_parser("quarantine-card", parents=both, help="take one card out of placement")
+    p.add_argument("node_id")
+    p.add_argument("gpu_id", metavar="CARD")
+    p.add_argument("--reason", default="", help="shown as the quarantine's evidence")
+    p.set_defaults(func=_entry(cards.cmd_quarantine_card, operator=True))
 
 
 def _add_autoscale(gsub: Any, conn: argparse.ArgumentParser, fmt: argparse.ArgumentParser) -> None:

@@ -93,9 +93,12 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
                 out.mebibytes(inventory.get("memory_mb")),
                 inventory.get("cpu_cores"),
                 n.get("excluded_gpus"),
+                [q.get("gpu_id") for q in n.get("quarantined_gpus") or []],
             )
         )
-    return out.table(("ID", "STATUS", "RUNTIME", "GPUS", "MEMORY", "CPU", "EXCLUDED"), rows)
+    return out.table(
+        ("ID", "STATUS", "RUNTIME", "GPUS", "MEMORY", "CPU", "EXCLUDED", "QUARANTINED"), rows
+    )
 
 
 def cmd_nodes(ctx: Context, args: argparse.Namespace) -> int:

@@ -321,7 +321,8 @@ class HistoryChecker:
                 task.last,
                 ref,
             )
-        elif retry and task.retry_count >= task.max_retries:
+        elif retry and ev.requeues is None and task.retry_count >= task.max_retries:
+            # (a device requeue, `requeues` set, spends no retry: docs/operations.md)
             self._flag(
                 Invariant.ILLEGAL_TRANSITION,
                 f"task {task_id} retried with its retries spent "

@@ -84,7 +84,7 @@ class TaskRunSpec(Message):
 
 
 class NodeCommand(Message):
-    """One instruction for one task on one node. `attempt` = the task's retry_count."""
+    """One instruction for one task on one node. `attempt` = the task's `attempt`."""
 
     kind: CommandKind
     node_id: str
@@ -134,6 +134,10 @@ class AgentReport(Message):
     vram_before_mb: float | None = None
     vram_after_mb: float | None = None
     memory_mb: int | None = None  # what the agent actually applied (memory boost)
+    # Device evidence of a failed attempt (agent/device_log.py): kernel log lines naming a
+    # card fault seen while it ran, and XIDs its runtime or NVML reported.
+    device_log: list[str] = Field(default_factory=list)
+    xids: list[int] = Field(default_factory=list)
     at: datetime
 
     @field_validator("error_kind", mode="before")
@@ -228,7 +232,7 @@ def decide_report(task: Task, report: AgentReport) -> list[TaskStatusChanged]:
     with Conflict; the caller may then apply `report_target` for the same fact from the
     current status (e.g. an exit while `stopping` records `stopped`, never `completed`).
     """
-    if report.attempt != task.retry_count or task.node_id != report.node_id:
+    if report.attempt != task.attempt or task.node_id != report.node_id:
         return []
     target = report_target(task.model_copy(update={"status": report.expected_status}), report)
     if target is None:
@@ -242,7 +246,7 @@ def decide_report(task: Task, report: AgentReport) -> list[TaskStatusChanged]:
 
 def decide_reconcile(task: Task, report: AgentReport) -> list[TaskStatusChanged]:
     """After a Conflict: apply the fact from the task's current status (no CAS on the agent)."""
-    if report.attempt != task.retry_count or task.node_id != report.node_id:
+    if report.attempt != task.attempt or task.node_id != report.node_id:
         return []
     if task.status in (S.SCHEDULED, S.STARTING) and report.fact is Fact.EXITED:
         return _ran_unseen(task, report)
@@ -278,6 +282,10 @@ def _transition(task: Task, target: TaskStatus, report: AgentReport) -> list[Tas
             fields["error"] = _failure_text(report)
             fields["error_kind"] = report.error_kind.value if report.error_kind else None
             fields["oom_killed"] = report.oom_killed
+            if report.device_log:
+                fields["device_log"] = "\n".join(report.device_log[-20:])
+            if report.xids:
+                fields["xids"] = tuple(report.xids)
     if target is S.PENDING:
         fields["clear_placement"] = True
     if report.memory_mb is not None and report.memory_mb != task.spec.memory_mb:

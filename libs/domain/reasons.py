@@ -70,6 +70,9 @@ class ReasonCode(StrEnum):
     NODE_GONE = "node_gone"
     GPU_LOST = "gpu_lost"
     GPU_RECOVERED = "gpu_recovered"
+    CARD_QUARANTINED = "card_quarantined"
+    CARD_RESTORED = "card_restored"
+    DEVICE_REQUEUE = "device_requeue"
     # --- why pending: the scheduler's rejections (task-level, then node stages) ----------
     NO_NODES = "no_nodes"
     BACKOFF = "backoff"
@@ -150,6 +153,9 @@ TEXT: dict[ReasonCode, str] = {
     R.NODE_GONE: "the node is gone for good",
     R.GPU_LOST: "a card disappeared from the heartbeats",
     R.GPU_RECOVERED: "a lost card is seen again",
+    R.CARD_QUARANTINED: "a device fault took the card out of placement",
+    R.CARD_RESTORED: "a quarantined card passed its health probes (or an operator returned it)",
+    R.DEVICE_REQUEUE: "the card failed, not the task: requeued without spending a retry",
     R.NO_NODES: "no node is registered",
     R.BACKOFF: "waiting for the retry back-off",
     R.TENANT_QUOTA_EXCEEDED: "the tenant's GPU quota is used up",

@@ -112,6 +112,8 @@ def _status_changed(doc: Doc, p: Doc, at: datetime) -> None:
         doc.update(SLEEP_ONLY)
     if p["retry_count"] is not None:
         doc["retry_count"] = p["retry_count"]
+    if p.get("requeues") is not None:
+        doc["requeues"] = p["requeues"]
     if p["memory_mb"] is not None:
         doc["spec"] = {**doc["spec"], "memory_mb": p["memory_mb"]}
     if to == _RUNNING and not was_started:

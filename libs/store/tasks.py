@@ -263,7 +263,8 @@ async def placements(
     found = await rows(
         store,
         "SELECT id, COALESCE(node_id, '') AS node_id, status,"
-        " (doc->>'retry_count')::int AS attempt FROM tasks WHERE status = ANY(%s)",
+        " (doc->>'retry_count')::int + COALESCE((doc->>'requeues')::int, 0) AS attempt"
+        " FROM tasks WHERE status = ANY(%s)",
         [[s.value for s in statuses]],
     )
     return [(r["id"], r["node_id"], TaskStatus(r["status"]), r["attempt"] or 0) for r in found]
@@ -273,7 +274,8 @@ async def nodes_of(store: EventStore, ids: Sequence[str]) -> dict[str, tuple[str
     """Task id → (the node it is placed on, "" when none; its attempt) for the ids that exist."""
     found = await rows(
         store,
-        "SELECT id, COALESCE(node_id, '') AS node_id, (doc->>'retry_count')::int AS attempt"
+        "SELECT id, COALESCE(node_id, '') AS node_id,"
+        " (doc->>'retry_count')::int + COALESCE((doc->>'requeues')::int, 0) AS attempt"
         " FROM tasks WHERE id = ANY(%s)",
         [list(ids)],
     )

@@ -26,6 +26,7 @@ from . import (
     gpu,
     limits,
     metrics,
+    routes_cards,
     routes_groups,
     routes_jobs,
     routes_ops,
@@ -99,6 +100,7 @@ def create_app(
     app.include_router(routes_plan.router)
     app.include_router(routes_tasks.router)
     app.include_router(routes_ops.router)
+    app.include_router(routes_cards.router)
     app.include_router(gpu.router)
     app.include_router(gpu.group_router)
     app.include_router(routes_groups.router)

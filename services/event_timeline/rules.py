@@ -19,7 +19,13 @@ from libs.domain.group.events import (
     GroupStatusChanged,
     GroupWindowApplied,
 )
-from libs.domain.node.events import GpuLost, GpuRecovered, NodeOffline
+from libs.domain.node.events import (
+    CardQuarantined,
+    CardRestored,
+    GpuLost,
+    GpuRecovered,
+    NodeOffline,
+)
 from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
 from libs.domain.rollout.events import RolloutBatchRecorded, RolloutPhaseChanged, RolloutStarted
@@ -53,6 +59,7 @@ S = TaskStatus
 RETRY_KINDS = {
     "retry": ("retry_escalation", R.RETRY),
     "give_up": ("retry_given_up", R.RETRY_GIVEN_UP),
+    "requeue": ("device_requeue", R.DEVICE_REQUEUE),
 }
 
 
@@ -73,6 +80,8 @@ def retry_decided(env: EventEnvelope, ev: TaskRetryDecided) -> list[Entry]:
             node_id=ev.node_id,
             memory_mb=ev.memory_mb,
             delay_s=ev.delay_s,
+            device_verdict=ev.device_verdict,
+            device_evidence=ev.device_evidence,
         )
     ]
 
@@ -249,6 +258,39 @@ def gpu_changed(env: EventEnvelope, ev: GpuLost | GpuRecovered) -> list[Entry]:
     ]
 
 
+def card_quarantined(env: EventEnvelope, ev: CardQuarantined) -> list[Entry]:
+    """On the node's timeline, and on the task's whose failure showed the fault."""
+    message = f"GPU {ev.gpu_id} quarantined on {ev.node_id} ({ev.code}): {ev.evidence}"
+    details = {
+        "gpu_id": ev.gpu_id,
+        "code": ev.code,
+        "evidence": ev.evidence,
+        "by": ev.by,
+        "reason_code": R.CARD_QUARANTINED.value,
+    }
+    out = [entry(env, "node", ev.node_id, ev.type, message, **details)]
+    if ev.task_id:
+        out.append(entry(env, "task", ev.task_id, ev.type, message, node_id=ev.node_id, **details))
+    return out
+
+
+def card_restored(env: EventEnvelope, ev: CardRestored) -> list[Entry]:
+    how = f"after {ev.probes_passed} passed health probes" if ev.by == "probe" else "by an operator"
+    return [
+        entry(
+            env,
+            "node",
+            ev.node_id,
+            ev.type,
+            f"GPU {ev.gpu_id} back in placement on {ev.node_id} {how}",
+            gpu_id=ev.gpu_id,
+            by=ev.by,
+            probes_passed=ev.probes_passed,
+            reason_code=R.CARD_RESTORED.value,
+        )
+    ]
+
+
 def gpu_lost(env: EventEnvelope, ev: GpuLost) -> list[Entry]:
     return gpu_changed(env, ev)
 
@@ -271,6 +313,8 @@ RULES: dict[type[Payload], Rule] = {
     NodeOffline: node_offline,
     GpuLost: gpu_lost,
     GpuRecovered: gpu_recovered,
+    CardQuarantined: card_quarantined,
+    CardRestored: card_restored,
     RolloutStarted: rollout_started,
     RolloutBatchRecorded: rollout_batch,
     RolloutPhaseChanged: rollout_phase,

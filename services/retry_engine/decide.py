@@ -1,7 +1,9 @@
 """The retry decision chain of SPEC §4, pure: a failed task and its evidence in, events out.
 
-Order: group member (static world or replica: the group owns it) → retries exhausted → `no_retry` →
-classify → permanent / CPU OOM / GPU OOM / transient / other-by-strategy. Every outcome is a
+Order: device fault (the card's, not the task's: requeued at once without spending a retry,
+`device_requeue`) → group member (static world or replica: the group owns it) → retries
+exhausted → `no_retry` → classify → permanent / CPU OOM / GPU OOM / transient /
+other-by-strategy. Every outcome is a
 `task_retry_decided` event with its reason; a retry adds the one `failed → pending` transition
 the retry engine alone may make, with the next attempt's memory and placement constraints.
 """
@@ -17,7 +19,14 @@ from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
 from libs.domain.task.decide import decide_transition
 from libs.domain.task.events import TaskRetryDecided
-from libs.domain.task.failure import Failure, FailureClass, classify
+from libs.domain.task.failure import (
+    DeviceFault,
+    DeviceVerdict,
+    Failure,
+    FailureClass,
+    classify,
+    classify_device,
+)
 from libs.domain.task.model import RetryStrategy, Task, TaskType
 from libs.domain.task.states import Actor, TaskStatus
 
@@ -49,6 +58,32 @@ class Evidence:
     error: str
     output: str
     failed_at: datetime
+    device_log: str = ""  # kernel log lines the agent read (agent/device_log.py)
+    xids: tuple[int, ...] = ()
+
+
+# Device requeues of one task before its failures count as its own again: a task that
+# brings down every card it touches is not a run of bad cards.
+MAX_DEVICE_REQUEUES = 3
+
+
+def device_fault(task: Task, ev: Evidence) -> DeviceFault:
+    """The device verdict on a failure: whose fault, which card, and the evidence."""
+    return classify_device(
+        log="\n".join((ev.device_log, ev.error, ev.output)),
+        xids=ev.xids,
+        card=task.gpu_ids[0] if len(task.gpu_ids) == 1 else "",
+    )
+
+
+def cards_at_fault(task: Task, fault: DeviceFault) -> tuple[str, ...]:
+    """The cards to quarantine for a device-fatal fault: the one the evidence names among
+    the task's, else the task's only card, else (a PCI id we cannot map to a card) all of
+    the task's cards; none for any other verdict or a task that held no card."""
+    if fault.verdict is not DeviceVerdict.DEVICE_FATAL or not task.gpu_ids:
+        return ()
+    named = [g for g in task.gpu_ids if fault.card and (g == fault.card or fault.card in g)]
+    return tuple(named) or tuple(task.gpu_ids)
 
 
 def is_static_world_member(task: Task) -> bool:
@@ -73,6 +108,29 @@ def backoff_delay(task: Task, cfg: RetryConfig) -> float:
 def decide_retry(
     task: Task, ev: Evidence, cfg: RetryConfig, nodes: Mapping[str, NodeFacts]
 ) -> list[Payload]:
+    """The decision's events; an app-caused (or spent) device fault is the user's failure,
+    decided as any other, with the device verdict and its evidence on the decision."""
+    fault = device_fault(task, ev)
+    out = _decide(task, ev, cfg, nodes, fault)
+    if fault.verdict is DeviceVerdict.UNKNOWN:
+        return out
+    return [
+        e.model_copy(
+            update={"device_verdict": fault.verdict.value, "device_evidence": fault.evidence}
+        )
+        if isinstance(e, TaskRetryDecided)
+        else e
+        for e in out
+    ]
+
+
+def _decide(
+    task: Task,
+    ev: Evidence,
+    cfg: RetryConfig,
+    nodes: Mapping[str, NodeFacts],
+    fault: DeviceFault,
+) -> list[Payload]:
     if task.status is not TaskStatus.FAILED:
         return []
     failure = classify(
@@ -82,6 +140,14 @@ def decide_retry(
         error=ev.error,
         output=ev.output,
     )
+    if fault.verdict is not DeviceVerdict.UNKNOWN:
+        failure = Failure(failure.cls, failure.kind or fault.code, failure.evidence)
+    if (
+        cards_at_fault(task, fault)
+        and task.group_id is None
+        and task.requeues < MAX_DEVICE_REQUEUES
+    ):
+        return _requeue(task, fault)
     if is_static_world_member(task):
         return [
             _decided(
@@ -130,6 +196,39 @@ def decide_retry(
         clear_placement=True,
         not_before=ev.failed_at + timedelta(seconds=delay),
         **plan,
+    )
+    return [decided, *move]
+
+
+def _requeue(task: Task, fault: DeviceFault) -> list[Payload]:
+    """Slurm's expedited requeue: at once, no back-off, retry_count unchanged."""
+    reason = (
+        f"device fault on {', '.join(cards_at_fault(task, fault))} ({fault.code}): "
+        f"{fault.evidence}; requeued at once without spending a retry "
+        f"(device requeue {task.requeues + 1}/{MAX_DEVICE_REQUEUES})"
+    )
+    decided = TaskRetryDecided(
+        task_id=task.id,
+        attempt=task.retry_count,
+        node_id=task.node_id,
+        failure_class=fault.verdict.value,
+        failure_kind=fault.code,
+        action="requeue",
+        reason=reason,
+        device_verdict=fault.verdict.value,
+        device_evidence=fault.evidence,
+    )
+    move = decide_transition(
+        task,
+        TaskStatus.PENDING,
+        actor=Actor.RETRY_ENGINE,
+        expected_status=TaskStatus.FAILED,
+        reason_code=ReasonCode.DEVICE_REQUEUE,
+        reason=reason,
+        requeues=task.requeues + 1,
+        clear_placement=True,
+        not_before=None,
+        min_vram_mb=task.min_vram_mb or None,
     )
     return [decided, *move]
 

@@ -76,7 +76,7 @@ def command_for(
         kind=kind,
         node_id=task.node_id,
         task_id=task.id,
-        attempt=task.retry_count,
+        attempt=task.attempt,
         status=to,
         task_version=task.version,
         grace_s=STOP_GRACE_S,

@@ -49,6 +49,8 @@ async def run(ctx: ServiceContext, stop: asyncio.Event, settings: SchedulerSetti
         liveness_floor_s=settings.liveness_floor_s,
         liveness_stale_s=settings.liveness_stale_s,
         unconfirmed_after_s=settings.task_unconfirmed_after_s,
+        quarantine_probes=settings.quarantine_probes,
+        quarantine_probe_interval_s=settings.quarantine_probe_interval_s,
     )
     groups = GroupController(
         ctx.store,

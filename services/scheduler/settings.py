@@ -31,6 +31,14 @@ class SchedulerSettings(CommonSettings):
         ge=0,
         description="tasks scheduled or starting (not yet running) on one node; 0 = no bound",
     )
+    quarantine_probes: int = Field(
+        default=3,
+        ge=1,
+        description="health probes a quarantined card must pass in a row to be placeable again",
+    )
+    quarantine_probe_interval_s: float = Field(
+        default=60.0, gt=0, description="seconds between two probes of a quarantined card"
+    )
     group_scan_interval_s: float = 2.0
     liveness_floor_s: float = Field(
         default=900.0, gt=0, description="inference task with no positive liveness this long"

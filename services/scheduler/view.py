@@ -38,7 +38,8 @@ RELIST_S = 1.0
 def to_node(doc: NodeDoc, max_starting: int = 0) -> Node:
     """The planner's node; `max_starting` is the scheduler's bound on its in-flight starts."""
     inv = doc.inventory
-    excluded = set(doc.excluded_gpus)
+    # A lost card and a quarantined one (a device fault) take no new placement alike.
+    excluded = {*doc.excluded_gpus, *(q.gpu_id for q in doc.quarantined_gpus)}
     return Node(
         id=doc.id,
         online=doc.status is NodeStatus.ONLINE,

@@ -474,10 +474,11 @@ def test_nodes_table() -> None:
             "userns_remap": True,
         },
         "excluded_gpus": ["n1-gpu1"],
+        "quarantined_gpus": [{"gpu_id": "n1-gpu0", "code": "xid:79"}],
     }
     assert events.nodes_table([node]).splitlines() == [
-        "ID   STATUS   RUNTIME         GPUS          MEMORY   CPU   EXCLUDED",
-        "n1   online   docker+userns   nvidia:L4x2   64GiB    16    n1-gpu1",
+        "ID   STATUS   RUNTIME         GPUS          MEMORY   CPU   EXCLUDED   QUARANTINED",
+        "n1   online   docker+userns   nvidia:L4x2   64GiB    16    n1-gpu1    n1-gpu0",
     ]
 
 

@@ -151,6 +151,7 @@ BODIES = [
     ("put", "/api/v1/tenants/{tenant_id}"),
     ("post", "/api/v1/tenants/{tenant_id}/api-keys"),
     ("post", "/api/v1/tenants/{tenant_id}/tokens"),
+    ("post", "/api/v1/nodes/{node_id}/gpus/{gpu_id}/quarantine"),
 ]
 
 

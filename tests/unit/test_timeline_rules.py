@@ -197,6 +197,42 @@ CASES = [
         [("node", "gpu_recovered")],
     ),
     (
+        "card quarantined after a task's device fault",
+        env(
+            "node",
+            "card_quarantined",
+            node_id="n1",
+            gpu_id="g0",
+            code="xid:79",
+            evidence="NVML XID event 79 (XID 79: GPU has fallen off the bus)",
+            task_id="t1",
+        ),
+        [("node", "card_quarantined"), ("task", "card_quarantined")],
+    ),
+    (
+        "card quarantined by an operator",
+        env(
+            "node",
+            "card_quarantined",
+            node_id="n1",
+            gpu_id="g0",
+            code="manual",
+            evidence="fan noise",
+            by="operator",
+        ),
+        [("node", "card_quarantined")],
+    ),
+    (
+        "card restored",
+        env("node", "card_restored", node_id="n1", gpu_id="g0", by="probe", probes_passed=3),
+        [("node", "card_restored")],
+    ),
+    (
+        "device requeue",
+        retry("requeue", 0, "device fault on g0 (xid:79)", "device_fatal"),
+        [("task", "device_requeue")],
+    ),
+    (
         "node offline",
         env("node", "node_offline", node_id="n1", silent_seconds=11.0, schema_version=1),
         [("node", "node_offline")],

@@ -19,3 +19,15 @@ def watch_card(watch: CardWatch, visible: bool, excluded: bool) -> tuple[CardWat
     if not excluded and nxt.missed >= LOST_AFTER_MISSES:
         return nxt, "lost"
     return nxt, None
+
+
+def probe_card(passed: int, visible: bool, healthy: bool, needed: int) -> tuple[int, bool]:
+    """One health probe of a quarantined card: passes in a row, and whether it returns now.
+
+    A probe passes when the heartbeat shows the card and its health reading is not failed;
+    any failed probe starts the count again, so `needed` consecutive passes bring it back.
+    """
+    if not (visible and healthy):
+        return 0, False
+    passed += 1
+    return passed, passed >= max(1, needed)

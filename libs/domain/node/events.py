@@ -54,5 +54,41 @@ class GpuRecovered(Payload):
     seen_heartbeats: int
 
 
-NODE_EVENTS: tuple[type[Payload], ...] = (NodeRegistered, NodeOffline, GpuLost, GpuRecovered)
+class CardQuarantined(Payload):
+    """A device fault (or an operator) took one card out of placement, with the evidence.
+
+    Only that card: the node and its other cards stay placeable (docs/operations.md).
+    """
+
+    type: ClassVar[str] = "card_quarantined"
+    stream_type: ClassVar[str] = "node"
+
+    node_id: str
+    gpu_id: str
+    code: str  # "xid:79", "ecc:dbe", "acl:507054", "amdgpu:ras" or "manual"
+    evidence: str
+    task_id: str = ""
+    by: str = "retry_engine"  # retry_engine | operator
+
+
+class CardRestored(Payload):
+    """A quarantined card is placeable again: its health probes passed, or an operator said so."""
+
+    type: ClassVar[str] = "card_restored"
+    stream_type: ClassVar[str] = "node"
+
+    node_id: str
+    gpu_id: str
+    by: str = "probe"  # probe | operator
+    probes_passed: int = 0
+
+
+NODE_EVENTS: tuple[type[Payload], ...] = (
+    NodeRegistered,
+    NodeOffline,
+    GpuLost,
+    GpuRecovered,
+    CardQuarantined,
+    CardRestored,
+)
 register(*NODE_EVENTS)

@@ -63,6 +63,19 @@ class NodeInventory(BaseModel):
     cgroups: str = ""  # process runtime: v2 | v1 | none (no memory cap)
 
 
+class QuarantinedCard(BaseModel):
+    """A card kept out of placement after a device fault (docs/operations.md, quarantine)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu_id: str
+    code: str  # "xid:79", "ecc:dbe", ... or "manual"
+    evidence: str
+    task_id: str = ""  # the task whose failure showed it ("" when an operator did it)
+    by: str = "retry_engine"  # retry_engine | operator
+    since: datetime
+
+
 class Node(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -70,6 +83,7 @@ class Node(BaseModel):
     status: NodeStatus
     inventory: NodeInventory
     excluded_gpus: tuple[str, ...] = ()
+    quarantined_gpus: tuple[QuarantinedCard, ...] = ()
     version: int
     registered_at: datetime
     updated_at: datetime

@@ -53,8 +53,9 @@ def decide_transition(
         check_transition(task.status, to, actor, report=report)
     except IllegalTransition as exc:
         raise DomainError(Code.ILLEGAL_TRANSITION, str(exc), ["status"]) from None
+    # A device requeue (`requeues` set: the card failed, not the task) spends no retry.
     retrying = to is TaskStatus.PENDING and task.status is TaskStatus.FAILED
-    if retrying and task.retry_count >= task.spec.max_retries:
+    if retrying and "requeues" not in fields and task.retry_count >= task.spec.max_retries:
         raise DomainError(
             Code.ILLEGAL_TRANSITION,
             f"retries exhausted ({task.retry_count}/{task.spec.max_retries})",

@@ -62,11 +62,16 @@ class TaskStatusChanged(ReasonedPayload):
     result: str | None = None
     error: str | None = None
     retry_count: int | None = None
+    requeues: int | None = None  # device requeues (uncharged), docs/operations.md
     memory_mb: int | None = None
     clear_placement: bool = False
     # Failure evidence for the retry engine's classifier (not folded into the task row).
     error_kind: str | None = None
     oom_killed: bool | None = None
+    # Device evidence the agent read for a failed attempt (kernel log lines, NVML XIDs):
+    # the retry engine's device classifier (libs/domain/task/device_fault.py).
+    device_log: str | None = None
+    xids: tuple[int, ...] | None = None
     # Constraints for the next attempt (a requeue to pending sets them; None clears them).
     not_before: datetime | None = None
     same_node_id: str | None = None
@@ -85,7 +90,10 @@ class TaskRetryDecided(Payload):
     node_id: str | None
     failure_class: str
     failure_kind: str
-    action: Literal["retry", "give_up", "hold"]
+    action: Literal["retry", "give_up", "hold", "requeue"]  # requeue: a device fault
+    # The device verdict on the failure (libs/domain/task/device_fault.py), "" when none.
+    device_verdict: str = ""
+    device_evidence: str = ""
     reason: str
     delay_s: float = 0.0
     memory_mb: int | None = None

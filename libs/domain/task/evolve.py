@@ -123,6 +123,8 @@ def _status_changes(task: Task, ev: TaskStatusChanged, at: datetime) -> dict[str
         out.update(SLEEP_ONLY)
     if ev.retry_count is not None:
         out["retry_count"] = ev.retry_count
+    if ev.requeues is not None:
+        out["requeues"] = ev.requeues
     if ev.memory_mb is not None:
         out["spec"] = task.spec.model_copy(update={"memory_mb": ev.memory_mb})
     if ev.to_status is TaskStatus.RUNNING and task.started_at is None:

@@ -223,7 +223,7 @@ class RetryVerdict(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    verdict: Literal["retry", "give_up", "hold"]
+    verdict: Literal["retry", "give_up", "hold", "requeue"]
     reason: str
     failure_class: str  # permanent, transient, cpu_oom, gpu_oom, other
     attempt: int  # the attempt decided on (the task's retry_count then)
@@ -260,6 +260,10 @@ class Task(BaseModel):
     # static-world group) and "serve" (a replica without port mapping); docs/groups.md.
     ports: dict[str, int] = Field(default_factory=dict)
     retry_count: int = 0
+    # Requeues after a device fault (the card's failure, not the task's): they spend none of
+    # `max_retries`, but each is a new attempt (`attempt`), so a run is never confused with
+    # the one its card ended (docs/operations.md#device-faults-and-card-quarantine).
+    requeues: int = 0
     exit_code: int | None = None
     result: str = ""
     error: str = ""
@@ -295,6 +299,11 @@ class Task(BaseModel):
     finished_at: datetime | None = None
     deleted_at: datetime | None = None
 
+    @property
+    def attempt(self) -> int:
+        """The attempt's identity on the node and in reports: retries plus device requeues."""
+        return self.retry_count + self.requeues
+
 
 # Fields a client may send on create. `gpu_count` is the V2 alias of `gpu_required`.
 CREATE_FIELDS: frozenset[str] = frozenset(TaskSpec.model_fields) - {"platform"} | {"gpu_count"}
@@ -309,6 +318,7 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "gpu_id",
         "gpu_ids",
         "retry_count",
+        "requeues",
         "result",
         "status",
         "node_id",

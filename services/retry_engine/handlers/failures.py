@@ -14,21 +14,34 @@ from prometheus_client import Counter
 from libs.bus.typed import EventHandlers
 from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import NotFound
+from libs.domain.node.events import CardQuarantined
 from libs.domain.node.model import Node, NodeStatus
 from libs.domain.payload import Payload
 from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.failure import DeviceFault
 from libs.domain.task.model import Task
 from libs.domain.task.states import TaskStatus
 from libs.store import inbox
 from libs.store import nodes as node_rows
 from libs.store.eventstore import EventStore
+from libs.store.projections import NODES
 
-from ..decide import Evidence, NodeFacts, RetryConfig, decide_retry
+from ..decide import (
+    Evidence,
+    NodeFacts,
+    RetryConfig,
+    cards_at_fault,
+    decide_retry,
+    device_fault,
+)
 from ..routes import CONSUMER
 
 log = structlog.get_logger(__name__)
 
 DECISIONS = Counter("heteroflow_retry_decisions_total", "Retry decisions", ["action", "cls"])
+QUARANTINED = Counter(
+    "heteroflow_cards_quarantined_total", "Cards quarantined after a device fault", ["code"]
+)
 
 
 def node_facts(node: Node) -> NodeFacts:
@@ -50,7 +63,24 @@ def evidence_of(env: EventEnvelope, ev: TaskStatusChanged) -> Evidence:
         error=ev.error or "",
         output=ev.result or "",
         failed_at=env.occurred_at,
+        device_log=ev.device_log or "",
+        xids=ev.xids or (),
     )
+
+
+def quarantine_events(node: Node | None, task: Task, fault: DeviceFault) -> list[Payload]:
+    """`card_quarantined` for each card at fault not quarantined yet (a redelivery adds none)."""
+    if node is None:
+        return []
+    held = {q.gpu_id for q in node.quarantined_gpus}
+    known = {g.id for g in node.inventory.gpus}
+    return [
+        CardQuarantined(
+            node_id=node.id, gpu_id=card, code=fault.code, evidence=fault.evidence, task_id=task.id
+        )
+        for card in cards_at_fault(task, fault)
+        if card in known and card not in held
+    ]
 
 
 class RetryEngine:
@@ -78,6 +108,7 @@ class RetryEngine:
         # decision asks of the fleet; the rest of the fleet is not read.
         nearby = await node_rows.with_best_alternative(self.store, seen.node_id or "")
         nodes = {n.id: node_facts(n) for n in nearby}
+        await self._quarantine(seen, evidence)
 
         def decide(task: Task) -> list[Payload]:
             if task.version != version:
@@ -101,6 +132,30 @@ class RetryEngine:
                 log.info(
                     "retry_decided", task_id=task.id, action=decision.action, reason=decision.reason
                 )
+
+    async def _quarantine(self, task: Task, evidence: Evidence) -> None:
+        """Take the failed cards out of placement before the task is requeued, so the
+        scheduler's next round cannot put it back on them."""
+        fault = device_fault(task, evidence)
+        if not task.node_id or not cards_at_fault(task, fault):
+            return
+        made: list[Payload] = []
+
+        def decide(node: Node | None) -> list[Payload]:
+            made[:] = quarantine_events(node, task, fault)
+            return list(made)
+
+        await self.store.execute_aggregate(NODES, task.node_id, decide)
+        for ev in made:
+            QUARANTINED.labels(fault.code).inc()
+            log.warning(
+                "card_quarantined",
+                node_id=task.node_id,
+                gpu_id=getattr(ev, "gpu_id", ""),
+                code=fault.code,
+                task_id=task.id,
+                evidence=fault.evidence,
+            )
 
     async def _last_decision(self, task_id: str) -> TaskRetryDecided | None:
         last = await self.store.last_of_type(task_id, TaskRetryDecided.type)

@@ -19,8 +19,14 @@ from prometheus_client import Gauge
 
 from libs.controller import Controller, Term
 from libs.domain.errors import DomainError, Fenced
-from libs.domain.node.decide import watch_card
-from libs.domain.node.events import GpuLost, GpuRecovered, NodeOffline, NodeRegistered
+from libs.domain.node.decide import probe_card, watch_card
+from libs.domain.node.events import (
+    CardRestored,
+    GpuLost,
+    GpuRecovered,
+    NodeOffline,
+    NodeRegistered,
+)
 from libs.domain.node.model import CardWatch, Node, NodeStatus
 from libs.domain.payload import Payload
 from libs.domain.protocol import CommandKind, Heartbeat, NodeCommand
@@ -108,8 +114,14 @@ class NodeMonitor(Controller):
         liveness_floor_s: float = 900.0,
         liveness_stale_s: float = 30.0,
         unconfirmed_after_s: float = 300.0,
+        quarantine_probes: int = 3,
+        quarantine_probe_interval_s: float = 60.0,
     ) -> None:
         self.store = store
+        # Quarantined cards (device faults): probes passed in a row and when the last ran.
+        self.quarantine_probes = quarantine_probes
+        self.quarantine_probe_interval_s = quarantine_probe_interval_s
+        self.probes: dict[tuple[str, str], tuple[int, float]] = {}
         self.nc = nc
         self.offline_after_s = offline_after_s
         self.gone_after_s = gone_after_s
@@ -226,6 +238,7 @@ class NodeMonitor(Controller):
                 )
             elif crossing == "recovered":
                 events.append(GpuRecovered(node_id=node.id, gpu_id=card.id, seen_heartbeats=2))
+        events += self.probe_quarantined(node, visible, now)
         if events:
             await self._append(node.id, events)
             log.warning(
@@ -233,6 +246,28 @@ class NodeMonitor(Controller):
                 node_id=node.id,
                 changes=[(e.type, getattr(e, "gpu_id", "")) for e in events],
             )
+
+    def probe_quarantined(self, node: Node, visible: set[str], now: float) -> list[Payload]:
+        """One health probe per quarantined card per probe interval: the card is on the bus
+        (the heartbeat shows it) and not lost; enough passes in a row bring it back."""
+        out: list[Payload] = []
+        for q in node.quarantined_gpus:
+            key = (node.id, q.gpu_id)
+            passed, last = self.probes.get(key, (0, now))
+            if key in self.probes and now - last < self.quarantine_probe_interval_s:
+                continue
+            if key not in self.probes:
+                self.probes[key] = (0, now)  # the first probe one interval after the fault
+                continue
+            healthy = q.gpu_id not in node.excluded_gpus
+            passed, back = probe_card(passed, q.gpu_id in visible, healthy, self.quarantine_probes)
+            self.probes[key] = (passed, now)
+            if back:
+                del self.probes[key]
+                out.append(
+                    CardRestored(node_id=node.id, gpu_id=q.gpu_id, by="probe", probes_passed=passed)
+                )
+        return out
 
     async def _append(self, node_id: str, events: list[Payload]) -> None:
         node = await self.writes.execute_aggregate(NODES, node_id, lambda _n: events)
@@ -292,7 +327,7 @@ class NodeMonitor(Controller):
             kind=CommandKind.STOP,
             node_id=node_id,
             task_id=task_id,
-            attempt=task.retry_count,
+            attempt=task.attempt,
             status=S.FAILED,
             task_version=task.version,
             grace_s=STOP_GRACE_S,

@@ -149,7 +149,7 @@ class ReportHandler:
 def _decided(task: Task, rep: AgentReport, min_released_fraction: float) -> list[Any]:
     """The report's transition; for a sleep, the evidence of what it released (lending)."""
     events: list[Any] = list(decide_report(task, rep))
-    same = rep.attempt == task.retry_count and rep.node_id == task.node_id
+    same = rep.attempt == task.attempt and rep.node_id == task.node_id
     if rep.fact is Fact.PAUSED and same and task.status is TaskStatus.SLEEPING:
         events.append(
             measure_sleep(
@@ -177,7 +177,7 @@ def _step(rep: AgentReport, min_released_fraction: float) -> Step:
 
 def _orphan_stop(task: Task, rep: AgentReport) -> list[NodeCommand]:
     """A stop for a container that runs for a task no longer this node's (or attempt's)."""
-    orphan = task.node_id != rep.node_id or task.retry_count != rep.attempt
+    orphan = task.node_id != rep.node_id or task.attempt != rep.attempt
     if not orphan or rep.fact not in (Fact.STARTING, Fact.RUNNING, Fact.RESUMED, Fact.PAUSED):
         return []
     log.warning("orphan_container_stopped", task_id=rep.task_id, node_id=rep.node_id)

@@ -1,0 +1,238 @@
+"""Card quarantine after a device fault, no servers: the retry decision, the node fold, the
+probes that bring a card back, the scheduler's view, the agent's kernel-log reading."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from agent.device_log import KernelLog, device_lines
+from libs.domain.node.decide import probe_card
+from libs.domain.node.events import CardQuarantined, CardRestored, NodeRegistered
+from libs.domain.node.evolve import evolve_node
+from libs.domain.node.model import GpuCard, Node, NodeInventory
+from libs.domain.protocol import AgentReport, Fact, decide_report
+from libs.domain.reasons import ReasonCode
+from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.failure import DeviceVerdict
+from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
+from services.retry_engine.decide import (
+    MAX_DEVICE_REQUEUES,
+    Evidence,
+    NodeFacts,
+    RetryConfig,
+    cards_at_fault,
+    decide_retry,
+    device_fault,
+)
+from services.retry_engine.handlers.failures import quarantine_events
+from services.scheduler.controllers.node_monitor import NodeMonitor
+from services.scheduler.view import to_node
+
+AT = datetime(2026, 1, 1, tzinfo=UTC)
+CFG = RetryConfig(retry_delay_s=30, backoff_multiplier=2)
+NODES = {"n1": NodeFacts(True, 65536, 81920, {f"n1-gpu{i}": 81920 for i in range(4)})}
+FELL_OFF = "NVRM: Xid (PCI:0000:41:00): 79, pid=4242, GPU has fallen off the bus."
+
+
+def failed(**kw: Any) -> Task:
+    spec = TaskSpec.model_validate({"name": "t", "image": "x"} | kw.pop("spec", {}))
+    return Task(
+        id=TaskId("t"),
+        tenant_id=TenantId("a"),
+        spec=spec,
+        status=TaskStatus.FAILED,
+        node_id="n1",
+        gpu_ids=kw.pop("gpu_ids", ("n1-gpu2",)),
+        created_at=AT,
+        updated_at=AT,
+        **kw,
+    )
+
+
+def ev(**kw: Any) -> Evidence:
+    base: dict[str, Any] = dict(
+        exit_code=1, oom_killed=False, error_kind="", error="", output="", failed_at=AT
+    )
+    return Evidence(**(base | kw))
+
+
+def node(*quarantined: str) -> Node:
+    cards = tuple(
+        GpuCard(id=f"n1-gpu{i}", index=i, vendor="nvidia", model="A100-80GB", vram_mb=81920)
+        for i in range(4)
+    )
+    inv = NodeInventory(memory_mb=65536, cpu_cores=32, gpus=cards)
+    n = evolve_node(None, NodeRegistered(node_id="n1", inventory=inv), AT, 1)
+    for v, card in enumerate(quarantined, start=2):
+        q = CardQuarantined(node_id="n1", gpu_id=card, code="xid:79", evidence="e", task_id="t")
+        n = evolve_node(n, q, AT, v)
+    return n
+
+
+@pytest.mark.parametrize(
+    ("task", "evidence"),
+    [
+        (failed(), ev(xids=(79,))),
+        (failed(), ev(device_log=FELL_OFF)),
+        (failed(retry_count=3), ev(xids=(48,))),  # retries spent: still the card's
+        (failed(spec={"retry_strategy": "no_retry"}), ev(xids=(95,))),
+    ],
+    ids=["nvml-xid-79", "kernel-log-fell-off", "retries-spent", "no-retry"],
+)
+def test_device_fatal_requeues_at_once_without_spending_a_retry(
+    task: Task, evidence: Evidence
+) -> None:
+    events = decide_retry(task, evidence, CFG, NODES)
+    decided, move = events
+    assert isinstance(decided, TaskRetryDecided) and isinstance(move, TaskStatusChanged)
+    assert decided.action == "requeue" and decided.device_verdict == "device_fatal"
+    assert move.to_status is TaskStatus.PENDING
+    assert move.reason_code is ReasonCode.DEVICE_REQUEUE
+    assert move.retry_count is None  # unchanged
+    assert move.requeues == task.requeues + 1
+    assert move.not_before is None and move.clear_placement
+    assert not move.avoid_node_ids  # only the card is kept out, not the node
+
+
+def test_app_caused_xid_is_the_users_failure_and_quarantines_nothing() -> None:
+    task = failed()
+    decided, move = decide_retry(task, ev(xids=(13,)), CFG, NODES)
+    assert isinstance(decided, TaskRetryDecided) and isinstance(move, TaskStatusChanged)
+    assert decided.action == "retry" and decided.device_verdict == "app_caused"
+    assert "XID 13" in decided.device_evidence
+    assert move.retry_count == 1 and move.requeues is None
+    assert cards_at_fault(task, device_fault(task, ev(xids=(13,)))) == ()
+
+
+def test_device_requeues_are_bounded() -> None:
+    task = failed(requeues=MAX_DEVICE_REQUEUES)
+    decided, move = decide_retry(task, ev(xids=(79,)), CFG, NODES)
+    assert isinstance(decided, TaskRetryDecided) and isinstance(move, TaskStatusChanged)
+    assert decided.action == "retry" and move.retry_count == 1
+
+
+def test_cards_at_fault() -> None:
+    one = failed()
+    assert cards_at_fault(one, device_fault(one, ev(xids=(79,)))) == ("n1-gpu2",)
+    two = failed(gpu_ids=("n1-gpu0", "n1-gpu1"))
+    # A PCI id that names none of the task's cards: every card it held is suspect.
+    fault = device_fault(two, ev(device_log=FELL_OFF))
+    assert fault.verdict is DeviceVerdict.DEVICE_FATAL
+    assert cards_at_fault(two, fault) == ("n1-gpu0", "n1-gpu1")
+    cpu = failed(gpu_ids=())
+    assert cards_at_fault(cpu, device_fault(cpu, ev(xids=(79,)))) == ()
+
+
+def test_quarantine_events_only_for_cards_not_yet_quarantined() -> None:
+    task = failed()
+    fault = device_fault(task, ev(xids=(79,)))
+    made = quarantine_events(node(), task, fault)
+    assert [(e.gpu_id, e.code) for e in cast(list[CardQuarantined], made)] == [
+        ("n1-gpu2", "xid:79")
+    ]
+    assert quarantine_events(node("n1-gpu2"), task, fault) == []  # a redelivery adds none
+
+
+def test_fold_quarantine_and_return_and_reregistration() -> None:
+    n = node("n1-gpu2")
+    assert [q.gpu_id for q in n.quarantined_gpus] == ["n1-gpu2"]
+    again = evolve_node(n, NodeRegistered(node_id="n1", inventory=n.inventory), AT, 9)
+    assert [q.gpu_id for q in again.quarantined_gpus] == ["n1-gpu2"]  # a restart cures nothing
+    back = evolve_node(n, CardRestored(node_id="n1", gpu_id="n1-gpu2", probes_passed=3), AT, 9)
+    assert back.quarantined_gpus == ()
+
+
+def test_scheduler_view_places_nothing_on_a_quarantined_card() -> None:
+    view = to_node(node("n1-gpu2"))
+    assert [g.id for g in view.gpus if g.excluded] == ["n1-gpu2"]
+    assert view.online  # the node itself is not cordoned
+
+
+@pytest.mark.parametrize(
+    ("steps", "returned_at"),
+    [
+        ([(True, True)] * 3, 2),
+        ([(True, True), (False, True), (True, True), (True, True), (True, True)], 4),
+        ([(True, True), (True, False), (True, True)], None),
+    ],
+    ids=["three-passes", "a-miss-starts-again", "unhealthy-resets"],
+)
+def test_probe_card(steps: list[tuple[bool, bool]], returned_at: int | None) -> None:
+    passed, at = 0, None
+    for i, (visible, healthy) in enumerate(steps):
+        passed, back = probe_card(passed, visible, healthy, 3)
+        if back:
+            at = i
+            break
+    assert at == returned_at
+
+
+def test_node_monitor_probes_once_per_interval_then_restores() -> None:
+    now = [0.0]
+    monitor = NodeMonitor(
+        cast(Any, None),
+        cast(Any, None),
+        clock=lambda: now[0],
+        quarantine_probes=2,
+        quarantine_probe_interval_s=10.0,
+    )
+    n = node("n1-gpu2")
+    visible = {f"n1-gpu{i}" for i in range(4)}
+    seen: list[list[Any]] = []
+    for t in (0.0, 5.0, 10.0, 15.0, 20.0):
+        now[0] = t
+        seen.append(monitor.probe_quarantined(n, visible, t))
+    assert [len(s) for s in seen] == [0, 0, 0, 0, 1]  # armed at 0, probes at 10 and 20
+    restored = seen[-1][0]
+    assert isinstance(restored, CardRestored) and restored.probes_passed == 2
+
+
+def test_kernel_log_lines_written_during_the_attempt(tmp_path: Path) -> None:
+    path = tmp_path / "kern.log"
+    path.write_text("NVRM: Xid (PCI:0000:3b:00): 79, old line before the attempt\n")
+    klog = KernelLog(path)
+    mark = klog.mark()
+    with path.open("a") as f:
+        f.write("usb 1-1: new device\n" + FELL_OFF + "\n")
+    assert klog.since(mark) == [FELL_OFF]
+    assert klog.since(-1) == []
+    assert device_lines(["amdgpu 0000:c1:00.0: amdgpu: 3 uncorrectable hardware errors"]) != []
+
+
+def test_a_failed_attempts_report_carries_its_device_evidence() -> None:
+    task = failed().model_copy(update={"status": TaskStatus.RUNNING})
+    report = AgentReport(
+        node_id="n1",
+        task_id="t",
+        attempt=0,
+        fact=Fact.EXITED,
+        expected_status=TaskStatus.RUNNING,
+        exit_code=1,
+        device_log=[FELL_OFF],
+        xids=[79],
+        at=AT,
+    )
+    (changed,) = decide_report(task, report)
+    assert changed.to_status is TaskStatus.FAILED
+    assert changed.device_log == FELL_OFF and changed.xids == (79,)
+
+
+def test_a_report_of_the_attempt_before_a_device_requeue_changes_nothing() -> None:
+    # After a requeue the attempt is retry_count + requeues: the old run's report is stale.
+    task = failed(requeues=1).model_copy(update={"status": TaskStatus.RUNNING})
+    assert task.attempt == 1
+    report = AgentReport(
+        node_id="n1",
+        task_id="t",
+        attempt=0,
+        fact=Fact.EXITED,
+        expected_status=TaskStatus.RUNNING,
+        exit_code=1,
+        at=AT,
+    )
+    assert decide_report(task, report) == []
