@@ -417,6 +417,8 @@ class Agent:
             extra = {"error_kind": known, "error": detail or kind}
         elif result.error:
             extra = {"error": result.error}  # a cause that names no kind: kept as text
+        if not result.succeeded and result.xids:
+            extra["xids"] = result.xids
         if not result.succeeded and tracked.kernel_mark >= 0:
             lines = await asyncio.to_thread(self.kernel_log.since, tracked.kernel_mark)
             if lines:

@@ -122,6 +122,7 @@ class ExitReport(BaseModel):
     exit_code: int | None  # None when the runtime cannot know it (see `error`)
     oom_killed: bool = False  # ended by a CPU-memory limit (not GPU OOM)
     error: str | None = None  # "<ErrorKind or cause>: detail" when the runtime saw a failure
+    xids: list[int] = Field(default_factory=list)  # NVIDIA XIDs of its cards (simulated, NVML)
     output_tail: list[str] = Field(default_factory=list)
     finished_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 

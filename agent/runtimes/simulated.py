@@ -12,7 +12,10 @@ from labels:
   memory doubling);
 * `sim.output`          its output lines (newline-separated);
 * `sim.start_error`     "<ErrorKind>[:message]": `start` raises it;
-* `sim.ignore_sigterm`  "true": `stop` only ends it after the grace period (exit 137).
+* `sim.ignore_sigterm`  "true": `stop` only ends it after the grace period (exit 137);
+* `sim.xid`             "<code>[@<attempt>]": that attempt (default 0) ends with an NVIDIA
+  XID as NVML would report it, exit code 1 unless `sim.exit_code` says otherwise (device
+  faults and card quarantine, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ from .base import (
 )
 
 _TRUE = {"1", "true", "yes", "on"}
+
+
+def _xids(label: str, attempt: int) -> tuple[int, ...]:
+    """`sim.xid`: "79" (attempt 0) or "79@2" -> (79,) for that attempt, () otherwise."""
+    code, _, at = label.partition("@")
+    if not code.strip() or int(at or 0) != attempt:
+        return ()
+    return (int(code),)
 
 
 class Clock(Protocol):
@@ -134,6 +145,7 @@ class _Outcome:
     oom: bool
     output: list[str]
     ignore_sigterm: bool
+    xids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -220,7 +232,11 @@ class SimulatedRuntime(Runtime):
         if oom:
             output.append("Killed")
         ignore = labels.get("sim.ignore_sigterm", "").lower() in _TRUE
-        return _Outcome(max(0.0, duration), code, oom, output, ignore)
+        xids = _xids(labels.get("sim.xid", ""), spec.attempt)
+        if xids:
+            code = int(labels.get("sim.exit_code", "1"))
+            output.append(f"simulated NVML XID {xids[0]}")
+        return _Outcome(max(0.0, duration), code, oom, output, ignore, xids)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -230,11 +246,12 @@ class SimulatedRuntime(Runtime):
             raise HandleNotFound(handle)
         return task
 
-    def _finish(self, task: _SimTask, code: int, oom: bool) -> None:
+    def _finish(self, task: _SimTask, code: int, oom: bool, xids: tuple[int, ...] = ()) -> None:
         task.state = RunState.EXITED
         task.report = ExitReport(
             exit_code=code,
             oom_killed=oom,
+            xids=list(xids),
             output_tail=task.outcome.output[-OUTPUT_TAIL_LINES:],
             finished_at=datetime.fromtimestamp(self.clock.now(), UTC),
         )
@@ -259,7 +276,7 @@ class SimulatedRuntime(Runtime):
                 waker.cancel()
             running = task.state is RunState.RUNNING and task.stop_code is None
             if running and task.deadline == deadline and self.clock.now() >= deadline:
-                self._finish(task, task.outcome.exit_code, task.outcome.oom)
+                self._finish(task, task.outcome.exit_code, task.outcome.oom, task.outcome.xids)
 
     def _set_state(self, task: _SimTask, state: RunState) -> None:
         """Pause keeps the time left; running again moves the deadline by the pause."""

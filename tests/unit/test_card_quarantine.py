@@ -10,6 +10,8 @@ from typing import Any, cast
 import pytest
 
 from agent.device_log import KernelLog, device_lines
+from agent.runtimes.base import RunSpec
+from agent.runtimes.simulated import ManualClock, SimulatedRuntime
 from libs.domain.node.decide import probe_card
 from libs.domain.node.events import CardQuarantined, CardRestored, NodeRegistered
 from libs.domain.node.evolve import evolve_node
@@ -236,3 +238,28 @@ def test_a_report_of_the_attempt_before_a_device_requeue_changes_nothing() -> No
         at=AT,
     )
     assert decide_report(task, report) == []
+
+
+@pytest.mark.parametrize(
+    ("label", "attempt", "xids", "exit_code"),
+    [("79", 0, [79], 1), ("79", 1, [], 0), ("48@1", 1, [48], 1), ("", 0, [], 0)],
+    ids=["first-attempt", "not-this-attempt", "named-attempt", "none"],
+)
+async def test_simulated_runtime_injects_an_xid(
+    label: str, attempt: int, xids: list[int], exit_code: int
+) -> None:
+    clock = ManualClock()
+    rt = SimulatedRuntime(durations=1.0, clock=clock)
+    run = RunSpec.model_validate(
+        {
+            "task_id": "t1",
+            "attempt": attempt,
+            "image": "sim:latest",
+            "command": "run",
+            "labels": {"sim.xid": label} if label else {},
+        }
+    )
+    handle = await rt.start(run)
+    await clock.advance(1)
+    report = await rt.wait(handle)
+    assert (report.xids, report.exit_code) == (xids, exit_code)
