@@ -20,8 +20,9 @@ upserted. A row read back is a `StoredEvent`, which is the `EventEnvelope` the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast, overload
 
@@ -356,7 +357,7 @@ class EventStore:
         """
         done: dict[str, Task] = {}
         refused: dict[str, DomainError] = {}
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.pool.connection() as conn, _batch_writes(conn):
             if not await self._guard(conn, fence, receipt):
                 return done, refused
             steps = [(task_id, decide, metadata) for task_id, decide in decisions.items()]
@@ -376,7 +377,7 @@ class EventStore:
         as the steps before it left it. A step whose decide raises (a CAS miss) is refused
         alone, with its error in its place in the result; the rest commit together. Deleted
         tasks are included (an agent still reports on them)."""
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.pool.connection() as conn, _batch_writes(conn):
             await self._guard(conn, fence, None)
             return await self._steps(conn, steps, fence, {}, include_deleted=True)
 
@@ -614,6 +615,20 @@ async def _lock_tasks(
             task = Task.model_validate_json(doc)
             found[task.id] = task
     return found
+
+
+@contextlib.asynccontextmanager
+async def _batch_writes(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """A transaction in pipeline mode, for the batched commands: the reads that decide (the
+    fence, the row locks) still wait for their answers, but the event inserts, the projection
+    upserts and the COMMIT go to the server together, one round trip instead of three. An
+    insert's unique violation then surfaces at the commit rather than at the insert; it is
+    the same `Conflict` `_append` raises, and the transaction has written nothing."""
+    try:
+        async with conn.pipeline(), conn.transaction():
+            yield
+    except psycopg.errors.UniqueViolation:
+        raise Conflict("a stream of the batch moved concurrently; nothing was changed") from None
 
 
 def payload_of(stored: StoredEvent) -> Payload:

@@ -1,0 +1,107 @@
+"""The batched commands (`execute_batch`, `execute_steps`) against a real PostgreSQL.
+
+They run in pipeline mode: the inserts, upserts and COMMIT reach the server together, so an
+insert's unique violation is only known at the commit. These check that a batch still
+commits whole, refuses a CAS miss alone, and turns a stream written past the row lock into
+a `Conflict` that leaves nothing written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from libs import auth
+from libs.domain.errors import Conflict
+from libs.domain.reasons import ReasonCode
+from libs.domain.task.decide import decide_pending_reason, decide_transition
+from libs.domain.task.model import Task, TaskSpec, TenantId
+from libs.domain.task.states import Actor, TaskStatus
+from libs.store.eventstore import EventStore
+
+pytestmark = pytest.mark.integration
+
+S = TaskStatus
+T = TenantId("acme")
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[EventStore]:
+    st = await EventStore.open(database_url, max_size=4)
+    await auth.create_tenant(st, "acme", "Acme")
+    yield st
+    await st.close()
+
+
+def place(expected: TaskStatus = S.PENDING) -> Any:
+    def decide(t: Task) -> list[Any]:
+        return list(
+            decide_transition(
+                t,
+                S.SCHEDULED,
+                actor=Actor.SCHEDULER,
+                expected_status=expected,
+                reason_code=ReasonCode.PLACED,
+                reason="placed",
+                node_id="n-1",
+                gpu_ids=(),
+            )
+        )
+
+    return decide
+
+
+async def new_tasks(store: EventStore, n: int) -> list[str]:
+    spec = TaskSpec(name="t", image="busybox")
+    return [t.id for t in await store.create_tasks([(T, spec, None, None)] * n)]
+
+
+async def test_a_batch_commits_together_and_refuses_a_cas_miss_alone(store: EventStore) -> None:
+    ids = await new_tasks(store, 5)
+    decisions = {i: place() for i in ids[:4]} | {ids[4]: place(expected=S.RUNNING)}
+    done, refused = await store.execute_batch(decisions)
+    assert sorted(done) == sorted(ids[:4]) and list(refused) == [ids[4]]
+    for i in ids[:4]:
+        task = await store.get_task(i)
+        assert (task.status, task.node_id, task.version) == (S.SCHEDULED, "n-1", 2)
+        assert done[i] == task  # what the batch returns is what the store holds
+    assert (await store.get_task(ids[4])).version == 1
+    assert len(await store.read_stream(ids[4])) == 1
+
+
+async def test_steps_on_one_task_each_see_the_one_before(store: EventStore) -> None:
+    (task_id,) = await new_tasks(store, 1)
+    meta = {"node_id": "n-1", "fact": "x"}
+
+    def why(text: str) -> Any:
+        return lambda t: list(decide_pending_reason(t, ReasonCode.POOL_CAPACITY, text))
+
+    steps = [(task_id, why("first"), meta), (task_id, why("second"), meta)]
+    out = await store.execute_steps([*steps, ("task-missing", why("x"), meta)])
+    assert [r.version for r in out[:2] if isinstance(r, Task)] == [2, 3]
+    stored = await store.get_task(task_id)
+    assert (stored.version, stored.pending_reason) == (3, "second")
+    assert [e.metadata.get("fact") for e in await store.read_stream(task_id)][1:] == ["x", "x"]
+
+
+async def test_a_stream_written_past_the_lock_makes_the_batch_a_conflict(
+    store: EventStore, database_url: str
+) -> None:
+    ids = await new_tasks(store, 3)
+    # A writer that skipped the row lock took version 2 of the middle task's stream.
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO events (event_id, stream_id, stream_type, version, type, payload,"
+            " occurred_at) VALUES (%s, %s, 'task', 2, 'task_pending_reason', %s, now())",
+            (uuid.uuid4(), ids[1], Jsonb({})),
+        )
+    with pytest.raises(Conflict):
+        await store.execute_batch({i: place() for i in ids})
+    for i in (ids[0], ids[2]):
+        assert len(await store.read_stream(i)) == 1
+        assert (await store.get_task(i)).status is S.PENDING
