@@ -26,8 +26,8 @@ from .cluster import Cluster
 from .helpers import Api, gateway_api
 
 
-def _clients(api: Api) -> tuple[AsyncClient, AsyncClient]:
-    """A tenant's and the operator's client over one app."""
+def _clients(api: Api) -> tuple[AsyncClient, AsyncClient, httpx.AsyncBaseTransport]:
+    """A tenant's and the operator's client over one app, and the app as a transport."""
     app = create_app(api.settings, api.store)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
 
@@ -37,11 +37,12 @@ def _clients(api: Api) -> tuple[AsyncClient, AsyncClient]:
     return (
         AsyncClient("http://gw", token(api.tenant), transport=transport),
         AsyncClient("http://gw", token(api.operator), transport=transport),
+        transport,
     )
 
 
 async def test_task_lifecycle_through_the_client(api: Api) -> None:
-    tenant, op = _clients(api)
+    tenant, op, _ = _clients(api)
     async with tenant as c, op:
         spec = TaskSpec.model_validate({"name": "client-t", "image": "busybox:latest"})
         made = [await c.tasks.create(spec) for _ in range(3)]
@@ -91,8 +92,8 @@ JOB = {
 }
 
 
-async def test_groups_jobs_queues_pools_through_the_client(api: Api) -> None:
-    tenant, op = _clients(api)
+async def test_groups_jobs_queues_pools_tenants_nodes_through_the_client(api: Api) -> None:
+    tenant, op, transport = _clients(api)
     async with tenant as c, op:
         assert (await c.groups.plan(GROUP))["kind"] == "group"
         assert (await c.jobs.plan(JOB))["kind"] == "job"
@@ -156,8 +157,19 @@ async def test_groups_jobs_queues_pools_through_the_client(api: Api) -> None:
             await c.pools.create({"name": "mine", "node_selector": {}})
         assert forbidden.value.status == 403
 
+        assert (await op.tenants.create({"id": "initech", "gpu_quota": 4}))["id"] == "initech"
+        assert (await op.tenants.update("initech", {"gpu_quota": 8}))["gpu_quota"] == 8
         tenants = {t["id"] for t in (await op.tenants.list())["tenants"]}
-        assert {"acme", "globex"} <= tenants
+        assert {"acme", "globex", "initech"} <= tenants
+        key = (await op.tenants.create_api_key("initech", "ci"))["key"]
+        assert [k["name"] for k in (await op.tenants.api_keys("initech"))["api_keys"]] == ["ci"]
+        async with AsyncClient("http://gw", key, transport=transport) as initech:
+            assert (await initech.tasks.list())["total"] == 0
+
+        assert (await op.nodes.register("n9"))["agent_token"]
+        join = (await op.nodes.join_token(ttl_s=60))["join_token"]
+        async with AsyncClient("http://gw", join, transport=transport) as joining:
+            assert (await joining.nodes.join("n10"))["node_id"] == "n10"
         assert "nodes" in await op.nodes.list()
         with pytest.raises(ApiError) as no_node:
             await op.nodes.get("ghost")
