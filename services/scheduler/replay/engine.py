@@ -135,6 +135,9 @@ class Replay:
         self.tokens = 0
         self.trace = Trace(rec.until)
         self.round_due: datetime | None = None
+        # A task's PendingTask depends on it and the gangs alone: built once per gang change.
+        self.asks: dict[str, PendingTask] = {}
+        self.clean: dict[str, Task] = {}
 
     def push(self, at: datetime, kind: int, item: Any) -> None:
         self.seq += 1
@@ -212,6 +215,7 @@ class Replay:
             else:
                 self.queues[ch.key] = self.policy.queue_over(ch.value)
         elif ch.kind == "gang":
+            self.asks.clear()
             if ch.value is None:
                 self.gangs.pop(ch.key, None)
             else:
@@ -241,7 +245,19 @@ class Replay:
             self.pending.values(),
             key=lambda p: (-p[0].task.spec.priority, p[0].task.created_at, p[0].id),
         )[:BATCH]
-        return [pending_of(_clean(t.task), self.gangs) for t, _, _ in waiting]
+        out = []
+        for t, _, _ in waiting:
+            ask = self.asks.get(t.id)
+            if ask is None:
+                ask = self.asks[t.id] = pending_of(self._clean(t), self.gangs)
+            out.append(ask)
+        return out
+
+    def _clean(self, t: TaskRecord) -> Task:
+        task = self.clean.get(t.id)
+        if task is None:
+            task = self.clean[t.id] = _clean(t.task)
+        return task
 
     def _rounds(self, at: datetime) -> None:
         for _ in range(ROUNDS_AT_ONCE):
@@ -268,7 +284,7 @@ class Replay:
         variant: int | None,
     ) -> None:
         t, since, step = self.pending.pop(task_id)
-        placed = _clean(t.task).model_copy(
+        placed = self._clean(t).model_copy(
             update={
                 "status": TaskStatus.RUNNING,
                 "node_id": node_id,
