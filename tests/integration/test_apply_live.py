@@ -65,8 +65,10 @@ async def test_examples_apply_then_unchanged_then_a_rollout(
     rc, text = await _apply(clients, docs, dry_run=True)
     assert rc == 0, text
     assert text.count(" would be created") == len(docs), text
-    # Each creation's plan (POST .../plan): a group's every rank, and why it would wait.
-    assert "  rank 1: pending at " in text and "the cluster has no nodes" in text, text
+    # Each creation's plan (POST .../plan): every rank or task, and why it would wait.
+    for planned in ("  task: pending at", "  rank 0: pending at", "  nightly-etl-prep: pending"):
+        assert planned in text, text
+    assert "the cluster has no nodes" in text, text
     assert await _events(api) == empty  # planned, not made
 
     rc, text = await _apply(clients, docs)
@@ -81,22 +83,22 @@ async def test_examples_apply_then_unchanged_then_a_rollout(
 
     edited = tmp_path / "chat.yaml"
     source = (EXAMPLES / "inference-group.yaml").read_text()
-    edited.write_text(source.replace("image: busybox:latest", "image: busybox:1.36"))
+    edited.write_text(source.replace("image: python:3.11-slim", "image: python:3.12-slim"))
     rc, text = await _apply(clients, load([edited]), dry_run=True)
     assert rc == 0, text
-    assert 'image: "busybox:latest" -> "busybox:1.36"  (rollout)' in text, text
+    assert 'image: "python:3.11-slim" -> "python:3.12-slim"  (rollout)' in text, text
     assert await _events(api) == before  # the dry run wrote nothing
 
     rc, text = await _apply(clients, load([edited]))
     assert rc == 0, text
-    assert 'image: "busybox:latest" -> "busybox:1.36"  (rollout)' in text, text
+    assert 'image: "python:3.11-slim" -> "python:3.12-slim"  (rollout)' in text, text
     assert "TaskGroup/chat rollout started (ro-" in text, text
     chat = await get_document(clients, "TaskGroup", "chat")
-    assert chat is not None and chat["spec"]["image"] == "busybox:1.36"
+    assert chat is not None and chat["spec"]["image"] == "python:3.12-slim"
     groups = await clients.tenant.request("GET", "/task-groups", params={"name": "chat"})
     gid = groups["groups"][0]["id"]
     rollout = await clients.tenant.request("GET", f"/task-groups/{gid}/rollout")
-    assert rollout["phase"] == "running" and rollout["request"]["image"] == "busybox:1.36"
+    assert rollout["phase"] == "running" and rollout["request"]["image"] == "python:3.12-slim"
 
     rc, text = await _apply(clients, load([edited]))
     assert (rc, text.strip()) == (0, "TaskGroup/chat unchanged"), text
