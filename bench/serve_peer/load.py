@@ -15,11 +15,16 @@ _UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
 
 
 def parse_wrk(text: str) -> tuple[float, float, float]:
-    """(req/s, p50 ms, p99 ms) from `wrk --latency` output."""
+    """(req/s, p50 ms, p99 ms) from `wrk --latency` output; the rate counts 2xx answers only
+    (wrk counts every answer: a system failing fast would look fast)."""
     m = re.search(r"Requests/sec:\s*([\d.]+)", text)
     if m is None:
         raise RuntimeError(f"wrk gave no rate: {text.strip()[-200:]!r}")
     rate = float(m.group(1))
+    total = re.search(r"^\s*(\d+) requests in", text, re.M)
+    bad = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", text)
+    if total and bad and int(total.group(1)):
+        rate *= 1 - int(bad.group(1)) / int(total.group(1))
 
     def pct(q: str) -> float:
         m = re.search(rf"^\s*{q}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)

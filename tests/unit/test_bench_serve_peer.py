@@ -70,6 +70,8 @@ def test_parse_wrk_latency_output() -> None:
 Requests/sec:   7090.10
 """
     assert parse_wrk(text) == (7090.10, 0.084, 5.91)
+    failing = text + "  Non-2xx or 3xx responses: 3500\n"
+    assert parse_wrk(failing) == (7090.10 / 2, 0.084, 5.91)
 
 
 @pytest.mark.slow
