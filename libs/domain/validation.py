@@ -208,9 +208,61 @@ def check_task_spec(spec: TaskSpec) -> TaskSpec:
                 f"anti_affinity key {key!r} uses the reserved prefix {RESERVED_LABEL_PREFIX}",
                 [f"anti_affinity.{i}"],
             )
+    check_variants(spec)
     spec = _checked_volumes(spec)
     check_spec_size(spec.model_dump(mode="json"))
     return spec
+
+
+# The top-level fields a task with variants leaves to its variants (each names its cards).
+VARIANT_CARD_FIELDS = ("gpu_required", "gpu_type", "gpu_memory_mb", "gpu_compute_ratio")
+
+
+def check_variants(spec: TaskSpec) -> None:
+    """Every bad field of `spec.variants` in one 40003, each named `variants.<i>.<field>`
+    (docs/scheduling.md#variants): the same limits as the task's own fields, whole cards or
+    a fraction (not both), and no cards named at the top level beside them."""
+    if not spec.variants:
+        return
+    bad: list[tuple[str, str]] = [
+        (f, f"{f} is set by each variant when variants are given (leave it out here)")
+        for f in VARIANT_CARD_FIELDS
+        if getattr(spec, f)
+    ]
+    for i, var in enumerate(spec.variants):
+        at = f"variants.{i}"
+        if var.image and (why := image_reference_error(var.image)) is not None:
+            bad.append((f"{at}.image", f"variants[{i}].image {why}"))
+        if len(var.command) > COMMAND_MAX:
+            bad.append((f"{at}.command", f"variants[{i}].command is longer than {COMMAND_MAX}"))
+        if len(var.gpu_type) > SHORT_TEXT_MAX:
+            bad.append(
+                (f"{at}.gpu_type", f"variants[{i}].gpu_type is longer than {SHORT_TEXT_MAX}")
+            )
+        if var.gpu_memory_mb > INT_FIELD_MAX:
+            bad.append((f"{at}.gpu_memory_mb", f"variants[{i}].gpu_memory_mb is too large"))
+        if var.gpu_required > 0 and var.is_fractional:
+            bad.append(
+                (
+                    f"{at}.gpu_required",
+                    f"variants[{i}]: gpu_required (whole cards) and gpu_memory_mb/"
+                    "gpu_compute_ratio (a fraction) are mutually exclusive",
+                )
+            )
+        env = dict(spec.env) | dict(var.env)
+        if len(env) > ENV_MAX_ENTRIES or sum(len(k) + len(v) for k, v in env.items()) > (
+            ENV_TOTAL_MAX
+        ):
+            bad.append((f"{at}.env", f"variants[{i}].env with the task's env passes its limits"))
+        for key, val in var.env.items():
+            if len(key) > ENV_KEY_MAX or len(val) > ENV_VALUE_MAX:
+                bad.append((f"{at}.env.{key[:40]}", f"variants[{i}].env {key[:40]!r} is too long"))
+    if bad:
+        raise DomainError(
+            Code.INVALID_VALUE,
+            "invalid value: " + "; ".join(msg for _, msg in bad),
+            [field for field, _ in bad],
+        )
 
 
 # Label keys the platform keeps for its own names (docs/api.md#reserved-names), compared

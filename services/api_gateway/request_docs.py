@@ -119,6 +119,27 @@ def _env() -> dict[str, Any]:
     }
 
 
+def _variant_fields(variant: dict[str, Any], image: dict[str, Any]) -> None:
+    """A variant's fields under the limits of the task's own (libs/domain/validation.py:
+    check_variants); docs/scheduling.md#variants."""
+    props = variant["properties"]
+    for prop in props.values():
+        prop.pop("title", None)
+    props["image"] = {
+        "anyOf": [image["anyOf"][0], {"const": ""}],
+        "default": "",
+        "description": "empty: the task's image",
+    }
+    props["command"] |= {"maxLength": v.COMMAND_MAX, "description": "empty: the task's command"}
+    props["gpu_type"]["maxLength"] = v.SHORT_TEXT_MAX
+    _bound(props["gpu_memory_mb"], v.INT_FIELD_MAX)
+    props["env"] = _env() | {"description": "laid over the task's env"}
+    props["wait_s"]["description"] = (
+        "seconds after submission that this variant and every earlier one are waited for "
+        "before the next is considered too; the last variant's is not read"
+    )
+
+
 def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> dict[str, Any]:
     """`TaskSpec`'s schema, with the parser's further rules (see the module docstring)."""
     schema = model_schema(TaskSpec)
@@ -174,6 +195,7 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
         "description": "under one of " + ", ".join(settings.volume_allow_list),
     }
     volume["container_path"] |= {"maxLength": v.PATH_MAX, "pattern": container_path_pattern()}
+    _variant_fields(schema["$defs"]["TaskVariant"], props["image"])
     # The serving paths: empty, or an absolute URL path (libs/domain/group/serving.py).
     url_path = {"pattern": f"^(?:{SERVING_PATH.pattern.strip('^$')})?$"}
     for field in ("health_path", "metrics_path"):
@@ -196,9 +218,18 @@ def task_fields(settings: GatewaySettings, *, tenant_priority: bool = True) -> d
             for f in ("gpu_required", "gpu_count")
         ]
     }
+    # With variants the cards are named in each variant only (validation.check_variants).
+    named = {"required": ["gpu_type"], "properties": {"gpu_type": {"minLength": 1}}}
+    with_variants = {"required": ["variants"], "properties": {"variants": {"minItems": 1}}}
     schema["not"] = {
-        "anyOf": [{"required": ["gpu_count", "gpu_required"]}, {"allOf": [cards, fraction]}]
+        "anyOf": [
+            {"required": ["gpu_count", "gpu_required"]},
+            {"allOf": [cards, fraction]},
+            {"allOf": [with_variants, {"anyOf": [cards, fraction, named]}]},
+        ]
     }
+    variant_cards = {"required": ["gpu_required"], "properties": {"gpu_required": {"minimum": 1}}}
+    schema["$defs"]["TaskVariant"]["not"] = {"allOf": [variant_cards, fraction]}
     return no_nul(schema)
 
 

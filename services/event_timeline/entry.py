@@ -63,6 +63,7 @@ KINDS = (
     "rollout_completed",
     "rollout_failed",
     "rollout_rolled_back",
+    "variant_placed",
 )
 
 

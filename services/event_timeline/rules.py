@@ -88,6 +88,8 @@ def retry_decided(env: EventEnvelope, ev: TaskRetryDecided) -> list[Entry]:
 
 def status_changed(env: EventEnvelope, ev: TaskStatusChanged) -> list[Entry]:
     code = ev.reason_code
+    if ev.variant is not None and ev.to_status is S.SCHEDULED:
+        return variant_placed(env, ev)
     src, to = ev.from_status.value, ev.to_status.value
     kind = _status_kind(code, ev.to_status)
     if kind is None:
@@ -111,6 +113,25 @@ def status_changed(env: EventEnvelope, ev: TaskStatusChanged) -> list[Entry]:
     if kind in ("node_lost_ended", "task_unconfirmed"):
         details["to_status"] = to
     return [entry(env, "task", ev.task_id, kind, message, **details)]
+
+
+def variant_placed(env: EventEnvelope, ev: TaskStatusChanged) -> list[Entry]:
+    """Which of a task's variants a placement runs (docs/scheduling.md#variants)."""
+    cards = ev.gpu_label or "no GPU"
+    return [
+        entry(
+            env,
+            "task",
+            ev.task_id,
+            "variant_placed",
+            f"placed variants[{ev.variant}] ({cards}) on node {ev.node_id}",
+            reason_code=ev.reason_code.value,
+            variant=ev.variant,
+            node_id=ev.node_id,
+            gpu_label=ev.gpu_label,
+            gpu_ids=list(ev.gpu_ids or ()),
+        )
+    ]
 
 
 def _status_kind(code: ReasonCode, to: TaskStatus) -> str | None:

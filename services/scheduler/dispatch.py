@@ -18,6 +18,7 @@ from libs.bus.subjects import node_command_subject
 from libs.domain.protocol import CommandKind, GpuShare, NodeCommand, TaskRunSpec
 from libs.domain.task.model import Task
 from libs.domain.task.states import TaskStatus
+from libs.domain.task.variants import placed_spec
 
 from .placement.model import Allocation, Gpu
 
@@ -41,7 +42,9 @@ def run_payload(task: Task, gpus: Mapping[str, Gpu] | None = None) -> TaskRunSpe
     the agent holds the task to what the scheduler accounted. A fraction whose card is not in
     `gpus` goes without a share (the agent then reads the spec's figures)."""
     share = None
-    if task.spec.is_fractional:
+    # A task with variants runs the one it was placed with (docs/scheduling.md#variants).
+    spec = placed_spec(task)
+    if spec.is_fractional:
         counted = Allocation.from_task(task, gpus or {}).fractions
         if counted:
             share = GpuShare(
@@ -52,7 +55,7 @@ def run_payload(task: Task, gpus: Mapping[str, Gpu] | None = None) -> TaskRunSpe
         else:
             log.warning("fraction_card_unknown", task_id=task.id, gpu_ids=task.gpu_ids)
     return TaskRunSpec(
-        spec=task.spec,
+        spec=spec,
         gpu_ids=task.gpu_ids,
         qos=task.qos,
         tenant_id=task.tenant_id,

@@ -21,6 +21,7 @@ from libs.domain.node.model import NodeStatus
 from libs.domain.pool.model import NodeSelector, Pool, Queue, QueuePolicy
 from libs.domain.task.model import Task
 from libs.domain.task.states import GPU_HOLDING
+from libs.domain.task.variants import placed_spec
 from libs.store import groups as group_rows
 from libs.store import nodes as node_rows
 from libs.store import pools as pool_rows
@@ -166,15 +167,33 @@ async def load_gangs(store: EventStore, tasks: Sequence[Task]) -> dict[str, Gang
     }
 
 
-def pending_of(task: Task, gangs: dict[str, Gang] | None = None) -> PendingTask:
+async def load_group_variants(store: EventStore, tasks: Sequence[Task]) -> dict[str, int]:
+    """The variant each group of the pending tasks with variants runs, by group id: that of
+    a member holding a placement (docs/groups.md: every member runs the same variant)."""
+    ids = sorted({t.group_id for t in tasks if t.group_id and t.spec.variants})
+    out: dict[str, int] = {}
+    for group_id in ids:
+        for member in await task_rows.of_group(store, group_id, include_deleted=False):
+            if member.status in GPU_HOLDING and member.variant is not None:
+                out.setdefault(group_id, member.variant)
+    return out
+
+
+def pending_of(
+    task: Task,
+    gangs: dict[str, Gang] | None = None,
+    group_variants: dict[str, int] | None = None,
+) -> PendingTask:
     """A pending task with the constraints its last requeue set (retry backoff, node choice);
     members of a static-world group are placed all-or-nothing (a gang), host-networked, and
-    rank 0 holds the group's master port on its host (docs/groups.md)."""
+    rank 0 holds the group's master port on its host (docs/groups.md); a member of a group
+    with variants is held to the variant its placed members run (`load_group_variants`)."""
     gang = (gangs or {}).get(task.group_id or "")
     master: int | None = None
     if gang is not None and task.rank == 0:
         master = gang.master_port or 0
-    return PendingTask.from_task(
+    pin = (group_variants or {}).get(task.group_id or "")
+    pending = PendingTask.from_task(
         task,
         gang_id=task.group_id if gang else None,
         gang_size=gang.size if gang else 0,
@@ -185,6 +204,7 @@ def pending_of(task: Task, gangs: dict[str, Gang] | None = None) -> PendingTask:
         same_node_id=task.same_node_id,
         not_before=task.not_before,
     )
+    return pending if pin is None else replace(pending, variant_pin=pin)
 
 
 class ClusterView:
@@ -281,7 +301,7 @@ class ClusterView:
 
     def _record(self, task: Task) -> tuple[int, Allocation | None, Task | None]:
         alloc = Allocation.from_task(task, self._gpus) if task.node_id else None
-        return task.version, alloc, task if task.spec.is_fractional else None
+        return task.version, alloc, task if placed_spec(task).is_fractional else None
 
     def snapshot(
         self,

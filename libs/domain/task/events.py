@@ -55,6 +55,7 @@ class TaskStatusChanged(ReasonedPayload):
     gpu_label: str | None = None  # "vendor/model" of the placement's cards
     engine: str | None = None  # the engine profile the agent applied
     ports: dict[str, int] | None = None  # host ports allocated with the placement
+    variant: int | None = None  # the index in spec.variants the placement runs
     # The placement's named scores (services/scheduler/placement/rankers.py): why this node.
     # Not folded into the task row; empty for every other transition.
     scores: dict[str, float] = {}

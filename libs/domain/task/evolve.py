@@ -35,7 +35,9 @@ CLEARED_PLACEMENT: dict[str, Any] = {
     "gpu_label": "",
     "ports": {},
 }
-CARRIED_FIELDS = (*CLEARED_PLACEMENT, "engine", "exit_code", "result", "error")
+# `variant` is carried, never cleared: a requeue keeps which variant the last attempt ran
+# (a GPU OOM retry moves past it: services/scheduler/placement/variants.py).
+CARRIED_FIELDS = (*CLEARED_PLACEMENT, "engine", "variant", "exit_code", "result", "error")
 
 
 # Task events defined in other domain modules (lending.py) and what each changes on the task.

@@ -27,7 +27,13 @@ from libs.domain.group.serving import ServingSpec, looks_like_inference
 from libs.domain.reasons import ReasonCode
 from libs.domain.task.boost import DEFAULT_MEMORY_MB, boost_memory
 from libs.domain.task.states import TaskStatus
-from libs.domain.validation import RESERVED_LABEL_PREFIX, check_task_spec, exactly_bool, is_integer
+from libs.domain.validation import (
+    RESERVED_LABEL_PREFIX,
+    check_task_spec,
+    exactly_bool,
+    exactly_int,
+    is_integer,
+)
 
 TaskId = NewType("TaskId", str)
 TenantId = NewType("TenantId", str)
@@ -129,6 +135,51 @@ def upcast_task_doc(data: Any) -> Any:
     return data
 
 
+# At most this many variants per task (docs/scheduling.md#variants), each waited for at most
+# a week before the next one is considered.
+VARIANTS_MAX = 8
+VARIANT_WAIT_MAX_S = 7 * 86_400
+
+
+def _exact_number(value: Any) -> Any:
+    # Lax validation would take "0.5" or true where the document says number.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number")
+    return value
+
+
+class TaskVariant(BaseModel):
+    """One way to run a task (docs/scheduling.md#variants): its cards and what runs on them.
+
+    A variant names its cards in full (`gpu_type`, whole cards or a fraction; none = CPU
+    only); `image` and `command` left empty are the task's own, `env` is laid over the
+    task's. `wait_s`: how long after the task's submission this variant (with every earlier
+    one) is waited for before the next one is considered too; the last one's is not read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu_type: str = ""
+    gpu_required: int = Field(default=0, ge=0, le=64)
+    gpu_memory_mb: int = Field(default=0, ge=0)
+    gpu_compute_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    image: str = Field(default="", max_length=512)
+    command: str = ""
+    env: dict[str, str] = Field(default_factory=dict)
+    wait_s: float = Field(default=0.0, ge=0, le=VARIANT_WAIT_MAX_S)
+
+    _ints = field_validator("gpu_required", "gpu_memory_mb", mode="before")(exactly_int)
+    _numbers = field_validator("gpu_compute_ratio", "wait_s", mode="before")(_exact_number)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> dict[str, str]:
+        return normalise_env(v)
+
+    @property
+    def is_fractional(self) -> bool:
+        return self.gpu_memory_mb > 0 or self.gpu_compute_ratio > 0
+
+
 class TaskSpec(BaseModel):
     """The user-owned configuration of a task, validated and normalised."""
 
@@ -164,6 +215,9 @@ class TaskSpec(BaseModel):
     oom_memory_limit: int | None = Field(default=None, gt=0)
     # The queue the task waits in ("" = the tenant's default queue, or none: seed 004).
     queue: str = Field(default="", max_length=64)
+    # Ways to run it, in order of preference (docs/scheduling.md#variants); empty = the
+    # top-level fields alone. With variants the cards are the variants' (top level: none).
+    variants: tuple[TaskVariant, ...] = Field(default=(), max_length=VARIANTS_MAX)
     # Server-owned: what the platform records about a task it created (`Platform`).
     platform: Platform = Platform()
 
@@ -256,6 +310,9 @@ class Task(BaseModel):
     # from it and the image (docs/serving.md#engine-routing).
     gpu_label: str = ""
     engine: str = ""
+    # The index in `spec.variants` of its current (or last) placement; None: no variants,
+    # or never placed (docs/scheduling.md#variants).
+    variant: int | None = None
     # Host ports the scheduler allocated with the placement, by name: "master" (rank 0 of a
     # static-world group) and "serve" (a replica without port mapping); docs/groups.md.
     ports: dict[str, int] = Field(default_factory=dict)
@@ -328,6 +385,7 @@ SERVER_OWNED: frozenset[str] = frozenset(
         "serve_address",
         "gpu_label",
         "engine",
+        "variant",
         "ports",
         "error",
         "pending_reason",

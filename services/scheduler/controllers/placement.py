@@ -95,15 +95,16 @@ class Placer:
             PENDING.labels(tenant).set(n)
         if not pending:
             return RoundResult()
-        _, quotas, gangs, (queues, pools) = await asyncio.gather(
+        _, quotas, gangs, (queues, pools), group_variants = await asyncio.gather(
             self.cluster.refresh(self.store),
             view.load_quotas(self.store),
             view.load_gangs(self.store, pending),
             view.load_admission(self.store),
+            view.load_group_variants(self.store, pending),
         )
         snap = self.cluster.snapshot(self.clock(), quotas, queues, pools)
         planning = time.perf_counter()
-        pendings = [view.pending_of(t, gangs) for t in pending]
+        pendings = [view.pending_of(t, gangs, group_variants) for t in pending]
         result_plan = self.planner.plan(
             snap,
             pendings,
@@ -133,6 +134,7 @@ class Placer:
                 pl.gpu_label,
                 pl.ports,
                 pl.scores,
+                pl.variant,
             )
         victims: dict[str, commands.Decide] = {}
         for pre in p.preemptions:
@@ -194,6 +196,7 @@ def _place(
     label: str = "",
     ports: Mapping[str, int] | None = None,
     scores: Mapping[str, float] | None = None,
+    variant: int | None = None,
 ) -> commands.Decide:
     # The ports travel with the placement, in its one event: a replay gives them back, and
     # the task's end (any status out of GPU_HOLDING) releases them. The chosen node's named
@@ -201,6 +204,9 @@ def _place(
     extra: dict[str, Any] = {"ports": dict(ports)} if ports else {}
     if scores:
         extra["scores"] = dict(scores)
+    if variant is not None:
+        # The task's variant this placement runs (docs/scheduling.md#variants).
+        extra["variant"] = variant
 
     def decide(t: Task) -> list[Any]:
         return list(
@@ -210,7 +216,7 @@ def _place(
                 actor=Actor.SCHEDULER,
                 expected_status=TaskStatus.PENDING,
                 reason_code=ReasonCode.PLACED,
-                reason="placed",
+                reason="placed" if variant is None else f"placed variants[{variant}]",
                 node_id=node_id,
                 gpu_ids=gpu_ids,
                 qos=qos,

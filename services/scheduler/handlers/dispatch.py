@@ -25,6 +25,7 @@ from libs.domain.protocol import NodeCommand
 from libs.domain.task.events import TaskStatusChanged
 from libs.domain.task.model import Task
 from libs.domain.task.states import TaskStatus
+from libs.domain.task.variants import placed_spec
 from libs.ownership import own_members
 from libs.store import groups as group_rows
 from libs.store import tasks as task_rows
@@ -109,7 +110,7 @@ class Dispatcher:
     async def cards_of(self, tasks: Iterable[Task]) -> dict[str, Gpu]:
         """The cards, by id, of the nodes the fractions among `tasks` are placed on (one read;
         none without a fraction)."""
-        ids = sorted({t.node_id for t in tasks if t.node_id and t.spec.is_fractional})
+        ids = sorted({t.node_id for t in tasks if t.node_id and placed_spec(t).is_fractional})
         if not ids:
             return {}
         return {

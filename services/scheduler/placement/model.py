@@ -21,6 +21,7 @@ from libs.domain.pool.model import gpu_type_matches
 from libs.domain.task.lending import lendable
 from libs.domain.task.model import Task, TaskSpec, TaskType
 from libs.domain.task.states import GPU_HOLDING, TaskStatus
+from libs.domain.task.variants import placed_spec, variant_label, variant_spec
 
 from .reasons import Reason
 
@@ -161,9 +162,10 @@ class Requirement:
         )
 
     @classmethod
-    def for_task(cls, task: Task) -> Requirement:
-        """`from_spec` plus the constraints a task's group adds (see `spread_key`)."""
-        req = cls.from_spec(task.spec)
+    def for_task(cls, task: Task, spec: TaskSpec | None = None) -> Requirement:
+        """`from_spec` (of `spec`, by default the task's) plus the constraints a task's group
+        adds (see `spread_key`)."""
+        req = cls.from_spec(spec or task.spec)
         key = spread_key(task)
         if key:
             return replace(req, anti_affinity=(*req.anti_affinity, key))
@@ -229,9 +231,9 @@ class Allocation:
         """Build from a placed task; `gpus` (by id) lets a fraction be re-derived per card.
 
         A fractional task whose card is missing from `gpus` is counted as holding the whole
-        card: too much rather than too little.
+        card: too much rather than too little. A task with variants counts its placed one.
         """
-        req = Requirement.for_task(task)
+        req = Requirement.for_task(task, placed_spec(task))
         fractions: tuple[GpuShare, ...] = ()
         if req.is_fractional:
             fractions = tuple(share_on(req, gpus[g]) for g in task.gpu_ids if g in gpus)
@@ -304,6 +306,15 @@ class PendingTask:
     pools: frozenset[str] = frozenset()  # empty = any node
     queue_priority: int = 0
     fifo: bool = False
+    # Its variants (docs/scheduling.md#variants), tried in order by the planner; empty: the
+    # requirement alone. `variant_floor`: a GPU OOM retry of the variant of this index moves
+    # past it, so the waits of it and every earlier one count as run out (-1: none).
+    variants: tuple[Variant, ...] = ()
+    variant_floor: int = -1
+    # Its group (every member runs one variant): the variant the group's placed members
+    # run (None: none placed), and the group's id for members placed in the same round.
+    variant_pin: int | None = None
+    variant_group: str = ""
 
     @property
     def job_key(self) -> str:
@@ -346,6 +357,9 @@ class PendingTask:
             master_port=master_port,
             host_network=host_network,
             serves=task.spec.serving is not None,
+            variants=variants_of(task),
+            variant_group=task.group_id or "" if task.spec.variants else "",
+            variant_floor=task.variant if task.variant is not None and task.min_vram_mb else -1,
         )
 
 
@@ -381,6 +395,7 @@ class Placement:
     qos: Qos | None = None  # set for fractions only; whole cards are exclusive
     fractions: tuple[GpuShare, ...] = ()
     gpu_label: str = ""  # "vendor/model" of the granted cards: the agent's engine routing
+    variant: int | None = None  # the index of the task's variant placed (None: no variants)
     ports: Mapping[str, int] = field(default_factory=dict)  # host ports, by name
     # The chosen node's named scores (rankers.py), "why this node"; not part of the decision.
     scores: Mapping[str, float] = field(default_factory=dict, compare=False)
@@ -432,3 +447,24 @@ def _surge(task: Task) -> float:
     """The surge allowance the rollout controller gave a new replica (0: none). Server-owned
     (`spec.platform`): no label of the tenant's reads as one."""
     return task.spec.platform.surge_cards
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One of a task's variants as placement sees it: its index, what it needs, how long
+    (from the task's submission) it is waited for before the next one is considered too."""
+
+    index: int
+    requirement: Requirement
+    wait_s: float = 0.0
+    label: str = ""  # how a reason names it (libs/domain/task/variants.py: variant_label)
+
+
+def variants_of(task: Task) -> tuple[Variant, ...]:
+    """The task's variants, each with the requirement its own spec gives (`variant_spec`)."""
+    return tuple(
+        Variant(
+            i, Requirement.for_task(task, variant_spec(task.spec, i)), v.wait_s, variant_label(v)
+        )
+        for i, v in enumerate(task.spec.variants)
+    )

@@ -43,12 +43,14 @@ from .model import (
     Preemption,
     Requirement,
     Unplaced,
+    Variant,
 )
 from .queues import check_queue, pool_full, with_queues
 from .rankers import named, ranked, seeded_shuffle
 from .reasons import CAPACITY_REASONS, Reason, Verdict, reject
 from .search import Search, Tally, reason_at, search, tally
 from .stages import NODE_STAGE_ORDER, check_node
+from .variants import as_variant, open_variants, pin_to_group, refused
 
 DEFAULT_MAX_BATCH = 256
 # Fits scored per task (Nomad's "limit"): enough to pack well, few enough to stay flat in
@@ -169,6 +171,7 @@ class Planner:
         outcomes: list[Outcome] = []
         deferred: list[str] = []
         budget = max_batch
+        group_variants: dict[str, int] = {}  # variant_group -> the variant placed this round
         for unit in _units(with_queues(pending, snapshot.queues)):
             first, is_gang = unit[0], unit[0].gang_id is not None
             if not is_gang and not (wait := check_backoff(first, snapshot.now)).ok:
@@ -179,9 +182,9 @@ class Planner:
                 continue
             budget -= len(unit)
             if is_gang:
-                outcomes.extend(place_gang(ev, ledger, unit))
+                outcomes.extend(place_gang_variants(ev, ledger, unit))
             else:
-                outcomes.append(schedule_task(ev, ledger, first, preempt=True))
+                outcomes.append(_schedule_one(ev, ledger, first, group_variants))
         return _collect(outcomes, deferred)
 
 
@@ -609,3 +612,72 @@ def _spans_hosts_with_loopback(ev: Evaluation, placed: Sequence[Outcome]) -> boo
 
 def _gang_incomplete(task: PendingTask, message: str) -> Outcome:
     return Outcome(unplaced=Unplaced(task.task_id, Reason.GANG_INCOMPLETE, message))
+
+
+# --- variants (variants.py, docs/scheduling.md#variants) ------------------------------
+
+
+def _schedule_one(
+    ev: Evaluation, ledger: Ledger, task: PendingTask, group_variants: dict[str, int]
+) -> Outcome:
+    """A task that is no gang member, with preemption; a group's member is held to the
+    variant its group runs (`pin_to_group`), and a placement it gets is recorded for the
+    group's next members in this evaluation."""
+    outcome = schedule_variants(ev, ledger, pin_to_group(task, group_variants), preempt=True)
+    placed = outcome.placement
+    if placed is not None and placed.variant is not None and task.variant_group:
+        group_variants.setdefault(task.variant_group, placed.variant)
+    return outcome
+
+
+def schedule_variants(
+    ev: Evaluation, ledger: Ledger, task: PendingTask, *, preempt: bool
+) -> Outcome:
+    """`schedule_task` for a task with variants: the first considered variant that fits,
+    else every considered variant's refusal; preemption is asked for the first variant
+    refused for capacity alone. A task without variants goes to `schedule_task` as it is."""
+    if not task.variants:
+        return schedule_task(ev, ledger, task, preempt=preempt)
+    opening = open_variants(task, ev.snapshot.now)
+    tried: list[tuple[Variant, Unplaced]] = []
+    for var in opening.considered:
+        out = schedule_task(ev, ledger, as_variant(task, var), preempt=False)
+        if out.placement is not None:
+            return Outcome(placement=replace(out.placement, variant=var.index))
+        assert out.unplaced is not None
+        tried.append((var, out.unplaced))
+    why = refused(task.task_id, tried, opening)
+    for var, un in tried if preempt else ():
+        if un.reason not in CAPACITY_REASONS:
+            continue
+        out = schedule_task(ev, ledger, as_variant(task, var), preempt=True)
+        if out.preemption is not None and out.unplaced is not None:
+            note = out.unplaced.message.removeprefix(un.message).lstrip("; ")
+            message = f"{why.message}; for variants[{var.index}]: {note}"
+            return Outcome(unplaced=replace(why, message=message), preemption=out.preemption)
+    return Outcome(unplaced=why)
+
+
+def place_gang_variants(
+    ev: Evaluation, ledger: Ledger, members: Sequence[PendingTask]
+) -> list[Outcome]:
+    """`place_gang` once per considered variant, in order: every member runs the same one
+    (a static world is one vendor). The variants considered are its first member's."""
+    if not members[0].variants:
+        return place_gang(ev, ledger, members)
+    members = [pin_to_group(m, {}) for m in members]  # a member's group may run one already
+    opening = open_variants(members[0], ev.snapshot.now)
+    tried: list[tuple[Variant, dict[str, Unplaced]]] = []
+    for var in opening.considered:
+        outs = place_gang(ev, ledger, [as_variant(m, var) for m in members])
+        if all(o.placement is not None for o in outs):
+            return [
+                Outcome(placement=replace(o.placement, variant=var.index))
+                for o in outs
+                if o.placement
+            ]
+        tried.append((var, {o.unplaced.task_id: o.unplaced for o in outs if o.unplaced}))
+    return [
+        Outcome(unplaced=refused(m.task_id, [(v, by[m.task_id]) for v, by in tried], opening))
+        for m in members
+    ]
