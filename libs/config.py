@@ -189,6 +189,11 @@ class GatewaySettings(CommonSettings):
     serve_adopt_interval_s: float = Field(
         default=30.0, gt=0, description="how often the router looks for serving targets to watch"
     )
+    serve_dataplane: bool = Field(
+        default=True,
+        description="proxy /serve/ on the gateway's own HTTP protocol with pooled upstream "
+        "connections (false: through the API application and httpx)",
+    )
 
     def task_defaults(self) -> dict[str, object]:
         """Configured values of the task fields whose default is configuration."""

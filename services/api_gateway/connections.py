@@ -45,9 +45,12 @@ import orjson
 import structlog
 import uvicorn
 from prometheus_client import Counter
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from libs.domain.errors import Code
+
+from .dataplane.proxy import ClientWatch
+from .dataplane.wire import target_of
 
 log = structlog.get_logger(__name__)
 
@@ -109,9 +112,13 @@ class SlowClientLimits:
 class GatewayConfig(uvicorn.Config):
     """uvicorn's config with the limits the protocol reads (uvicorn passes it the config)."""
 
-    def __init__(self, app: Any, *, limits: SlowClientLimits, **kwargs: Any) -> None:
+    def __init__(
+        self, app: Any, *, limits: SlowClientLimits, dataplane: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(app, http=SlowClientProtocol, **kwargs)
         self.slow_clients = limits
+        # The /serve/ handler (dataplane/), run instead of the application; None: the app.
+        self.dataplane = dataplane
 
 
 def _answer_408(what: str, timeout_s: float) -> bytes:
@@ -139,6 +146,8 @@ class SlowClientProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._reading: str | None = None  # "headers" or "body" while a deadline runs
         self._began = False  # a byte of the request being read has come
+        self.dataplane = getattr(config, "dataplane", None)
+        self._watch: ClientWatch | None = None  # the /serve/ request being proxied
 
     # --- the connection cap ---------------------------------------------------------------
 
@@ -154,6 +163,27 @@ class SlowClientProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        if self._watch is not None:
+            self._watch.lost()
+            self._watch = None
+
+    # --- the serving data path --------------------------------------------------------------
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """A `/serve/{target}/...` request goes to the data path (dataplane/), not the app."""
+        if self.dataplane is None or app is not self.app or target_of(cycle.scope["path"]) is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        watch = ClientWatch()
+
+        def close_client() -> None:  # an answer broken mid-way: the client sees it end short
+            cycle.disconnected = True
+            self.transport.close()
+
+        watch.close_client = close_client
+        cycle.scope["extensions"] = {"heteroflow.client": watch}  # type: ignore[dict-item]
+        self._watch = watch
+        super()._start_asgi_task(cycle, self.dataplane)
 
     # --- the deadlines --------------------------------------------------------------------
 
@@ -179,6 +209,7 @@ class SlowClientProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self.idle_since = time.monotonic()
+        self._watch = None
         self._began = False
         super().on_response_complete()
 

@@ -46,6 +46,7 @@ from services.api_gateway.connections import (
     install_accept_errors,
     relisten,
 )
+from services.api_gateway.dataplane import ServeDataPlane
 
 log = structlog.get_logger(__name__)
 
@@ -73,9 +74,11 @@ def server_config(app: object, settings: GatewaySettings) -> uvicorn.Config:
         body_timeout_s=settings.client_body_timeout_s,
         max_connections=connection_cap(settings.max_client_connections),
     )
+    dataplane = ServeDataPlane(app) if settings.serve_dataplane else None
     return GatewayConfig(
         app,
         limits=limits,
+        dataplane=dataplane,
         host=settings.host,
         port=settings.port,
         backlog=ACCEPT_BATCH,
