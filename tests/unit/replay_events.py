@@ -27,7 +27,14 @@ from libs.domain.group.serving import ServingSpec
 from libs.domain.job.events import JobNodeSettled, JobStatusChanged, JobSubmitted, JobTasksReady
 from libs.domain.job.model import JobStatus, NodeState
 from libs.domain.job.spec import JobNodeSpec, JobSpec
-from libs.domain.node.events import GpuLost, GpuRecovered, NodeOffline, NodeRegistered
+from libs.domain.node.events import (
+    CardQuarantined,
+    CardRestored,
+    GpuLost,
+    GpuRecovered,
+    NodeOffline,
+    NodeRegistered,
+)
 from libs.domain.node.model import GpuCard, NodeInventory
 from libs.domain.payload import Payload
 from libs.domain.pool.events import (
@@ -309,6 +316,13 @@ def _nodes(streams: _Streams, n: int) -> list[str]:
             events.append(GpuLost(node_id=node, gpu_id=f"{node}-gpu1", missed_heartbeats=3))
             if r.random() < 0.5:
                 events.append(GpuRecovered(node_id=node, gpu_id=f"{node}-gpu1", seen_heartbeats=2))
+        if r.random() < 0.1:
+            card = f"{node}-gpu3"  # dropped if the node re-registers with two cards below
+            events.append(
+                CardQuarantined(node_id=node, gpu_id=card, code="xid:79", evidence="XID 79")
+            )
+            if r.random() < 0.5:
+                events.append(CardRestored(node_id=node, gpu_id=card, probes_passed=3))
         if r.random() < 0.2:
             events.append(
                 NodeOffline(node_id=node, silent_seconds=12.5, reason_code=ReasonCode.NODE_LOST)

@@ -38,6 +38,8 @@ EXPECTED_KINDS = {
     "node_offline",
     "gpu_lost",
     "gpu_recovered",
+    "card_quarantined",
+    "card_restored",
     "group_created",
     "group_status_changed",
     "group_scaled",
