@@ -353,7 +353,7 @@ def register_file_commands(sub: Any) -> None:
             action="append",
             required=True,
             metavar="FILE|DIR",
-            help="YAML or JSON file, or a directory of them; repeatable",
+            help="YAML or JSON file, a directory of them, or - (stdin); repeatable",
         )
         p.add_argument(
             "--dry-run", action="store_true", help="show what would change; write nothing"

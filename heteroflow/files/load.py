@@ -5,6 +5,7 @@ refusal (ours or the server's) names the document, the line and the field."""
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,7 +180,8 @@ def _document(data: Any, source: str, index: int, lines: dict[tuple[Any, ...], i
 
 
 def files_of(paths: Iterable[str | Path]) -> list[Path]:
-    """The files named, a directory's workload files (sorted, not recursive) in its place."""
+    """The files named, a directory's workload files (sorted, not recursive) in its place;
+    `-` is standard input."""
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -195,6 +197,9 @@ def load(paths: Iterable[str | Path]) -> list[Document]:
     documents of one kind and name."""
     docs: list[Document] = []
     for path in files_of(paths):
+        if str(path) == "-":
+            docs.extend(parse_text(sys.stdin.read(), "<stdin>"))
+            continue
         try:
             text = path.read_text()
         except OSError as exc:

@@ -4,6 +4,7 @@ is the generated one and the examples follow it."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,9 @@ def test_a_task_change_is_an_update_and_a_job_change_is_refused() -> None:
     want = kinds.desired(doc)
     plan = kinds.plan(doc, want, kinds.live("Job", {"spec": spec}, want), {})
     assert plan.fixed == ["tasks"]
+
+
+def test_standard_input_is_read_for_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(GOOD_TASK))
+    (doc,) = load(["-"])
+    assert (doc.source, doc.ref, doc.spec) == ("<stdin>", "Task/first", {"image": "busybox:latest"})
