@@ -194,6 +194,12 @@ class GatewaySettings(CommonSettings):
         description="proxy /serve/ on the gateway's own HTTP protocol with pooled upstream "
         "connections (false: through the API application and httpx)",
     )
+    serve_max_outstanding: int = Field(
+        default=1024,
+        ge=0,
+        description="requests in flight per target and gateway worker; 503 + Retry-After past "
+        "it (0 = no cap)",
+    )
 
     def task_defaults(self) -> dict[str, object]:
         """Configured values of the task fields whose default is configuration."""

@@ -204,6 +204,7 @@ async def serve(request: Request, target_id: str, path: str, principal: Principa
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise BodyTooLarge(limit)
+        serving.admit(t)
         inbound.start()
         async with inbound.cancelling():
             response = await _proxy(serving, t, request, path, inbound)

@@ -60,6 +60,8 @@ SERVE_READY = Gauge("heteroflow_serve_ready_replicas", "Replicas passing health"
 # A request after this long without one is published at once, not at the next interval:
 # the idle-sleep controller must not take a target that has just been asked for as idle.
 ANNOUNCE_AFTER_S = 1.0
+# Retry-After of a request shed at the cap of requests in flight (`admit`).
+SHED_RETRY_AFTER_S = 1
 
 
 class ServeUnavailable(DomainError):
@@ -356,6 +358,17 @@ class ServingRouter:
         log.info("serving_request_wake", target=t.id, tasks=sorted(done), refused=len(refused))
 
     # --- requests ------------------------------------------------------------------------
+
+    def admit(self, t: Target) -> None:
+        """Shed a request past the target's cap of requests in flight at this gateway worker
+        (HETEROFLOW_SERVE_MAX_OUTSTANDING): 503 + Retry-After before latency runs away."""
+        cap = self.settings.serve_max_outstanding
+        if cap and t.window.concurrent >= cap:
+            raise ServeUnavailable(
+                f"{t.id}: {t.window.concurrent} requests already in flight at this gateway "
+                f"worker (HETEROFLOW_SERVE_MAX_OUTSTANDING={cap})",
+                SHED_RETRY_AFTER_S,
+            )
 
     async def acquire(self, t: Target, exclude: set[str]) -> Replica:
         """A ready replica (least outstanding), waiting a bounded time in a bounded queue."""

@@ -1,7 +1,7 @@
 """The serving data path through the real gateway (its httptools protocol, `serve_here`) over
 a real store, to a replica that is an asyncio HTTP server in this test (docs/serving.md,
 "The data path"): keep-alive reuse, unbuffered streams, a client that leaves, a replica that
-breaks mid-answer and the body limit."""
+breaks mid-answer, body limit, and the per-target cap shedding with 503 + Retry-After."""
 
 from __future__ import annotations
 
@@ -239,3 +239,20 @@ async def test_bodies_over_the_limit_get_413_and_under_it_pass(database_url: str
             streamed = await client.post(gw.serve("upload"), content=chunks(), headers=gw.key)
             assert streamed.status_code == 413 and streamed.json()["code"] == 41301
         assert await gw.outstanding() == 0
+
+
+@pytest.mark.parametrize("dataplane", [True, False], ids=["dataplane", "application"])
+async def test_past_the_cap_requests_are_shed_with_503_and_retry_after(
+    database_url: str, dataplane: bool
+) -> None:
+    async with gateway(database_url, serve_max_outstanding=2, serve_dataplane=dataplane) as gw:
+        held = [await gw.hold() for _ in range(2)]
+        await wait_until_async(lambda: gw.replica.held == 2, 5, message="two requests held")
+        async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+            shed = await client.get(gw.serve("json"), headers=gw.key)
+            assert shed.status_code == 503, shed.text
+            assert shed.headers["retry-after"] == "1" and shed.json()["code"] == 50303
+            assert "HETEROFLOW_SERVE_MAX_OUTSTANDING=2" in shed.json()["error"]
+        for writer in held:
+            writer.close()
+        await wait_until_async(gw.released, 5, message="outstanding released")

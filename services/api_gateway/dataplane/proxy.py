@@ -163,6 +163,7 @@ class ServeDataPlane:
             limit = serving.settings.serve_max_body_bytes
             if framing.length is not None and framing.length > limit:
                 raise BodyTooLarge(limit)
+            serving.admit(t)
             await self._proxy(
                 serving, t, scope, Attempt(receive, limit, framing), send, watch, state
             )
