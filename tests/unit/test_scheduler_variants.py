@@ -14,6 +14,8 @@ import pytest
 from libs.domain.catalog import parse_payload
 from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import Code, DomainError
+from libs.domain.group.model import parse_group
+from libs.domain.job.spec import parse_job
 from libs.domain.task.model import Task, TaskId, TenantId, parse_create
 from libs.domain.task.states import TaskStatus
 from libs.domain.task.variants import placed_spec, variant_spec
@@ -386,3 +388,24 @@ def test_group_members_run_the_variant_of_their_group() -> None:
     pinned = replace(replicas[1], variant_pin=1)
     (placed,) = plan(snapshot(A100, ASCEND), [pinned]).placements
     assert (placed.node_id, placed.variant) == ("ascend", 1)
+
+
+def test_group_and_job_take_variants_through_the_same_checks() -> None:
+    body = {"name": "g", "image": "busybox", "task_count": 2, "variants": VARIANTS}
+    group = parse_group(body | {"task_type": "training", "per_node_gpu": 4}, tenant=True)
+    member = group.member_spec(1)
+    assert member.variants == group.template.variants and len(member.variants) == 3
+    assert member.gpu_required == 0  # the variants name the cards, not per_node_gpu
+    bad = [VARIANTS[0], {"image": "Not An Image"}]
+    with pytest.raises(DomainError) as err:
+        parse_group(body | {"variants": bad}, tenant=True)
+    assert err.value.fields == ["variants.1.image"]
+    job = {"name": "j", "tasks": [{"key": "a", "name": "a", "image": "busybox", "variants": bad}]}
+    with pytest.raises(DomainError) as err:
+        parse_job(job, tenant=True)
+    assert err.value.fields == ["tasks[0].variants.1.image"]
+    ok = parse_job(
+        job | {"tasks": [{"key": "a", "name": "a", "image": "busybox", "variants": VARIANTS}]},
+        tenant=True,
+    )
+    assert len(ok.tasks[0].spec.variants) == 3

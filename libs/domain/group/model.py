@@ -113,7 +113,9 @@ class GroupSpec(BaseModel):
             "platform": platform,
             "name": f"{self.template.name}-{rank}"[:100],
         }
-        if self.is_training and self.shape.per_node_gpu and not self.template.gpu_required:
+        # With variants each variant names its own cards (docs/groups.md#variants).
+        cards = self.template.gpu_required or self.template.variants
+        if self.is_training and self.shape.per_node_gpu and not cards:
             update["gpu_required"] = self.shape.per_node_gpu
         return self.template.model_copy(update=update)
 
