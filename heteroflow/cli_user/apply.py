@@ -25,7 +25,15 @@ from heteroflow.client import ApiError, AsyncClient, Unreachable
 from heteroflow.files import kinds
 from heteroflow.files.load import ALIASES, KINDS, Document, FileError, load
 
-from .client import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, CliError
+from .client import (
+    EXIT_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    CliError,
+    UsageError,
+    resolve_target,
+)
 from .plan import plan_text
 
 ACTIVE_ROLLOUT = frozenset({"running", "paused"})
@@ -253,12 +261,23 @@ def render(document: dict[str, Any], output: str | None) -> str:
 # --- the commands --------------------------------------------------------------------------
 
 
+def _client(args: argparse.Namespace, *, operator: bool) -> AsyncClient:
+    """A client on the server and credential the other commands would use (docs/cli.md)."""
+    target = resolve_target(args.server, args.token, operator=operator)
+    if not target.token:
+        raise UsageError(
+            "no credential: pass --token, set HETEROFLOW_TOKEN, or start the platform "
+            f"with `heteroflow up` to create {target.credentials_path}"
+        )
+    return AsyncClient(target.server, target.token, credentials_path=target.credentials_path)
+
+
 def _clients(args: argparse.Namespace, operator_too: bool) -> Clients:
     as_operator = bool(getattr(args, "as_operator", False))
-    tenant = AsyncClient(args.server, args.token, operator=as_operator)
+    tenant = _client(args, operator=as_operator)
     operator = None
     if operator_too and not as_operator and args.token is None:
-        operator = AsyncClient(args.server, None, operator=True)
+        operator = _client(args, operator=True)
     return Clients(tenant, operator)
 
 
