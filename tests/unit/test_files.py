@@ -229,3 +229,20 @@ def test_standard_input_is_read_for_a_dash(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr("sys.stdin", io.StringIO(GOOD_TASK))
     (doc,) = load(["-"])
     assert (doc.source, doc.ref, doc.spec) == ("<stdin>", "Task/first", {"image": "busybox:latest"})
+
+
+def test_the_command_refuses_a_bad_file_before_calling_anyone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from heteroflow.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        GOOD_TASK + "apiVersion: heteroflow/v1\nkind: Task\nmetadata: {name: b}\n"
+        "spec:\n  image: busybox:latest\n  gpuz: 1\n"
+    )
+    # An address nothing listens on: a call would be exit 3, the refusal is exit 1.
+    argv = ["apply", "-f", str(bad), "--server", "http://127.0.0.1:9", "--token", "t"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"error: {bad}, document 2 (Task 'b'), line 13: spec.gpuz: unknown field" in err, err
