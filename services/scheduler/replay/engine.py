@@ -138,6 +138,7 @@ class Replay:
         # A task's PendingTask depends on it and the gangs alone: built once per gang change.
         self.asks: dict[str, PendingTask] = {}
         self.clean: dict[str, Task] = {}
+        self.withdrawn: set[str] = set()
 
     def push(self, at: datetime, kind: int, item: Any) -> None:
         self.seq += 1
@@ -186,6 +187,8 @@ class Replay:
             self._withdraw(at, item)
         elif kind == ARRIVE:
             t, since, step = item
+            if t.id in self.withdrawn:
+                return  # a retry due after its tenant withdrew it
             self.pending[t.id] = (t, since, step)
             if step:  # back after a retry: the scheduler is woken by the requeue
                 self._round_soon(at)
@@ -347,7 +350,7 @@ class Replay:
             self.trace.withdrawn_waiting += 1
         elif task_id in self.held:
             self._release(at, task_id, preempted=False)
-        self.work[task_id] = []  # nothing comes back after a withdrawal
+        self.withdrawn.add(task_id)  # nothing comes back after a withdrawal
 
     def _close(self) -> None:
         for task_id in sorted(self.held):
