@@ -27,13 +27,21 @@ async def queue_for(
 
 
 def check_fits(queue: Queue, spec: TaskSpec, field: str = "gpu_required") -> None:
-    """Refuse a task that needs more cards than its queue may ever hold."""
+    """Refuse a task that needs more cards than its queue may ever hold (with variants: a
+    variant that does, each named; docs/scheduling.md#variants)."""
     limit = queue.spec.quota.max_gpus
-    if limit and spec.gpu_required > limit:
+    asks = [(field, spec.gpu_required)] + [
+        (f"variants.{i}.gpu_required", v.gpu_required) for i, v in enumerate(spec.variants)
+    ]
+    over = [(name, cards) for name, cards in asks if limit and cards > limit]
+    if over:
         raise DomainError(
             Code.INVALID_VALUE,
-            f"{field} {spec.gpu_required} exceeds queue {queue.spec.name!r} quota max_gpus {limit}",
-            [field],
+            "; ".join(
+                f"{name} {cards} exceeds queue {queue.spec.name!r} quota max_gpus {limit}"
+                for name, cards in over
+            ),
+            [name for name, _ in over],
         )
 
 

@@ -258,13 +258,18 @@ def _plan(
     if failure.cls is FailureClass.GPU_OOM:
         vram = max((here.vram_by_gpu.get(g, 0) for g in task.gpu_ids), default=0) if here else 0
         bigger = [n for n, f in nodes.items() if f.online and f.max_vram_mb > vram]
-        if not bigger:
+        # A later variant (docs/scheduling.md#variants) may run without a bigger card (CPU).
+        later = task.variant is not None and task.variant + 1 < len(task.spec.variants)
+        if not bigger and not later:
             return (
                 f"GPU out of memory on a {vram} MB card and no online node has a card with "
                 "more VRAM: permanent failure"
             )
+        moved = (
+            f"; the variants after variants[{task.variant}] are considered at once" if later else ""
+        )
         return {
-            "why": f"GPU out of memory on a {vram} MB card: needs more than {vram} MB",
+            "why": f"GPU out of memory on a {vram} MB card: needs more than {vram} MB{moved}",
             "min_vram_mb": vram + 1,
         }
     if failure.cls is FailureClass.TRANSIENT:

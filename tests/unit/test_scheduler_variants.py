@@ -16,10 +16,14 @@ from libs.domain.envelope import EventEnvelope
 from libs.domain.errors import Code, DomainError
 from libs.domain.group.model import parse_group
 from libs.domain.job.spec import parse_job
+from libs.domain.pool.model import Queue, QueueQuota, QueueSpec
+from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
 from libs.domain.task.model import Task, TaskId, TenantId, parse_create
 from libs.domain.task.states import TaskStatus
 from libs.domain.task.variants import placed_spec, variant_spec
+from services.api_gateway.queueing import check_fits
 from services.event_timeline.rules import entries_for
+from services.retry_engine.decide import Evidence, NodeFacts, RetryConfig, decide_retry
 from services.scheduler.placement.model import (
     Allocation,
     ClusterSnapshot,
@@ -409,3 +413,50 @@ def test_group_and_job_take_variants_through_the_same_checks() -> None:
         tenant=True,
     )
     assert len(ok.tasks[0].spec.variants) == 3
+
+
+def test_gpu_oom_on_the_biggest_card_retries_when_a_later_variant_exists() -> None:
+    """The retry engine gives up on a GPU OOM with no bigger card anywhere, unless a later
+    variant (here CPU only) may still run."""
+    nodes = {"big": NodeFacts(True, 65536, 24576, {"g-big": 24576})}
+    variants: list[dict[str, Any]] = [
+        {"gpu_type": "nvidia", "gpu_required": 1},
+        {"command": "llama-server"},
+    ]
+    evidence = Evidence(
+        exit_code=1,
+        oom_killed=False,
+        error_kind="",
+        error="",
+        output="CUDA out of memory",
+        failed_at=NOW,
+    )
+    task = mk_task(
+        variants=variants, status=TaskStatus.FAILED, node_id="big", variant=0
+    ).model_copy(update={"gpu_ids": ("g-big",)})
+    cfg = RetryConfig(retry_delay_s=0, backoff_multiplier=2, oom_memory_limit_mb=16384)
+    decided, move = decide_retry(task, evidence, cfg, nodes)
+    assert isinstance(decided, TaskRetryDecided) and decided.action == "retry"
+    assert "after variants[0] are considered at once" in decided.reason
+    assert isinstance(move, TaskStatusChanged) and move.min_vram_mb == 24577
+    # The last variant ran out of memory: nothing later, so the verdict is as before.
+    last = task.model_copy(update={"variant": 1})
+    (gave_up,) = decide_retry(last, evidence, cfg, nodes)
+    assert isinstance(gave_up, TaskRetryDecided) and gave_up.action == "give_up"
+
+
+def test_a_variant_over_its_queue_max_gpus_is_refused() -> None:
+    variants: list[dict[str, Any]] = [
+        {"gpu_type": "nvidia", "gpu_required": 8, "wait_s": 1},
+        {"gpu_type": "huawei", "gpu_required": 2},
+    ]
+    spec = QueueSpec(name="q", tenant="acme", quota=QueueQuota(max_gpus=4))
+    queue = Queue(id="queue-q", spec=spec, created_at=NOW, updated_at=NOW)
+    with pytest.raises(DomainError) as err:
+        check_fits(queue, mk_task(variants=variants).spec)
+    assert err.value.fields == ["variants.0.gpu_required"]
+    check_fits(queue, mk_task(variants=variants[1:]).spec)  # 2 cards: fits
+    job = {"name": "j", "tasks": [{"key": "a", "name": "a", "image": "x", "variants": variants}]}
+    with pytest.raises(DomainError) as err:
+        parse_job(job, tenant=True, queue_max_gpus=4, queue="q")
+    assert err.value.fields == ["tasks[0].variants.0.gpu_required"]

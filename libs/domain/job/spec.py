@@ -261,6 +261,13 @@ def check_quota(
                 f"task {node.key!r} needs {node.spec.gpu_required} GPUs: over queue "
                 f"{queue!r} quota max_gpus {max_gpus}",
             )
+        for v, var in enumerate(node.spec.variants):  # docs/scheduling.md#variants
+            if var.gpu_required > max_gpus:
+                problems.add(
+                    f"tasks[{i}].variants.{v}.gpu_required",
+                    f"task {node.key!r} variants[{v}] needs {var.gpu_required} GPUs: over "
+                    f"queue {queue!r} quota max_gpus {max_gpus}",
+                )
 
 
 def parse_job(
