@@ -48,6 +48,7 @@ from .migrations import migrate
 from .pool import StorePool
 from .projections import TASKS, Aggregate, M
 from .types import EventRange, StoredEvent
+from .written import Written
 
 log = structlog.get_logger(__name__)
 
@@ -196,6 +197,9 @@ class EventStore:
     def __init__(self, pool: StorePool, clock: Clock = utcnow) -> None:
         self.pool = pool
         self.clock = clock
+        # Task documents this store committed: a batch locking one of them at the same
+        # version uses it instead of reading and parsing the row again (written.py).
+        self.written = Written()
 
     @classmethod
     async def open(cls, url: str, *, min_size: int = 1, max_size: int = 10) -> EventStore:
@@ -296,7 +300,8 @@ class EventStore:
             tasks = _new_tasks(rows, items, Jsonb(metadata or {}), generation)
             await self._append(conn, rows)
             await projections.upsert_tasks(conn, tasks)
-            return tasks
+        self.written.add(tasks)
+        return tasks
 
     async def create_task(
         self,
@@ -367,6 +372,7 @@ class EventStore:
                     refused[task_id] = outcome
                 else:
                     done[task_id] = outcome
+        self.written.add(done.values())
         return done, refused
 
     async def execute_steps(
@@ -379,7 +385,9 @@ class EventStore:
         tasks are included (an agent still reports on them)."""
         async with self.pool.connection() as conn, _batch_writes(conn):
             await self._guard(conn, fence, None)
-            return await self._steps(conn, steps, fence, {}, include_deleted=True)
+            out = await self._steps(conn, steps, fence, {}, include_deleted=True)
+        self.written.add(t for t in out if isinstance(t, Task))
+        return out
 
     async def _steps(
         self,
@@ -392,7 +400,8 @@ class EventStore:
     ) -> list[Task | DomainError]:
         """The steps of `execute_batch` and `execute_steps`: every step's rows in one
         `EventRows`, one `_append` (one pipelined batch), one upsert of the changed tasks."""
-        current = await _lock_tasks(conn, {s[0] for s in steps}, known, include_deleted)
+        ids = {s[0] for s in steps}
+        current = await _lock_tasks(conn, ids, self.written.known(ids, known), include_deleted)
         mark_ordered()  # a pipelined consumer's next batch may start deciding now
         rows = EventRows(self.clock())
         changed: dict[str, Task] = {}

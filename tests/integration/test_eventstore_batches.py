@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -105,3 +106,48 @@ async def test_a_stream_written_past_the_lock_makes_the_batch_a_conflict(
     for i in (ids[0], ids[2]):
         assert len(await store.read_stream(i)) == 1
         assert (await store.get_task(i)).status is S.PENDING
+
+
+def seen_by(into: list[Task]) -> Any:
+    """A step that records the task it was given and changes nothing."""
+
+    def decide(t: Task) -> list[Any]:
+        into.append(t)
+        return []
+
+    return decide
+
+
+async def test_a_batch_decides_on_what_this_store_committed_without_reading_it_back(
+    store: EventStore, database_url: str
+) -> None:
+    (task_id,) = await new_tasks(store, 1)
+    done, _ = await store.execute_batch({task_id: place()})
+    # The row's document changed behind the store's back, its version did not: only a
+    # batch that reads the row again sees the change.
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "UPDATE tasks SET doc = jsonb_set(doc, '{name}', '\"changed\"') WHERE id = %s",
+            (task_id,),
+        )
+    seen: list[Task] = []
+    await store.execute_steps([(task_id, seen_by(seen), None)])
+    assert seen == [done[task_id]] and seen[0].spec.name == "t"
+
+
+async def test_a_version_another_writer_committed_is_read_from_the_row(
+    store: EventStore, database_url: str
+) -> None:
+    (task_id,) = await new_tasks(store, 1)
+    await store.execute_batch({task_id: place()})
+    other = await EventStore.open(database_url, max_size=1)  # another process's store
+    try:
+        start = partial(
+            decide_transition, to=S.STARTING, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED
+        )
+        moved = await other.execute_steps([(task_id, lambda t: list(start(t)), None)])
+    finally:
+        await other.close()
+    seen: list[Task] = []
+    await store.execute_batch({task_id: seen_by(seen)})
+    assert [(t.version, t.status) for t in seen] == [(3, S.STARTING)] and seen == moved
