@@ -6,7 +6,9 @@ appends an event at the next version and upserts the document in the same transa
 schema migrations, run before the store opens, rewrite documents). So a kept document is
 used only where the row's version, read under the row lock, is the kept one's
 (`eventstore._lock_tasks`); any other version, written by another process or lost from
-here, is read as before. Bounded: the oldest entries go first.
+here, is read as before. Bounded: the oldest entries go first. A document is ~7.5 KB in
+memory, so the default bound holds ~15 MB, about two seconds of a task's placement and first
+reports at 1,000 tasks/s.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Iterable
 
 from libs.domain.task.model import Task
 
-DEFAULT_LIMIT = 4096
+DEFAULT_LIMIT = 2048
 
 
 class Written:
