@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -65,6 +66,7 @@ from .settings import declared, node_inventory
 from .telemetry import holders_of, sample
 from .tracked import Tracked, spec_of
 from .vendors import Runner, Which, recorded_tools, run_tool, telemetry_notes
+from .xid_events import XidWatch
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -92,6 +94,7 @@ class Agent:
         self.attempts = AttemptRecord(
             self.settings.resolved_state_dir(), keep_s=self.settings.attempt_record_keep_s
         )
+        self.xids = XidWatch()
         # dmesg where the node looks for real cards; a named file wherever one is set.
         self.kernel_log = KernelLog(self.settings.kernel_log, use_dmesg=self.settings.detect_nvidia)
 
@@ -117,6 +120,7 @@ class Agent:
                 self._heartbeats(stop),
                 self._liveness(stop),
                 self._telemetry(stop),
+                self._xid_events(stop),
                 self._retention(stop),
                 self._attempt_record(stop),
                 self.reporter.run(stop),
@@ -126,6 +130,19 @@ class Agent:
             for t in self.tracked.values():
                 if t.waiter:
                     t.waiter.cancel()
+
+    async def _xid_events(self, stop: asyncio.Event) -> None:
+        """NVML's XID events of this node's cards, watched in a thread until `stop`."""
+        if not self.settings.detect_nvidia:
+            return
+        watching = asyncio.ensure_future(asyncio.to_thread(self.xids.run))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.xids.stop()
+            stopping.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
 
     async def _retention(self, stop: asyncio.Event) -> None:
         """Remove finished attempts past their age (the count is applied at each exit)."""
@@ -307,7 +324,12 @@ class Agent:
         await self._record_started(handle)
         mark = await asyncio.to_thread(self.kernel_log.mark) if run.gpu_ids else -1
         self.tracked[cmd.task_id] = Tracked(
-            handle, S.RUNNING, timeout_s=timeout, gpu_ids=run.gpu_ids, kernel_mark=mark
+            handle,
+            S.RUNNING,
+            timeout_s=timeout,
+            gpu_ids=run.gpu_ids,
+            kernel_mark=mark,
+            started_wall=time.time(),
         )
         address = await self._endpoint(handle, run)
         tracked = self.tracked[cmd.task_id]
@@ -417,8 +439,10 @@ class Agent:
             extra = {"error_kind": known, "error": detail or kind}
         elif result.error:
             extra = {"error": result.error}  # a cause that names no kind: kept as text
-        if not result.succeeded and result.xids:
-            extra["xids"] = result.xids
+        if not result.succeeded:
+            seen = self.xids.since(tracked.gpu_ids, tracked.started_wall)
+            if result.xids or seen:
+                extra["xids"] = [*result.xids, *(x for x in seen if x not in result.xids)]
         if not result.succeeded and tracked.kernel_mark >= 0:
             lines = await asyncio.to_thread(self.kernel_log.since, tracked.kernel_mark)
             if lines:

@@ -25,6 +25,7 @@ class Tracked:
     inference: bool = False  # reported in the heartbeats' liveness evidence
     health_path: str = ""
     kernel_mark: int = -1  # the kernel log's end when a GPU attempt started (device_log.py)
+    started_wall: float = 0.0  # when it started (time.time()): its cards' XIDs since count
 
     @property
     def health_url(self) -> str:

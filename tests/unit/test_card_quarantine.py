@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from agent.device_log import KernelLog, device_lines
 from agent.runtimes.base import RunSpec
 from agent.runtimes.simulated import ManualClock, SimulatedRuntime
+from agent.xid_events import XidWatch
 from libs.domain.node.decide import probe_card
 from libs.domain.node.events import CardQuarantined, CardRestored, NodeRegistered
 from libs.domain.node.evolve import evolve_node
@@ -263,3 +265,59 @@ async def test_simulated_runtime_injects_an_xid(
     await clock.advance(1)
     report = await rt.wait(handle)
     assert (report.xids, report.exit_code) == (xids, exit_code)
+
+
+class FakeNvml:
+    """Just enough of pynvml's event API: card 0 posts one XID 79, then only timeouts."""
+
+    nvmlEventTypeXidCriticalError = 8
+    NVML_ERROR_TIMEOUT = 10
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    def __init__(self, watch: XidWatch | None = None) -> None:
+        self.pending = [SimpleNamespace(eventType=8, eventData=79, device="h0")]
+        self.registered: list[str] = []
+        self.watch = watch
+        self.freed = False
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlEventSetCreate(self) -> str:
+        return "set"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return f"h{index}"
+
+    def nvmlDeviceRegisterEvents(self, handle: str, types: int, events: str) -> None:
+        self.registered.append(handle)
+
+    def nvmlDeviceGetUUID(self, handle: str) -> bytes:
+        return f"GPU-{handle}".encode()
+
+    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> SimpleNamespace:
+        if self.pending:
+            return self.pending.pop()
+        assert self.watch is not None
+        self.watch.stop()  # the test's end: everything was read
+        raise self.NVMLError(self.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, events: str) -> None:
+        self.freed = True
+
+
+def test_xid_watch_keeps_nvml_events_by_card() -> None:
+    now = [100.0]
+    watch = XidWatch(clock=lambda: now[0])
+    lib = FakeNvml(watch)
+    watch.nvml = lib
+    watch.run()
+    assert lib.registered == ["h0", "h1"] and lib.freed
+    assert watch.since(["GPU-h0"], 100.0) == [79]
+    assert watch.since(["GPU-h1"], 0.0) == []  # another card's event is not this task's
+    assert watch.since(["GPU-h0"], 100.5) == []  # posted before the attempt started
