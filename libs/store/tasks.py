@@ -364,3 +364,79 @@ async def execute_batch_by_host(
     for task_id in decisions.keys() - online.keys():
         refused[task_id] = NotFound("task")
     return done, refused
+
+
+# --- the "why pending" answer (services/api_gateway/planning.py) --------------------------
+
+_PENDING = "status = 'pending' AND deleted_at IS NULL"
+
+
+def _ahead(task: Task, fifo: bool, queues_first: Sequence[str]) -> tuple[str, list[Any]]:
+    floor = 0 if fifo else task.spec.priority
+    where = (
+        f"{_PENDING} AND id <> %s AND (priority > %s OR (created_at, id) < (%s, %s)"
+        " OR doc->'spec'->>'queue' = ANY(%s))"
+    )
+    return where, [task.id, floor, task.created_at, task.id, list(queues_first)]
+
+
+async def pending_ahead(
+    store: EventStore, task: Task, fifo: bool, queues_first: Sequence[str], limit: int
+) -> list[Task] | None:
+    """Pending tasks that may come before `task` in the planner's order, and none that
+    cannot: a higher task priority (any, in a `fifo` queue), older, or in a queue of a higher
+    priority (`queues_first`). The caller orders them exactly. None: more than `limit`
+    (counted first, so a long queue costs a count, not its documents)."""
+    where, params = _ahead(task, fifo, queues_first)
+    counted = await rows(store, f"SELECT count(*) AS n FROM tasks WHERE {where}", params)
+    if int(counted[0]["n"]) > limit:
+        return None
+    found = await rows(
+        store,
+        f"SELECT doc::text AS doc FROM tasks WHERE {where} ORDER BY priority DESC, created_at",
+        params,
+    )
+    return _parsed(found)
+
+
+async def queue_position(store: EventStore, task: Task, fifo: bool) -> int:
+    """1 + the pending tasks of `task`'s queue before it in the planner's order (its queue's
+    policy: submission order when `fifo`, else priority then submission)."""
+    order = (
+        "(created_at, id) < (%s, %s)"
+        if fifo
+        else "(priority > %s OR (priority = %s AND (created_at, id) < (%s, %s)))"
+    )
+    params: list[Any] = [task.created_at, task.id]
+    if not fifo:
+        params = [task.spec.priority, task.spec.priority, *params]
+    found = await rows(
+        store,
+        f"SELECT count(*) AS n FROM tasks WHERE {_PENDING}"
+        f" AND coalesce(doc->'spec'->>'queue', '') = %s AND {order}",
+        [task.spec.queue, *params],
+    )
+    return 1 + int(found[0]["n"])
+
+
+async def finished_runtimes(
+    store: EventStore, tenants: Collection[str], per_tenant: int
+) -> list[tuple[str, str, float]]:
+    """(tenant, image, seconds from started_at to finished_at) of each tenant's newest
+    `per_tenant` completed tasks: what a typical runtime is learned from."""
+    if not tenants:
+        return []
+    found = await rows(
+        store,
+        "SELECT tenant_id, image, seconds FROM ("
+        "  SELECT tenant_id, coalesce(doc->'spec'->>'image', '') AS image,"
+        "   extract(epoch FROM (doc->>'finished_at')::timestamptz"
+        "     - (doc->>'started_at')::timestamptz)::float AS seconds,"
+        "   row_number() OVER (PARTITION BY tenant_id ORDER BY created_at DESC) AS n"
+        "  FROM tasks WHERE tenant_id = ANY(%s) AND status = 'completed'"
+        "   AND deleted_at IS NULL AND doc->>'started_at' IS NOT NULL"
+        "   AND doc->>'finished_at' IS NOT NULL"
+        ") newest WHERE n <= %s",
+        [sorted(tenants), per_tenant],
+    )
+    return [(r["tenant_id"], r["image"], float(r["seconds"])) for r in found]

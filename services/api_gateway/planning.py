@@ -6,15 +6,16 @@ round builds it, and handed to the pure core (`placement.dryrun`, `placement.eta
 and a placement cannot disagree by construction. Nothing here writes.
 
 Typical runtimes are learned from the tenants' finished tasks: the task projection is the
-fold of their `started` and `completed` events, so their `started_at`/`finished_at` are the
-log's times.
+fold of their events, so their `started_at`/`finished_at` are the log's times. The reads are
+bounded by what the answer needs: the work that may be ahead of the task (libs/store/tasks.py
+`pending_ahead`), its place in its queue by a count, the runtimes as numbers.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -22,14 +23,22 @@ from libs.domain.task.model import Task
 from libs.domain.task.states import TaskStatus
 from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
-from libs.store.types import TaskQuery
 from services.scheduler import view
 from services.scheduler.placement.dryrun import NodeAnswer, TaskRun
-from services.scheduler.placement.eta import Holding, PendingInfo, Runtime, estimate, runtime_of
+from services.scheduler.placement.eta import (
+    Holding,
+    PendingInfo,
+    estimate,
+    needs_line,
+    queues_before,
+    runtime_of,
+)
 from services.scheduler.placement.model import ClusterSnapshot, PendingTask
+from services.scheduler.placement.reasons import Reason
 
-# The pending tasks read to place one in line (the scheduler reads this many per round too).
-PENDING_LIMIT = 2_000
+# The most pending tasks read as the work ahead of one (each is a document to parse, about
+# 0.25 ms); past it the estimate is not made.
+PENDING_LIMIT = 500
 # Finished tasks per tenant a typical runtime is learned from (the newest).
 RUNTIME_SAMPLES = 200
 # Nodes listed per task in a plan; the rest are counted.
@@ -39,59 +48,67 @@ PLAN_NODES = 20
 @dataclass(frozen=True, slots=True)
 class Cluster:
     snapshot: ClusterSnapshot
-    holding: dict[str, Holding]
-    pending: list[Task]
+    holding: list[Task]
 
 
 async def read_cluster(store: EventStore) -> Cluster:
-    nodes, holding, quotas, (queues, pools), pending = await asyncio.gather(
+    """The snapshot a placement round would build now (nodes, GPU holders, quotas, queues)."""
+    nodes, holding, quotas, (queues, pools) = await asyncio.gather(
         view.load_nodes(store),
         view.load_holding(store),
         view.load_quotas(store),
         view.load_admission(store),
-        view.load_pending(store, PENDING_LIMIT),
     )
     snapshot = view.snapshot(store.clock(), nodes, holding, quotas, queues, pools)
-    runtimes = await learned_runtimes(store, {t.tenant_id for t in (*holding, *pending)})
-    # Placed tasks end from their start; pending ones (ahead in line) from when they start.
-    holders: dict[str, Holding] = {
-        t.id: Holding(t.started_at, t.spec.timeout, runtimes.get((t.tenant_id, t.spec.image)))
-        for t in (*holding, *pending)
+    return Cluster(snapshot, holding)
+
+
+async def bounds(store: EventStore, tasks: Sequence[Task]) -> dict[str, Holding]:
+    """Each task's timeout and its tenant's typical runtime of its image. A placed task is
+    counted from its start, a pending one (ahead in line) from when it would start."""
+    samples = await task_rows.finished_runtimes(
+        store, {t.tenant_id for t in tasks}, RUNTIME_SAMPLES
+    )
+    by_image: dict[tuple[str, str], list[float]] = {}
+    for tenant, image, seconds in samples:
+        by_image.setdefault((tenant, image), []).append(seconds)
+    runtimes = {k: r for k, v in by_image.items() if (r := runtime_of(v)) is not None}
+    return {
+        t.id: Holding(
+            None if t.status is TaskStatus.PENDING else t.started_at,
+            t.spec.timeout,
+            runtimes.get((t.tenant_id, t.spec.image)),
+        )
+        for t in tasks
     }
-    return Cluster(snapshot, holders, pending)
 
 
-async def learned_runtimes(
-    store: EventStore, tenants: Iterable[str]
-) -> dict[tuple[str, str], Runtime]:
-    """(tenant, image) -> the typical runtime of its newest completed tasks."""
-    out: dict[tuple[str, str], Runtime] = {}
-    for tenant in sorted(tenants):
-        q = TaskQuery(tenant_id=tenant, status=TaskStatus.COMPLETED.value, per_page=RUNTIME_SAMPLES)
-        done, _ = await task_rows.list_tasks(store, q)
-        by_image: dict[str, list[float]] = {}
-        for t in done:
-            if t.started_at and t.finished_at:
-                seconds = (t.finished_at - t.started_at).total_seconds()
-                by_image.setdefault(t.spec.image, []).append(seconds)
-        for image, durations in by_image.items():
-            if (r := runtime_of(durations)) is not None:
-                out[(tenant, image)] = r
-    return out
-
-
-async def pending_tasks(store: EventStore, cluster: Cluster) -> list[PendingTask]:
-    gangs = await view.load_gangs(store, cluster.pending)
-    return [view.pending_of(t, gangs) for t in cluster.pending]
-
-
-def pending_info(
-    cluster: Cluster, line: Sequence[PendingTask], task: PendingTask, reason: Any, detail: str
+async def answer(
+    store: EventStore,
+    cluster: Cluster,
+    task: Task,
+    me: PendingTask,
+    reason: Reason | None,
+    detail: str,
 ) -> PendingInfo:
-    """`task`'s answer with `line` the pending work (it is added when missing)."""
-    if all(t.task_id != task.task_id for t in line):
-        line = [*line, task]
-    return estimate(cluster.snapshot, task, line, cluster.holding, reason=reason, detail=detail)
+    """`task`'s "why pending" answer (`me`: it as placement sees it). The work ahead is read
+    only when it can matter (eta.needs_line): a reason no task's end changes needs none."""
+    snapshot = cluster.snapshot
+    first, fifo = queues_before(snapshot, task.spec.queue)
+    if needs_line(snapshot, me, reason):
+        ahead = await task_rows.pending_ahead(store, task, fifo, first, PENDING_LIMIT)
+        if ahead is None:
+            info = estimate(snapshot, me, [me], {}, reason=reason, detail=detail)
+            why = f"more than {PENDING_LIMIT} pending tasks may be ahead: not estimated"
+            info = replace(info, eta=None, method=why)
+        else:
+            gangs = await view.load_gangs(store, ahead)
+            line = [*(view.pending_of(t, gangs) for t in ahead), me]
+            holders = await bounds(store, [*cluster.holding, *ahead])
+            info = estimate(snapshot, me, line, holders, reason=reason, detail=detail)
+    else:
+        info = estimate(snapshot, me, [me], {}, reason=reason, detail=detail)
+    return replace(info, position=await task_rows.queue_position(store, task, fifo))
 
 
 async def pending_view(store: EventStore, task: Task) -> dict[str, Any] | None:
@@ -99,11 +116,8 @@ async def pending_view(store: EventStore, task: Task) -> dict[str, Any] | None:
     if task.status is not TaskStatus.PENDING:
         return None
     cluster = await read_cluster(store)
-    line = await pending_tasks(store, cluster)
-    me = next((t for t in line if t.task_id == task.id), None)
-    if me is None:  # beyond the pending read: its own constraints, last in line
-        me = view.pending_of(task, await view.load_gangs(store, [task]))
-    info = pending_info(cluster, line, me, task.pending_reason_code, task.pending_reason)
+    me = view.pending_of(task, await view.load_gangs(store, [task]))
+    info = await answer(store, cluster, task, me, task.pending_reason_code, task.pending_reason)
     return info_json(info)
 
 

@@ -110,15 +110,18 @@ async def _answer(
     cluster = await planning.read_cluster(store)
     submitted = [view.pending_of(t, gangs or {}) for _, t in planned]
     run = dry_run(cluster.snapshot, submitted)
-    line = await planning.pending_tasks(store, cluster)
     tasks = []
-    for (name, _), pending, task_run in zip(planned, submitted, run.tasks, strict=True):
+    for (name, task), pending, task_run in zip(planned, submitted, run.tasks, strict=True):
         body = {"name": name, **_outcome(run.plan, pending.task_id), **planning.run_json(task_run)}
         if body["outcome"] != "placed":
             why = run.plan.unplaced_for(pending.task_id)
-            reason = why.reason if why else None
-            info = planning.pending_info(
-                cluster, line, task_run.task, reason, why.message if why else ""
+            info = await planning.answer(
+                store,
+                cluster,
+                task,
+                task_run.task,
+                why.reason if why else None,
+                why.message if why else "",
             )
             body["pending"] = planning.info_json(info)
         tasks.append(body)

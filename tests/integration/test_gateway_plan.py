@@ -3,7 +3,8 @@ and store (docs/scheduling.md, "Plan and ETA")."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from libs.domain.task.decide import decide_pending_reason, decide_transition
 from libs.domain.task.states import Actor, TaskStatus
 from libs.store.projections import NODES
 
-from .helpers import Api
+from .helpers import Api, complete
 
 pytestmark = pytest.mark.integration
 
@@ -48,15 +49,20 @@ async def event_count(api: Api) -> int:
 
 async def run_on(api: Api, task_id: str, node_id: str, gpus: tuple[str, ...]) -> None:
     """Walk a pending task to running on `node_id` holding `gpus`, as the scheduler would."""
-    for to, extra in (
+    steps: list[tuple[TaskStatus, dict[str, Any]]] = [
         (S.SCHEDULED, {"node_id": node_id, "gpu_ids": gpus}),
         (S.STARTING, {}),
         (S.RUNNING, {}),
-    ):
+    ]
+    for to, extra in steps:
         await api.store.execute(
             task_id,
-            lambda t, to=to, extra=extra: decide_transition(
-                t, to, actor=Actor.SCHEDULER, reason_code=ReasonCode.PLACED, **extra
+            partial(
+                decide_transition,
+                to=to,
+                actor=Actor.SCHEDULER,
+                reason_code=ReasonCode.PLACED,
+                **extra,
             ),
         )
 
@@ -183,8 +189,6 @@ async def test_a_pending_task_says_what_binds_it_its_place_and_when_it_starts(ap
         1,
     )
     assert pending["detail"] == "no node has 2 free card(s)"
-    from datetime import datetime
-
     started = datetime.fromisoformat(running["started_at"])
     assert pending["eta"]["at"] == (started + timedelta(seconds=600)).isoformat()
     # The second waits behind the first: the two cards free once, and both need them.
@@ -210,3 +214,49 @@ async def test_the_eta_is_unknown_when_nothing_bounds_what_holds_the_cards(api: 
     made = (await api.client.post("/api/v1/task-groups", json=group, headers=api.tenant)).json()
     got = (await api.client.get(f"/api/v1/task-groups/{made['id']}", headers=api.tenant)).json()
     assert got["pending"]["eta"] == "unknown" and got["pending"]["tasks_pending"] == 1
+
+
+async def test_a_plan_names_the_work_it_would_preempt(api: Api) -> None:
+    await fleet(api)
+    low = TWO_CARDS | {"name": "low", "preemptible": True, "priority": 1}
+    victim = (await api.client.post("/api/v1/tasks", json=low, headers=api.tenant)).json()
+    await run_on(api, victim["id"], "node-b", ("node-b-g0", "node-b-g1"))
+    before = await event_count(api)
+    urgent = TWO_CARDS | {"name": "urgent", "priority": 50}
+    r = await api.client.post("/api/v1/tasks/plan", json=urgent, headers=api.tenant)
+    assert r.status_code == 200, r.text
+    (task,) = r.json()["tasks"]
+    assert task["outcome"] == "preempting", task
+    assert task["preempts"] == [{"node_id": "node-b", "victims": [victim["id"]]}]
+    assert await event_count(api) == before
+
+
+async def test_the_place_in_line_follows_the_planners_order(api: Api) -> None:
+    ids = []
+    for name, priority in (("old", 0), ("new", 0), ("urgent", 9)):
+        body = {"name": name, "image": "img:1", "priority": priority}
+        ids.append(
+            (await api.client.post("/api/v1/tasks", json=body, headers=api.tenant)).json()["id"]
+        )
+    got = []
+    for task_id in ids:
+        r = await api.client.get(f"/api/v1/tasks/{task_id}", headers=api.tenant)
+        got.append(r.json()["pending"]["position"])
+    assert got == [2, 3, 1]
+
+
+async def test_a_typical_runtime_learned_from_finished_tasks_bounds_a_holder(api: Api) -> None:
+    await fleet(api)
+    for i in range(3):  # the tenant's finished tasks of the same image
+        done = (
+            await api.client.post(
+                "/api/v1/tasks", json={"name": f"d{i}", "image": "img:1"}, headers=api.tenant
+            )
+        ).json()
+        await complete(api.store, done["id"], "ok")
+    holder = (await api.client.post("/api/v1/tasks", json=TWO_CARDS, headers=api.tenant)).json()
+    await run_on(api, holder["id"], "node-b", ("node-b-g0", "node-b-g1"))  # no timeout
+    r = await api.client.post("/api/v1/tasks", json=TWO_CARDS | {"name": "w"}, headers=api.tenant)
+    body = (await api.client.get(f"/api/v1/tasks/{r.json()['id']}", headers=api.tenant)).json()
+    assert body["pending"]["eta"] != "unknown", body["pending"]
+    assert "runtime" in body["pending"]["method"]

@@ -138,6 +138,25 @@ def estimate(
     return PendingInfo(stage_of(reason), reason, detail, me.queue, position, eta, method)
 
 
+def needs_line(snapshot: ClusterSnapshot, task: PendingTask, reason: Reason | None) -> bool:
+    """Whether the work ahead can matter to `task`'s estimate: a capacity or quota reason,
+    with some node that can take it. Otherwise the answer needs no queue (it is a backoff's
+    end, or unknown)."""
+    if reason in _CAPACITY or reason is None:
+        queued = with_queues([task], snapshot.queues)[0]
+        return any(check_static(queued, n).ok for n in snapshot.nodes)
+    return reason in (Reason.TENANT_QUOTA_EXCEEDED, Reason.QUEUE_QUOTA_EXCEEDED)
+
+
+def queues_before(snapshot: ClusterSnapshot, queue: str) -> tuple[tuple[str, ...], bool]:
+    """(queues whose tasks all come before `queue`'s, whether `queue` is fifo): the
+    planner's order across queues ("" is no queue, priority 0)."""
+    limits = snapshot.queues.get(queue) if queue else None
+    mine = limits.priority if limits else 0
+    first = tuple(sorted(n for n, q in snapshot.queues.items() if q.priority > mine))
+    return (*first, *([""] if mine < 0 else [])), bool(limits and limits.fifo)
+
+
 _CAPACITY = {
     Reason.INSUFFICIENT_GPUS,
     Reason.FRACTION_UNAVAILABLE,
@@ -208,7 +227,7 @@ def _when(need: _Need, holding: Mapping[str, Holding], now: datetime) -> tuple[E
         )
     hows = sorted({e.how for e, _ in ends}) or ["free now"]
     method = f"{need.what}; freed as placed tasks end (by {', '.join(hows)})"
-    if at == now and not need.ahead:
+    if need.own <= need.free + 1e-9 and not need.ahead:
         method = f"{need.what}: placed at the next evaluation"
     return Eta(at, min(low, at), max(high, at), "+".join(hows)), method
 
