@@ -174,6 +174,15 @@ async def task_page(
     )
 
 
+async def node_page(
+    store: EventStore, node_id: str, page: int, per_page: int
+) -> tuple[list[TimelineEntry], int]:
+    """A node's entries (offline, cards lost, quarantined, restored), newest first."""
+    return await _page(
+        store, "subject_type = 'node' AND subject_id = %s", [node_id], page, per_page
+    )
+
+
 async def group_page(
     store: EventStore,
     group_id: str,

@@ -1,4 +1,5 @@
-"""An operator's hand on card quarantine (docs/operations.md, device faults).
+"""An operator's hand on card quarantine (docs/operations.md, device faults), and the
+node's timeline where quarantines show (`GET /nodes/{node}/events`).
 
 `POST /nodes/{node}/gpus/{gpu}/uncordon` returns a quarantined card to placement at once,
 without waiting for its health probes; `POST /nodes/{node}/gpus/{gpu}/quarantine` takes a
@@ -11,17 +12,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from libs.domain.errors import Code, DomainError, NotFound
 from libs.domain.node.events import CardQuarantined, CardRestored
 from libs.domain.node.model import Node
 from libs.domain.payload import Payload
+from libs.store import nodes as node_rows
 from libs.store.projections import NODES
 
+from . import timeline
 from .deps import Principal, Store, require_operator
-from .schemas import body_of
+from .schemas import TimelineQuery, body_of, query_of
 
 router = APIRouter(prefix="/api/v1", tags=["operations"])
 
@@ -91,3 +94,16 @@ async def quarantine_card(
     node = await store.execute_aggregate(NODES, node_id, decide, metadata={"actor": "operator"})
     assert node is not None
     return node.model_dump(mode="json")
+
+
+@router.get("/nodes/{node_id}/events", dependencies=[Depends(query_of(TimelineQuery))])
+async def node_events(
+    request: Request, node_id: str, principal: Principal, store: Store
+) -> dict[str, Any]:
+    """The node's timeline (offline, cards lost and recovered, quarantined and restored),
+    newest first (operators)."""
+    require_operator(principal)
+    if await node_rows.get(store, node_id) is None:
+        raise NotFound("node")
+    page, per_page = timeline.page_params(request)
+    return {"node_id": node_id} | await timeline.node_timeline(store, node_id, page, per_page)

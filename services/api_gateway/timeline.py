@@ -1,4 +1,5 @@
-"""Timeline reads for GET /tasks/{id}/events and /task-groups/{id}/events: newest first."""
+"""Timeline reads for GET /tasks/{id}/events, /task-groups/{id}/events and /nodes/{id}/events:
+newest first."""
 
 from __future__ import annotations
 
@@ -47,6 +48,12 @@ async def task_timeline(
     store: EventStore, task_id: str, page: int, per_page: int
 ) -> dict[str, Any]:
     return _body(*await timeline_rows.task_page(store, task_id, page, per_page), page, per_page)
+
+
+async def node_timeline(
+    store: EventStore, node_id: str, page: int, per_page: int
+) -> dict[str, Any]:
+    return _body(*await timeline_rows.node_page(store, node_id, page, per_page), page, per_page)
 
 
 async def group_timeline(

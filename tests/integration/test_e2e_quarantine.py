@@ -30,13 +30,10 @@ def node_events(cluster: Cluster, node_id: str) -> list[str]:
 
 
 def node_timeline(cluster: Cluster, node_id: str) -> set[str]:
-    """Kinds of the node's timeline entries (no API route lists a node's timeline yet)."""
-    with psycopg.connect(cluster.database_url) as conn:
-        rows = conn.execute(
-            "SELECT kind FROM timeline WHERE subject_type = 'node' AND subject_id = %s",
-            (node_id,),
-        ).fetchall()
-    return {r[0] for r in rows}
+    """Kinds of the node's timeline entries (`GET /nodes/{id}/events`)."""
+    r = web.get(f"{cluster.url}/api/v1/nodes/{node_id}/events", headers=cluster.operator)
+    assert r.status_code == 200, r.text
+    return {e["kind"] for e in r.json()["events"]}
 
 
 def node(cluster: Cluster, node_id: str) -> dict[str, Any]:
