@@ -179,9 +179,19 @@ def run_json(run: TaskRun) -> dict[str, Any]:
             "reason": adm.verdict.reason.value if adm.verdict.reason else None,
             "message": adm.verdict.message,
         },
-        "nodes": [node_json(a) for a in run.nodes[:PLAN_NODES]],
-        "nodes_more": max(0, len(run.nodes) - PLAN_NODES),
-        "nodes_fit": sum(1 for a in run.nodes if a.fits),
+        **nodes_json(run.nodes),
+        "variants": [
+            {"index": v.index, "considered_from": when(v.considered_from), **nodes_json(v.nodes)}
+            for v in run.variants
+        ],
+    }
+
+
+def nodes_json(nodes: Sequence[NodeAnswer]) -> dict[str, Any]:
+    return {
+        "nodes": [node_json(a) for a in nodes[:PLAN_NODES]],
+        "nodes_more": max(0, len(nodes) - PLAN_NODES),
+        "nodes_fit": sum(1 for a in nodes if a.fits),
     }
 
 

@@ -260,3 +260,25 @@ async def test_a_typical_runtime_learned_from_finished_tasks_bounds_a_holder(api
     body = (await api.client.get(f"/api/v1/tasks/{r.json()['id']}", headers=api.tenant)).json()
     assert body["pending"]["eta"] != "unknown", body["pending"]
     assert "runtime" in body["pending"]["method"]
+
+
+async def test_a_plan_shows_the_variant_a_task_would_get_and_each_variants_nodes(api: Api) -> None:
+    await fleet(api)
+    body = {
+        "name": "v",
+        "image": "img:1",
+        "variants": [
+            {"gpu_type": "nvidia", "gpu_required": 4, "wait_s": 0},
+            {"gpu_type": "amd", "gpu_required": 2},
+        ],
+    }
+    r = await api.client.post("/api/v1/tasks/plan", json=body, headers=api.tenant)
+    assert r.status_code == 200, r.text
+    (task,) = r.json()["tasks"]
+    assert (task["outcome"], task["variant"], task["node_id"]) == ("placed", 1, "node-c")
+    first, second = task["variants"]
+    assert first["nodes_fit"] == 0 and {n["stage"] for n in first["nodes"]} == {
+        "whole_cards",
+        "gpu_type",
+    }
+    assert second["nodes_fit"] == 1 and task["nodes"] == second["nodes"]

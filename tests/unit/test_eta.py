@@ -15,6 +15,7 @@ from services.scheduler.placement.model import (
     Node,
     PendingTask,
     Requirement,
+    Variant,
 )
 from services.scheduler.placement.reasons import Reason
 
@@ -118,3 +119,16 @@ def test_a_smaller_task_behind_a_blocked_one_is_not_held_by_it() -> None:
     bounds = {"h1": Holding(NOW, timeout_s=60), "h2": Holding(NOW, timeout_s=600)}
     info = estimate(snap, small, [big, small], bounds, reason=R.INSUFFICIENT_GPUS)
     assert info.eta is not None and info.eta.at == NOW + timedelta(seconds=60)
+
+
+def test_a_task_with_variants_starts_with_the_earliest_one_not_before_it_is_considered() -> None:
+    first = Variant(0, Requirement(gpu_count=4), wait_s=120)  # no node has four cards
+    second = Variant(1, Requirement(gpu_count=1))
+    me = PendingTask("p", "acme", Requirement(), NOW, variants=(first, second))
+    info = estimate(SNAP, me, [me], {"h": TEN_MIN}, reason=R.INSUFFICIENT_GPUS)
+    # h frees its cards at +5 min; the second variant is considered from +2 min.
+    assert info.eta is not None and info.eta.at == NOW + timedelta(minutes=5)
+    assert info.method.startswith("variants[1]")
+    idle = ClusterSnapshot(NOW, (node("a", 2),))
+    later = estimate(idle, me, [me], {}, reason=R.INSUFFICIENT_GPUS)
+    assert later.eta is not None and later.eta.at == NOW + timedelta(minutes=2)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from .feasibility import check_quota_floor
 from .ledger import Ledger
@@ -22,6 +23,7 @@ from .queues import QueueUse, check_queue, with_queues
 from .rankers import named, ranked
 from .reasons import Reason, Verdict
 from .stages import NODE_STAGE_ORDER, STAGES, check_node
+from .variants import as_variant
 
 # The stage that answers each reason: the chain's own names, plus the task-level checks that
 # run before any node is looked at (planner.schedule_task) and what the planner adds.
@@ -36,6 +38,13 @@ STAGE_OF: Mapping[Reason, str] = {
     Reason.LOOPBACK_ADDRESS: "gang",
 }
 _RANK: Mapping[Reason, int] = {r: i for i, r in enumerate(NODE_STAGE_ORDER)}
+
+
+def variant_opens(task: PendingTask, pos: int) -> datetime:
+    """When the variant at `pos` joins those considered (variants.open_variants): once the
+    waits of every earlier one have run out, each counted from submission."""
+    waits = [v.wait_s for v in task.variants[:pos] if v.index > task.variant_floor]
+    return task.created_at + timedelta(seconds=max(waits, default=0.0))
 
 
 def stage_of(reason: Reason | None) -> str:
@@ -71,10 +80,22 @@ class Admission:
 
 
 @dataclass(frozen=True, slots=True)
+class VariantRun:
+    """One of a task's variants: from when it is considered, and its nodes."""
+
+    index: int
+    considered_from: datetime
+    nodes: tuple[NodeAnswer, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TaskRun:
     task: PendingTask
     admission: Admission
-    nodes: tuple[NodeAnswer, ...]  # fits first, best first; then the closest refusals
+    # Fits first, best first; then the closest refusals. A task with variants: those of the
+    # variant the plan places, else of its first (each variant's are in `variants`).
+    nodes: tuple[NodeAnswer, ...]
+    variants: tuple[VariantRun, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +110,21 @@ def dry_run(snapshot: ClusterSnapshot, submitted: Sequence[PendingTask]) -> DryR
     result = Planner().plan(snapshot, queued, max_batch=max(1, len(queued)))
     ev = Evaluation.of(snapshot, None)
     ledger = Ledger(ev.index, snapshot.allocations, ev.gpus)
-    runs = tuple(
-        TaskRun(task, admission(ev, ledger, task), node_answers(ev, ledger, task))
-        for task in queued
-    )
+    runs = tuple(_run(ev, ledger, result, task) for task in queued)
     return DryRun(result, runs)
+
+
+def _run(ev: Evaluation, ledger: Ledger, result: Plan, task: PendingTask) -> TaskRun:
+    if not task.variants:
+        return TaskRun(task, admission(ev, ledger, task), node_answers(ev, ledger, task))
+    each = tuple(
+        VariantRun(v.index, variant_opens(task, pos), node_answers(ev, ledger, as_variant(task, v)))
+        for pos, v in enumerate(task.variants)
+    )
+    placed = result.placement_for(task.task_id)
+    chosen = next((r for r in each if placed and r.index == placed.variant), each[0])
+    first = as_variant(task, task.variants[0])
+    return TaskRun(task, admission(ev, ledger, first), chosen.nodes, each)
 
 
 def admission(ev: Evaluation, ledger: Ledger, task: PendingTask) -> Admission:

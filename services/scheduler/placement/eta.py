@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from .dryrun import stage_of
+from .dryrun import stage_of, variant_opens
 from .feasibility import allocation_cost, floor_cost, free_whole_cards
 from .ledger import LEAVING, Ledger
 from .model import Allocation, ClusterSnapshot, Node, PendingTask
@@ -35,6 +35,7 @@ from .planner import Evaluation, _order_key
 from .queues import with_queues
 from .reasons import Reason
 from .stages import check_static
+from .variants import as_variant
 
 MIN_SAMPLES = 3
 
@@ -134,14 +135,55 @@ def estimate(
     order = sorted(queued, key=_order_key)
     ahead = order[: order.index(me)] if me in order else order
     position = 1 + sum(1 for t in ahead if t.queue == me.queue)
-    eta, method = _eta(snapshot, me, ahead, holding, reason)
+    ahead = [_preferred(t) for t in ahead]
+    if me.variants:
+        eta, method = _eta_of_variants(snapshot, me, ahead, holding, reason)
+    else:
+        eta, method = _eta(snapshot, me, ahead, holding, reason)
     return PendingInfo(stage_of(reason), reason, detail, me.queue, position, eta, method)
+
+
+def _preferred(task: PendingTask) -> PendingTask:
+    """A task of the work ahead as its first variant (what it is placed as while it can be)."""
+    return as_variant(task, task.variants[0]) if task.variants else task
+
+
+def _eta_of_variants(
+    snapshot: ClusterSnapshot,
+    task: PendingTask,
+    ahead: Sequence[PendingTask],
+    holding: Mapping[str, Holding],
+    reason: Reason | None,
+) -> tuple[Eta | None, str]:
+    """The earliest start over its variants, each not before it is considered. The recorded
+    reason is the first variant's; the others are estimated as for capacity."""
+    best: tuple[Eta, str] | None = None
+    for pos, var in enumerate(task.variants):
+        eta, method = _eta(
+            snapshot, as_variant(task, var), ahead, holding, reason if pos == 0 else None
+        )
+        if eta is None:
+            continue
+        opens = variant_opens(task, pos)
+        eta = Eta(max(eta.at, opens), max(eta.low, opens), max(eta.high, opens), eta.how)
+        if best is None or eta.at < best[0].at:
+            best = (eta, f"variants[{var.index}] (considered from {opens.isoformat()}): {method}")
+    if best is None:
+        return None, "no variant's start is bounded: " + _eta(
+            snapshot, as_variant(task, task.variants[0]), ahead, holding, reason
+        )[1]
+    return best
 
 
 def needs_line(snapshot: ClusterSnapshot, task: PendingTask, reason: Reason | None) -> bool:
     """Whether the work ahead can matter to `task`'s estimate: a capacity or quota reason,
     with some node that can take it. Otherwise the answer needs no queue (it is a backoff's
     end, or unknown)."""
+    if task.variants:
+        return any(
+            needs_line(snapshot, as_variant(task, v), reason if i == 0 else None)
+            for i, v in enumerate(task.variants)
+        )
     if reason in _CAPACITY or reason is None:
         queued = with_queues([task], snapshot.queues)[0]
         return any(check_static(queued, n).ok for n in snapshot.nodes)
