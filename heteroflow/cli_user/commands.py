@@ -178,8 +178,10 @@ def wait_for(ctx: Context, task: dict[str, Any], *, follow: bool) -> dict[str, A
     streamed: set[tuple[str, int]] = set()
     failed_since: float | None = None
     while True:
-        attempt = (task.get("node_id") or "", int(task.get("retry_count") or 0))
-        progress.show(task["status"], attempt[1], task.get("max_retries"))
+        # A device requeue (docs/operations.md) is a new attempt at the same retry_count.
+        retries = int(task.get("retry_count") or 0)
+        attempt = (task.get("node_id") or "", retries + int(task.get("requeues") or 0))
+        progress.show(task["status"], retries, task.get("max_retries"))
         if follow and attempt[0] and task["status"] not in UNSTARTED and attempt not in streamed:
             progress.break_line()
             if _stream_attempt(ctx, task):
@@ -203,12 +205,14 @@ def wait_for(ctx: Context, task: dict[str, Any], *, follow: bool) -> dict[str, A
 
 
 def _failure_is_final(ctx: Context, task: dict[str, Any], waited_s: float) -> bool:
-    if task.get("max_retries") == 0 or task.get("retry_strategy") == "no_retry":
+    # A task that held cards may be requeued for a device fault whatever its retries say.
+    no_retries = task.get("max_retries") == 0 or task.get("retry_strategy") == "no_retry"
+    if no_retries and not task.get("gpu_ids"):
         return True
     history = ctx.client.get(task_path(task["id"]) + "/retries").get("retries") or []
     decision = str((history[-1] if history else {}).get("decision") or "")
     if decision:
-        return not decision.startswith("retry")
+        return not decision.startswith(("retry", "requeue"))
     return waited_s > DECISION_WAIT_S
 
 

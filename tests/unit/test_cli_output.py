@@ -452,6 +452,28 @@ def test_wait_keeps_going_through_a_failure_the_retry_engine_retries(
     )
 
 
+class DeviceFaultApi(ScriptedApi):
+    """A one-card task with no retries whose card fails: requeued, then it completes."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        answer = super().__call__(request)
+        if request.url.path.endswith("/retries"):
+            return answer
+        body = answer.json() | {"max_retries": 0, "gpu_ids": ["n1-gpu0"]}
+        return httpx.Response(200, json=body)
+
+
+def test_wait_keeps_going_through_a_device_requeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(commands, "POLL_S", 0)
+    api = DeviceFaultApi(
+        ["running", "failed", "pending", "running", "completed"],
+        ["requeue: device fault on n1-gpu0 (xid:79)"],
+    )
+    ctx, _ = scripted_context(api)
+    final = commands.wait_for(ctx, {"id": "t1", "status": "pending"}, follow=False)
+    assert final["status"] == "completed"
+
+
 def test_wait_stops_at_a_failure_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(commands, "POLL_S", 0)
     ctx, _ = scripted_context(ScriptedApi(["failed"], ["give_up: permanent"]))
