@@ -46,6 +46,7 @@ from .fencing import Fence
 from .inbox import Receipt
 from .migrations import migrate
 from .pool import StorePool
+from .pool import rows as pool_rows
 from .projections import TASKS, Aggregate, M
 from .types import EventRange, StoredEvent
 from .written import Written
@@ -538,6 +539,33 @@ class EventStore:
     ) -> Task:
         async with self.pool.connection() as conn:
             return await _visible_task(conn, task_id, tenant_id, include_deleted)
+
+    async def tasks_by_ids(self, ids: Sequence[str]) -> dict[str, Task]:
+        """The named tasks as their rows are now (deleted ones included), by id. A task this
+        store committed at the row's version is taken as kept (written.py): only versions are
+        read for it, not its document."""
+        kept = self.written.known(ids)
+        found: dict[str, Task] = {}
+        stale = list(ids)
+        if kept:
+            versions = await pool_rows(
+                self, "SELECT id, version FROM tasks WHERE id = ANY(%s)", [list(ids)]
+            )
+            stale = []
+            for row in versions:
+                task = kept.get(row["id"])
+                if task is not None and task.version == row["version"]:
+                    found[task.id] = task
+                else:
+                    stale.append(row["id"])
+        if stale:
+            docs = await pool_rows(
+                self, "SELECT doc::text AS doc FROM tasks WHERE id = ANY(%s)", [stale]
+            )
+            for row in docs:
+                task = Task.model_validate_json(row["doc"])
+                found[task.id] = task
+        return found
 
     async def read_stream(self, stream_id: str) -> list[StoredEvent]:
         return await self._read("WHERE stream_id = %s ORDER BY version", (stream_id,))

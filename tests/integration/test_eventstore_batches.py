@@ -127,7 +127,7 @@ async def test_a_batch_decides_on_what_this_store_committed_without_reading_it_b
     # batch that reads the row again sees the change.
     with psycopg.connect(database_url) as conn:
         conn.execute(
-            "UPDATE tasks SET doc = jsonb_set(doc, '{name}', '\"changed\"') WHERE id = %s",
+            "UPDATE tasks SET doc = jsonb_set(doc, '{spec,name}', '\"changed\"') WHERE id = %s",
             (task_id,),
         )
     seen: list[Task] = []
@@ -151,3 +151,28 @@ async def test_a_version_another_writer_committed_is_read_from_the_row(
     seen: list[Task] = []
     await store.execute_batch({task_id: seen_by(seen)})
     assert [(t.version, t.status) for t in seen] == [(3, S.STARTING)] and seen == moved
+
+
+async def test_tasks_by_ids_reads_only_what_this_store_did_not_write_at_that_version(
+    store: EventStore, database_url: str
+) -> None:
+    ids = await new_tasks(store, 3)
+    done, _ = await store.execute_batch({i: place() for i in ids})
+    other = await EventStore.open(database_url, max_size=1)  # another process's store
+    try:
+        start = partial(
+            decide_transition, to=S.STARTING, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED
+        )
+        (moved,) = await other.execute_steps([(ids[2], lambda t: list(start(t)), None)])
+    finally:
+        await other.close()
+    with psycopg.connect(database_url) as conn:  # seen only by a read of the document
+        conn.execute(
+            "UPDATE tasks SET doc = jsonb_set(doc, '{spec,name}', '\"changed\"')"
+            " WHERE id = ANY(%s)",
+            (ids[:2],),
+        )
+    got = await store.tasks_by_ids([*ids, "task-missing"])
+    assert got == {ids[0]: done[ids[0]], ids[1]: done[ids[1]], ids[2]: moved}
+    fresh = EventStore(store.pool)  # nothing kept: every document is read
+    assert {t.spec.name for t in (await fresh.tasks_by_ids(ids[:2])).values()} == {"changed"}

@@ -5,7 +5,8 @@ sends `start` to the node. A crash between any two steps loses nothing: the even
 redelivered until acknowledged, and the command's message id makes a resend a no-op.
 
 Events come in fetched batches (`handle_batch`): each is read as its model
-(`TaskStatusChanged`), the tasks of a batch are read in one query, and the commands
+(`TaskStatusChanged`), the tasks of a batch are read together (those the placer of this
+process committed by version only: `EventStore.tasks_by_ids`), and the commands
 published pipelined (all in flight, acks awaited together). A batch's commands leave in the
 order of its events, on one connection, so the commands of one task reach its node's stream
 in order. What a command holds is dispatch.py's (`command_for`).
@@ -28,7 +29,6 @@ from libs.domain.task.states import TaskStatus
 from libs.domain.task.variants import placed_spec
 from libs.ownership import own_members
 from libs.store import groups as group_rows
-from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore
 
 from .. import view
@@ -88,7 +88,9 @@ class Dispatcher:
         """Commands for a batch of events: one read of their tasks, one pipelined publish."""
         wanted = [(i, ev) for i, e in enumerate(envelopes) if (ev := commanding(e)) is not None]
         ids = sorted({ev.task_id for _, ev in wanted})
-        tasks = {t.id: t for t in await task_rows.by_ids(self.store, ids)} if ids else {}
+        # A start's task is most often one this process's placer just committed: the store
+        # then reads its version only, not the document again.
+        tasks = await self.store.tasks_by_ids(ids) if ids else {}
         starts = [t for t in tasks.values() if t.status is S.SCHEDULED]
         gpus = await self.cards_of(starts)
         cmds: list[tuple[int, NodeCommand]] = []
