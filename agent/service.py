@@ -66,7 +66,7 @@ from .settings import declared, node_inventory
 from .telemetry import holders_of, sample
 from .tracked import Tracked, spec_of
 from .vendors import Runner, Which, recorded_tools, run_tool, telemetry_notes
-from .xid_events import XidWatch
+from .xid_events import XidWatch, ecc_counts, ecc_lines
 
 log = structlog.get_logger(__name__)
 S = TaskStatus
@@ -323,6 +323,8 @@ class Agent:
             return
         await self._record_started(handle)
         mark = await asyncio.to_thread(self.kernel_log.mark) if run.gpu_ids else -1
+        nvidia = self.settings.detect_nvidia and bool(run.gpu_ids)
+        ecc = await asyncio.to_thread(ecc_counts, run.gpu_ids) if nvidia else None
         self.tracked[cmd.task_id] = Tracked(
             handle,
             S.RUNNING,
@@ -330,6 +332,7 @@ class Agent:
             gpu_ids=run.gpu_ids,
             kernel_mark=mark,
             started_wall=time.time(),
+            ecc_at_start=ecc,
         )
         address = await self._endpoint(handle, run)
         tracked = self.tracked[cmd.task_id]
@@ -443,10 +446,14 @@ class Agent:
             seen = self.xids.since(tracked.gpu_ids, tracked.started_wall)
             if result.xids or seen:
                 extra["xids"] = [*result.xids, *(x for x in seen if x not in result.xids)]
+        lines: list[str] = []
         if not result.succeeded and tracked.kernel_mark >= 0:
             lines = await asyncio.to_thread(self.kernel_log.since, tracked.kernel_mark)
-            if lines:
-                extra["device_log"] = lines
+        if not result.succeeded and tracked.ecc_at_start:
+            now = await asyncio.to_thread(ecc_counts, tracked.ecc_at_start)
+            lines += ecc_lines(tracked.ecc_at_start, now)
+        if lines:
+            extra["device_log"] = lines
         return await self._final(
             tracked.handle,
             Fact.EXITED,

@@ -26,6 +26,7 @@ class Tracked:
     health_path: str = ""
     kernel_mark: int = -1  # the kernel log's end when a GPU attempt started (device_log.py)
     started_wall: float = 0.0  # when it started (time.time()): its cards' XIDs since count
+    ecc_at_start: dict[str, int] | None = None  # its cards' uncorrectable ECC counts then
 
     @property
     def health_url(self) -> str:

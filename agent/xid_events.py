@@ -7,6 +7,10 @@ cards it held since it started go into its report (`AgentReport.xids`), and the 
 classifies them (libs/domain/task/device_fault.py). Unlike a kernel log line, an event names
 its card by UUID, so it is never another task's. A card or driver that does not support the
 events is skipped (logged once); without NVML the watch does nothing.
+
+`ecc_counts` reads each card's uncorrectable (double-bit) ECC count since the driver loaded;
+the agent reads it when a GPU attempt starts and again when it fails, and a rise becomes a
+device line of the attempt's evidence (`ecc_lines`): the classifier's `ecc:dbe`.
 """
 
 from __future__ import annotations
@@ -102,3 +106,31 @@ class XidWatch:
             card = nvml_text(lib.nvmlDeviceGetUUID(data.device))
             self.record(card, int(data.eventData))
             log.warning("xid_event", gpu_id=card, xid=int(data.eventData))
+
+
+def ecc_counts(cards: Iterable[str], nvml: Any | None = None) -> dict[str, int]:
+    """Uncorrectable volatile ECC errors per card UUID (cards without ECC are left out)."""
+    out: dict[str, int] = {}
+    with nvml_session(nvml) as lib:
+        if lib is None:
+            return out
+        for card in cards:
+            try:
+                handle = lib.nvmlDeviceGetHandleByUUID(card)
+                out[card] = int(
+                    lib.nvmlDeviceGetTotalEccErrors(
+                        handle, lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, lib.NVML_VOLATILE_ECC
+                    )
+                )
+            except Exception as e:  # noqa: BLE001 - no ECC on this card, or not an NVML card
+                log.debug("ecc_unreadable", gpu_id=card, error=str(e))
+    return out
+
+
+def ecc_lines(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """A device line for each card whose uncorrectable ECC count rose."""
+    return [
+        f"NVML: {card}: {after[card] - before[card]} new double-bit ECC error(s)"
+        for card in sorted(after)
+        if card in before and after[card] > before[card]
+    ]

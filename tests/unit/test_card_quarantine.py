@@ -13,7 +13,7 @@ import pytest
 from agent.device_log import KernelLog, device_lines
 from agent.runtimes.base import RunSpec
 from agent.runtimes.simulated import ManualClock, SimulatedRuntime
-from agent.xid_events import XidWatch
+from agent.xid_events import XidWatch, ecc_counts, ecc_lines
 from libs.domain.node.decide import probe_card
 from libs.domain.node.events import CardQuarantined, CardRestored, NodeRegistered
 from libs.domain.node.evolve import evolve_node
@@ -321,3 +321,32 @@ def test_xid_watch_keeps_nvml_events_by_card() -> None:
     assert watch.since(["GPU-h0"], 100.0) == [79]
     assert watch.since(["GPU-h1"], 0.0) == []  # another card's event is not this task's
     assert watch.since(["GPU-h0"], 100.5) == []  # posted before the attempt started
+
+
+def test_a_rise_in_uncorrectable_ecc_is_device_evidence() -> None:
+    counts = {"GPU-a": 0, "GPU-b": 4}
+
+    class EccNvml:
+        NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+        NVML_VOLATILE_ECC = 0
+
+        def nvmlInit(self) -> None: ...
+        def nvmlShutdown(self) -> None: ...
+        def nvmlDeviceGetHandleByUUID(self, card: str) -> str:
+            if card not in counts:
+                raise RuntimeError("not an NVML card")
+            return card
+
+        def nvmlDeviceGetTotalEccErrors(self, handle: str, kind: int, counter: int) -> int:
+            assert (kind, counter) == (1, 0)
+            return counts[handle]
+
+    before = ecc_counts(["GPU-a", "GPU-b", "declared-0"], EccNvml())
+    assert before == {"GPU-a": 0, "GPU-b": 4}
+    counts["GPU-a"] = 2
+    lines = ecc_lines(before, ecc_counts(before, EccNvml()))
+    assert lines == ["NVML: GPU-a: 2 new double-bit ECC error(s)"]
+    task = failed(gpu_ids=("GPU-a",))
+    decided, _ = decide_retry(task, ev(device_log="\n".join(lines)), CFG, NODES)
+    assert isinstance(decided, TaskRetryDecided)
+    assert (decided.action, decided.failure_kind) == ("requeue", "ecc:dbe")
