@@ -3,9 +3,9 @@
 Each placement is reserved here before the next task is looked at. The ledger also keeps
 every node in a bucket by its free whole cards, per node class, so the planner walks only
 nodes that can hold a request, best-packed first. It is the one mutable thing in an
-evaluation: it never leaves `planner.plan`, and `checkpoint`/`rollback` undo a gang that
-could not be placed whole. Updating one node costs the same on a 10-node and a 10,000-node
-cluster (copying the whole ledger per placement did not).
+evaluation: it never leaves the `Planner` that plans with it, and `checkpoint`/`rollback`
+undo a gang that could not be placed whole. Updating one node costs the same on a 10-node
+and a 10,000-node cluster (copying the whole ledger per placement did not).
 
 Between evaluations the planner keeps its ledger and `update`s it to the next snapshot's
 allocations: the round's reservations are rolled back and only the tasks whose allocation
