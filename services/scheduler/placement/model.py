@@ -165,7 +165,7 @@ class Requirement:
     def for_task(cls, task: Task, spec: TaskSpec | None = None) -> Requirement:
         """`from_spec` (of `spec`, by default the task's) plus the constraints a task's group
         adds (see `spread_key`)."""
-        req = cls.from_spec(spec or task.spec)
+        req = cls.from_spec(task.spec if spec is None else spec)
         key = spread_key(task)
         if key:
             return replace(req, anti_affinity=(*req.anti_affinity, key))
