@@ -214,6 +214,10 @@ async def test_the_eta_is_unknown_when_nothing_bounds_what_holds_the_cards(api: 
     made = (await api.client.post("/api/v1/task-groups", json=group, headers=api.tenant)).json()
     got = (await api.client.get(f"/api/v1/task-groups/{made['id']}", headers=api.tenant)).json()
     assert got["pending"]["eta"] == "unknown" and got["pending"]["tasks_pending"] == 1
+    job = {"name": "j", "tasks": [TWO_CARDS | {"key": "a", "name": "a"}], "dependencies": []}
+    made = (await api.client.post("/api/v1/jobs", json=job, headers=api.tenant)).json()
+    got = (await api.client.get(f"/api/v1/jobs/{made['id']}", headers=api.tenant)).json()
+    assert got["pending"]["eta"] == "unknown" and got["pending"]["position"] == 3
 
 
 async def test_a_plan_names_the_work_it_would_preempt(api: Api) -> None:
