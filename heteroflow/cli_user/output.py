@@ -173,7 +173,14 @@ def short_time(value: Any) -> str:
 
 
 def task_gpus(task: dict[str, Any]) -> str:
-    """Whole cards (`2`, `2:A100`) or a fraction (`8192MiB`, `0.5`)."""
+    """Whole cards (`2`, `2:A100`) or a fraction (`8192MiB`, `0.5`); a task with variants
+    shows its placed variant's (`1:huawei/Ascend910B [variant 1]`), else how many it has."""
+    variants = task.get("variants") or []
+    if variants:
+        placed = task.get("variant")
+        if isinstance(placed, int) and 0 <= placed < len(variants):
+            return f"{task_gpus(dict(variants[placed]))} [variant {placed}]"
+        return f"{len(variants)} variants"
     kind = task.get("gpu_type") or ""
     count = task.get("gpu_required") or task.get("gpu_count") or 0
     if count:

@@ -105,8 +105,13 @@ def test_age_of_nothing_or_garbage() -> None:
         ({"gpu_required": 0, "gpu_memory_mb": 8192}, "8192MiB"),
         ({"gpu_required": 0, "gpu_compute_ratio": 0.25}, "0.25"),
         ({"gpu_required": 0}, "0"),
+        ({"variants": [{"gpu_required": 1}, {"gpu_required": 0}], "variant": None}, "2 variants"),
+        (
+            {"variants": [{}, {"gpu_required": 1, "gpu_type": "huawei"}], "variant": 1},
+            "1:huawei [variant 1]",
+        ),
     ],
-    ids=["cards", "typed", "vram-fraction", "ratio-fraction", "none"],
+    ids=["cards", "typed", "vram-fraction", "ratio-fraction", "none", "variants", "placed"],
 )
 def test_task_gpus(task: dict[str, Any], text: str) -> None:
     assert out.task_gpus(task) == text
