@@ -14,6 +14,7 @@ import pytest
 
 from . import web
 from .cluster import Cluster
+from .test_cli import hf
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -142,8 +143,9 @@ def test_operator_quarantines_and_uncordons_a_card(cluster: Cluster) -> None:
         "one placed on the other card, one waiting",
     )
     assert all(card not in cluster.task(t["id"])["gpu_ids"] for t in (a, b))
-    r = web.post(f"{url}/uncordon", headers=cluster.operator)
-    assert r.status_code == 200 and r.json()["quarantined_gpus"] == []
+    back = hf(cluster, "nodes", "uncordon-card", "q2", card, token="operator_token")
+    assert back.returncode == 0, back.stderr
+    assert node(cluster, "q2")["quarantined_gpus"] == []
     cluster.wait(
         lambda: all(cluster.task(t["id"])["status"] == "running" for t in (a, b)),
         "the waiting task placed on the returned card",
