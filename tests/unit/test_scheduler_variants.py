@@ -18,6 +18,7 @@ from libs.domain.group.model import parse_group
 from libs.domain.job.spec import parse_job
 from libs.domain.pool.model import Queue, QueueQuota, QueueSpec
 from libs.domain.task.events import TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.lending import lendable
 from libs.domain.task.model import Task, TaskId, TenantId, parse_create
 from libs.domain.task.states import TaskStatus
 from libs.domain.task.variants import placed_spec, variant_spec
@@ -460,3 +461,11 @@ def test_a_variant_over_its_queue_max_gpus_is_refused() -> None:
     with pytest.raises(DomainError) as err:
         parse_job(job, tenant=True, queue_max_gpus=4, queue="q")
     assert err.value.fields == ["tasks[0].variants.0.gpu_required"]
+
+
+def test_a_sleeping_task_lends_the_cards_of_its_placed_variant() -> None:
+    asleep = mk_task(
+        status=TaskStatus.SLEEPING, node_id="a100", variant=0, sleep_released=True
+    ).model_copy(update={"gpu_ids": ("a100-gpu0",)})
+    assert lendable(asleep)
+    assert not lendable(asleep.model_copy(update={"variant": 2}))  # the CPU variant: no card

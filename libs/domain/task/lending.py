@@ -25,6 +25,7 @@ from libs.domain.task.events import TaskStatusChanged
 from libs.domain.task.evolve import TASK_FOLDS
 from libs.domain.task.model import Task, TaskId, TaskType
 from libs.domain.task.states import Actor, TaskStatus
+from libs.domain.task.variants import placed_spec
 
 S = TaskStatus
 ENGINE_MODE = "engine"  # the agent's sleep_mode when the engine's /sleep answered
@@ -146,7 +147,7 @@ def lendable(task: Task) -> bool:
         task.status is S.SLEEPING
         and task.sleep_released
         and not task.lent_to
-        and task.spec.gpu_required > 0
+        and placed_spec(task).gpu_required > 0  # with variants, the placed one's cards
         and bool(task.gpu_ids)
     )
 
