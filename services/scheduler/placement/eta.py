@@ -2,20 +2,17 @@
 "Plan and ETA").
 
 The binding constraint is the scheduler's own last reason for the task (its stage by
-`dryrun.stage_of`). The estimate reads what holds the resource that reason names:
-
-* capacity (cards, memory, CPU on the nodes that can take it, `check_static`): the tasks
-  placed there, summed over those nodes, against what the task and the work ahead of it
-  (the planner's own order) need beyond what is free now;
-* the tenant's GPU quota: the tenant's placed tasks; the queue's quota: the queue's;
-* retry backoff: its end.
+`dryrun.stage_of`). The reason names a resource (waits.py: capacity on the nodes that can
+take it, the tenant's quota or the queue's); a retry backoff is its end, any other reason
+has no estimate.
 
 Each holder ends at its `timeout` or after the typical runtime of its tenant's finished tasks
-of the same image (`Runtime`, at least `MIN_SAMPLES` of them); the estimate is when enough of
-them have ended, with the range from the low and high ends. Nothing bounds it (a holder with
-neither, or a node that can never take it) → no estimate: `eta` is None, shown "unknown".
-It sums capacity over nodes and does not pack: fragmentation is seen only when the sum is
-enough, then the first node to free enough for the task alone counts.
+of the same image (`Runtime`, at least `MIN_SAMPLES` of them). The wait is replayed forward:
+at each end the resource frees, the work ahead that fits starts in the planner's order (greedy:
+a task that does not fit does not block those behind it) and holds its share until its own
+bound, and the estimate is when the task fits; the range is the same replay with every end at
+its low and its high. Nothing bounds it (a holder or a task ahead that must end first has
+neither bound, or no node can take the task) → no estimate: `eta` is None, shown "unknown".
 """
 
 from __future__ import annotations
@@ -23,19 +20,19 @@ from __future__ import annotations
 import heapq
 import itertools
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from .dryrun import stage_of, variant_opens
-from .feasibility import allocation_cost, floor_cost, free_whole_cards
 from .ledger import LEAVING, Ledger
-from .model import Allocation, ClusterSnapshot, Node, PendingTask
+from .model import ClusterSnapshot, PendingTask
 from .planner import Evaluation, _order_key
 from .queues import with_queues
 from .reasons import Reason
 from .stages import check_static
 from .variants import as_variant
+from .waits import Need, capacity, queue, tenant
 
 MIN_SAMPLES = 3
 
@@ -103,19 +100,6 @@ class PendingInfo:
     position: int  # 1 = next in its queue
     eta: Eta | None
     method: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Need:
-    """A resource the task waits for: what is free now, what it and the work ahead of it
-    need (in order), and the placed tasks whose ends free it."""
-
-    what: str
-    weight: Callable[[Allocation], float]
-    holders: tuple[Allocation, ...]
-    free: float
-    own: float
-    ahead: tuple[tuple[str, float], ...] = ()
 
 
 def estimate(
@@ -221,11 +205,11 @@ def _eta(
     ev = Evaluation.of(snapshot, None)
     ledger = Ledger(ev.index, snapshot.allocations, ev.gpus)
     if reason is None or reason in _CAPACITY:
-        needs: list[_Need | None] = [_capacity(ev, ledger, task, ahead, reason)]
+        needs: list[Need | None] = [capacity(ev, ledger, task, ahead, reason)]
     elif reason is Reason.TENANT_QUOTA_EXCEEDED:
-        needs = [_tenant(ev, ledger, task, ahead)]
+        needs = [tenant(ev, ledger, task, ahead)]
     elif reason is Reason.QUEUE_QUOTA_EXCEEDED:
-        needs = list(_queue(ev, ledger, task, ahead))
+        needs = list(queue(ev, ledger, task, ahead))
     else:
         return None, f"nothing that ends frees it: it waits for a change ({reason.value})"
     worst: tuple[Eta, str] | None = None
@@ -242,7 +226,7 @@ def _eta(
     return worst
 
 
-def _when(need: _Need, holding: Mapping[str, Holding], now: datetime) -> tuple[Eta | None, str]:
+def _when(need: Need, holding: Mapping[str, Holding], now: datetime) -> tuple[Eta | None, str]:
     """Replay the resource forward: at each end of a holder, the tasks ahead that fit start
     in order (each then holds its share until its own bounded end), until this one fits."""
     ends: list[tuple[Eta, float]] = []
@@ -275,7 +259,7 @@ def _when(need: _Need, holding: Mapping[str, Holding], now: datetime) -> tuple[E
 
 
 def _replay(
-    need: _Need,
+    need: Need,
     ends: Sequence[tuple[Eta, float]],
     holding: Mapping[str, Holding],
     now: datetime,
@@ -306,139 +290,3 @@ def _replay(
             return None
         at, _, w = heapq.heappop(heap)
         t, free = max(t, at), free + w
-
-
-def _eligible(ev: Evaluation, task: PendingTask) -> list[Node]:
-    return [n for n in ev.nodes if check_static(task, n).ok]
-
-
-def _capacity(
-    ev: Evaluation,
-    ledger: Ledger,
-    task: PendingTask,
-    ahead: Sequence[PendingTask],
-    reason: Reason | None,
-) -> _Need | None:
-    nodes = _eligible(ev, task)
-    if not nodes:
-        return None
-    ids = {n.id for n in nodes}
-    competing = [t for t in ahead if any(check_static(t, n).ok for n in nodes)]
-    holders = tuple(a for nid in sorted(ids) for a in ledger.on(nid))
-    unit, demand, weight, free_on = _dimension(ev, ledger, reason)
-    free = sum(free_on(n) for n in nodes)
-    own = demand(task)
-    need = own + sum(demand(t) for t in competing)
-    what = (
-        f"{need:g} {unit} needed on the {len(nodes)} node(s) that can take it "
-        f"({len(competing)} task(s) ahead), {free:g} free"
-    )
-    if need <= free and reason is not None:
-        # Enough in sum but on no one node: the node that lacks the least must free it.
-        node = min(nodes, key=lambda n: (own - free_on(n), n.id))
-        return _Need(
-            f"{what}, split across nodes: node {node.id!r} must free {own - free_on(node):g}",
-            weight,
-            ledger.on(node.id),
-            free_on(node),
-            own,
-        )
-    ahead_of = tuple((t.task_id, demand(t)) for t in competing)
-    return _Need(what, weight, holders, free, own, ahead_of)
-
-
-Dimension = tuple[
-    str,
-    Callable[[PendingTask], float],
-    Callable[[Allocation], float],
-    Callable[[Node], float],
-]
-
-
-def _dimension(ev: Evaluation, ledger: Ledger, reason: Reason | None) -> Dimension:
-    """(unit, what a task needs, what a holder frees, what a node has free) for `reason`."""
-    if reason is Reason.INSUFFICIENT_MEMORY:
-        return (
-            "MB of memory",
-            lambda t: float(t.requirement.memory_mb),
-            lambda a: float(a.memory_mb),
-            lambda n: float(n.memory_mb - ledger.usage_on(n.id).memory_mb),
-        )
-    if reason is Reason.INSUFFICIENT_CPU:
-        return (
-            "CPU cores",
-            lambda t: t.requirement.cpu_cores,
-            lambda a: a.cpu_cores,
-            lambda n: n.cpu_cores - ledger.usage_on(n.id).cpu_cores,
-        )
-    return (
-        "card(s)",
-        floor_cost,
-        lambda a: allocation_cost(a, ev.gpus),
-        lambda n: float(free_whole_cards(n, ledger.usage_on(n.id))),
-    )
-
-
-def _tenant(
-    ev: Evaluation, ledger: Ledger, task: PendingTask, ahead: Sequence[PendingTask]
-) -> _Need:
-    limit = ev.snapshot.quota_of(task.tenant_id)
-    used = ledger.tenant_used.get(task.tenant_id, 0.0)
-    mine = [t for t in ahead if t.tenant_id == task.tenant_id]
-    need = floor_cost(task) + sum(floor_cost(t) for t in mine)
-    holders = tuple(a for a in ev.snapshot.allocations if a.tenant_id == task.tenant_id)
-    what = (
-        f"tenant {task.tenant_id!r} GPU quota {limit:g}: {used:g} held, {need:g} needed "
-        f"({len(mine)} of its task(s) ahead)"
-    )
-    ahead_of = tuple((t.task_id, floor_cost(t)) for t in mine)
-    cost = lambda a: allocation_cost(a, ev.gpus)  # noqa: E731
-    return _Need(what, cost, holders, limit - used, floor_cost(task), ahead_of)
-
-
-def _queue(
-    ev: Evaluation, ledger: Ledger, task: PendingTask, ahead: Sequence[PendingTask]
-) -> list[_Need]:
-    limits = ev.snapshot.queues.get(task.queue)
-    if limits is None:
-        return [_Need(f"queue {task.queue!r} is deleted", _one, (), 0.0, 1.0)]
-    use = ledger.queue_use.get(task.queue)
-    holders = tuple(a for a in ev.snapshot.allocations if a.queue == task.queue and a.holding)
-    mine = [t for t in ahead if t.queue == task.queue]
-    name = f"queue {task.queue!r}"
-    out: list[_Need] = []
-    if limits.max_gpus:
-        used = use.gpus if use else 0.0
-        need = floor_cost(task) + sum(floor_cost(t) for t in mine)
-        out.append(
-            _Need(
-                f"{name} max_gpus {limits.max_gpus}: {used:g} held, {need:g} needed",
-                lambda a: allocation_cost(a, ev.gpus),
-                holders,
-                limits.max_gpus - used,
-                floor_cost(task),
-                tuple((t.task_id, floor_cost(t)) for t in mine),
-            )
-        )
-    if limits.max_running_tasks:
-        tasks = use.tasks if use else 0
-        out.append(
-            _Need(
-                f"{name} max_running_tasks {limits.max_running_tasks}: {tasks} running, "
-                f"{len(mine)} ahead",
-                _one,
-                holders,
-                float(limits.max_running_tasks - tasks),
-                1.0,
-                tuple((t.task_id, 1.0) for t in mine),
-            )
-        )
-    if limits.max_running_jobs and not out:
-        # A job ends with its last task, which may not exist yet: no task's end bounds it.
-        what = f"{name} max_running_jobs {limits.max_running_jobs}: a job ends with its last task"
-        out.append(_Need(what, _one, (), 0.0, 1.0))
-    return out
-
-
-def _one(a: Allocation) -> float:
-    return 1.0
