@@ -11,7 +11,9 @@ identical nodes), `rankers` the named scores that order the nodes that fit, `pla
 evaluation loop with preemption, gangs and host ports (`Planner`), `queues` the admission
 limits of queues and pools and `loans` the lending of a sleeping task's cards. `index`,
 `ledger` and `search` keep large fleets cheap: node classes, free-card buckets, and the walk
-that checks only the nodes that can fit (docs/scheduling.md, "Large fleets").
+that checks only the nodes that can fit (docs/scheduling.md, "Large fleets"). `dryrun`,
+`eta` and `waits` answer without placing: a submission planned node by node, and a pending
+task's binding stage, place in line and estimated start (docs/scheduling.md, "Plan and ETA").
 """
 
 from __future__ import annotations
