@@ -286,3 +286,32 @@ async def test_a_plan_shows_the_variant_a_task_would_get_and_each_variants_nodes
         "gpu_type",
     }
     assert second["nodes_fit"] == 1 and task["nodes"] == second["nodes"]
+
+
+async def test_a_plan_and_a_pending_task_name_the_queue_and_quota_they_wait_on(api: Api) -> None:
+    await fleet(api)
+    pool = {"name": "all", "node_selector": {}}
+    assert (await api.client.post("/api/v1/pools", json=pool, headers=api.operator)).is_success
+    queue = {"name": "q", "tenant": "acme", "pools": ["all"], "quota": {"max_gpus": 2}}
+    assert (await api.client.post("/api/v1/queues", json=queue, headers=api.operator)).is_success
+    spec = TWO_CARDS | {"queue": "q", "timeout": 300}
+    holder = (await api.client.post("/api/v1/tasks", json=spec, headers=api.tenant)).json()
+    await run_on(api, holder["id"], "node-b", ("node-b-g0", "node-b-g1"))
+    one = {"name": "one", "image": "img:1", "gpu_required": 1, "queue": "q"}
+    r = await api.client.post("/api/v1/tasks/plan", json=one, headers=api.tenant)
+    (task,) = r.json()["tasks"]
+    admission = task["admission"]
+    assert (admission["queue"], admission["admitted"], admission["reason"]) == (
+        "q",
+        False,
+        "queue_quota_exceeded",
+    )
+    assert admission["queue_limits"]["max_gpus"] == 2 and admission["queue_used"]["gpus"] == 2
+    assert (task["outcome"], task["stage"]) == ("pending", "queue_quota")
+    started = datetime.fromisoformat(
+        (await api.client.get(f"/api/v1/tasks/{holder['id']}", headers=api.tenant)).json()[
+            "started_at"
+        ]
+    )
+    assert task["pending"]["eta"]["at"] == (started + timedelta(seconds=300)).isoformat()
+    assert task["pending"]["queue"] == "q" and task["pending"]["position"] == 1
