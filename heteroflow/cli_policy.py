@@ -67,7 +67,8 @@ def report_of(rows: list[LogRow], sets: list[str], since: str | None) -> Report:
         last = max(r[5] for r in rows)
         start = last - window if isinstance(window, timedelta) else window
     rec = record(rows, start)
-    unknown = unknown_names(policy, rec.tenants, rec.queue_names)
+    groups = {n for g in rec.autoscale.groups.values() for n in (g.group_id, g.name)}
+    unknown = unknown_names(policy, rec.tenants, rec.queue_names, groups)
     if unknown:
         raise PolicyError(f"not in the log: {', '.join(unknown)}")
     return report_for(rec, policy)
@@ -124,7 +125,8 @@ def register_policy_commands(sub: Any) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="repeatable: quota.<tenant>.max_gpus=N, queue.<name>.max_gpus|max_running_jobs|"
-        "max_running_tasks|priority=N, queue.<name>.policy=fifo|priority, preemption=on|off",
+        "max_running_tasks|priority=N, queue.<name>.policy=fifo|priority, preemption=on|off,"
+        " autoscaler.<group>.target|min_replicas|max_replicas|cooldown_up_s|cooldown_down_s=N",
     )
     p.add_argument("--json", action="store_true", help="one JSON document on standard output")
     p.set_defaults(func=_main)

@@ -12,6 +12,7 @@ an agent's reports start them and end them after their runtime.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +25,8 @@ import pytest
 
 from heteroflow.cli_policy import read_log, report_of
 from libs import auth
+from libs.domain.group.router_figures import RouterFigures
+from libs.domain.group.serving import ServingMetrics
 from libs.domain.node.events import NodeRegistered
 from libs.domain.node.model import GpuCard, NodeInventory
 from libs.domain.payload import Payload
@@ -34,8 +37,13 @@ from libs.domain.task.decide import decide_transition
 from libs.domain.task.model import TaskSpec, TenantId
 from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
+from libs.store.fenced import FencedWriter
+from libs.store.fencing import Fence
 from libs.store.projections import NODES, POOLS, QUEUES
+from services.autoscaler.controllers.scaler import AutoScaler
 from services.scheduler.controllers.placement import Placer
+
+from .helpers import Api
 
 pytestmark = pytest.mark.integration
 
@@ -168,3 +176,86 @@ async def test_replay_reproduces_the_run_and_a_halved_quota_moves_the_wait(
     )
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout == text.encode()
+
+
+async def autoscaled_run(api: Api) -> tuple[str, list[Any]]:
+    """A `qps` group run by the real AutoScaler against PostgreSQL: a pass every 30 s of a
+    simulated clock (the store's and the AutoScaler's) for 12 minutes, under a load that
+    rises to 100 requests/s and falls to none."""
+    start = datetime.now(UTC)  # after the fixture's own writes: the log ends with the run
+    clock = {"now": start}
+    api.store.clock = lambda: clock["now"]
+    body = {
+        "name": "web",
+        "image": "busybox:latest",
+        "task_count": 2,
+        "auto_scale": {"metric": "qps", "target": 10, "max_replicas": 8, "cooldown_down_s": 120},
+    }
+    r = await api.client.post("/api/v1/task-groups", json=body, headers=api.tenant)
+    assert r.status_code == 201, r.text
+    gid = str(r.json()["id"])
+    book = RouterFigures(max_age_s=60)
+    scaler = AutoScaler(api.store, book, lambda: clock["now"], interval_s=30.0)
+    out = FencedWriter(api.store, Fence("test-autoscale-replay", 1))
+    load = [30, 60, 100, 100, 100, 80, 40] + [0] * 17
+    for n, rps in enumerate(load):
+        clock["now"] = start + timedelta(seconds=30 * (n + 1))
+        book.record(
+            ServingMetrics(
+                target_id=gid,
+                tenant_id="acme",
+                gateway="gw-1",
+                requests_per_second=rps,
+                concurrent_requests=0,
+                latency_p95_ms=5.0,
+                queued_requests=0,
+                replicas=2,
+                ready_replicas=2,
+                at=datetime.now(UTC),
+            )
+        )
+        await scaler.scan(out)
+    return gid, await read_log(api.store)
+
+
+async def test_the_autoscaler_replayed_as_recorded_gives_back_its_decisions(
+    api: Api, database_url: str
+) -> None:
+    gid, rows = await autoscaled_run(api)
+    decided = [
+        (p["current"], p["replicas"])
+        for _, sid, _, kind, text, _ in rows
+        if sid == gid and kind == "group_autoscale_decided"
+        for p in [json.loads(text)]
+        if p["replicas"] != p["current"]
+    ]
+    assert len(decided) >= 3 and decided[0] == (2, 3), decided  # up, up, and down
+
+    same = report_of(rows, [], None).view()["autoscale"]
+    (row,) = same["groups"]
+    assert same["same_settings_reproduce"] == {"scale_decisions": len(decided), "of": len(decided)}
+    assert row["replayed"] == row["recorded"] and row["name"] == "web"
+    assert row["recorded"]["scale_events"] == len(decided)
+    assert 0 < row["recorded"]["replica_hours"] < 8 * 12 / 60  # at most 8 replicas, 12 min
+
+    slow = report_of(rows, [f"autoscaler.{gid}.cooldown_up_s=600"], None).view()["autoscale"]
+    (srow,) = slow["groups"]
+    assert srow["replayed"]["scale_events"] < srow["recorded"]["scale_events"], srow
+    low = report_of(rows, ["autoscaler.web.target=5"], None)
+    (lrow,) = low.view()["autoscale"]["groups"]
+    assert lrow["replayed"]["replica_hours"] > lrow["recorded"]["replica_hours"], lrow
+
+    # Deterministic: the same bytes again, and from the command in a process of its own.
+    assert report_of(rows, ["autoscaler.web.target=5"], None).text() == low.text()
+    cli = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "heteroflow.cli", "policy", "replay"]
+        + ["--set", "autoscaler.web.target=5"],
+        env=os.environ | {"HETEROFLOW_DATABASE_URL": database_url, "PYTHONHASHSEED": "random"},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout == low.text().encode()
+    assert "autoscaler: the recorded settings replayed reproduce" in low.text()

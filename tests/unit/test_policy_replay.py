@@ -57,11 +57,21 @@ def test_sets_parse(
         ("quota.a.max_gpus=lots", "whole number"),
         ("queue.q.policy=random", "fifo or priority"),
         ("preemption=maybe", "on or off"),
-        ("autoscaler.web.target=3", "not replayed"),
+        ("autoscaler.web.target=0", "> 0"),
+        ("autoscaler.web.metric=qps", "autoscaler.<group>.target"),
         ("quota.a.gpus=3", "unknown setting 'quota.a.gpus'"),
         ("quota.a.max_gpus", "KEY=VALUE"),
     ],
-    ids=["negative", "not a number", "bad order", "bad switch", "autoscaler", "unknown", "no ="],
+    ids=[
+        "negative",
+        "not a number",
+        "bad order",
+        "bad switch",
+        "autoscaler target 0",
+        "autoscaler metric",
+        "unknown",
+        "no =",
+    ],
 )
 def test_a_bad_set_is_refused_by_name(item: str, words: str) -> None:
     with pytest.raises(PolicyError, match=words):

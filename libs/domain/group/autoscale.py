@@ -212,6 +212,38 @@ def safe_scale_down(
     return size
 
 
+def keep_safe(
+    d: Decision, replicas: Sequence[Replica], *, split: bool, min_age_s: float = MIN_REPLICA_AGE_S
+) -> Decision:
+    """`d` with its scale-down kept off young replicas, and off rank 0 outside `split`: a
+    `split` group sheds any old enough replica (the least busy, by the reconcile pass),
+    others their highest ranks."""
+    if not d.changes or d.replicas > d.current:
+        return d
+    if split:
+        gone = choose_removals(replicas, d.current - d.replicas, split=True, min_age_s=min_age_s)
+        size = d.current - len(gone)
+    else:
+        size = safe_scale_down(replicas, d.replicas, split=False, min_age_s=min_age_s)
+    if size >= d.current:
+        why = Why.AT_TARGET if d.current == 1 and not split else Why.YOUNG_REPLICAS
+        return Decision(why, d.current, d.computed, d.current)
+    return Decision(d.why, d.current, d.computed, size)
+
+
+def autoscale_decision(
+    cfg: AutoScale,
+    inp: Inputs,
+    replicas: Sequence[Replica],
+    *,
+    split: bool,
+    min_age_s: float = MIN_REPLICA_AGE_S,
+) -> Decision:
+    """What the AutoScaler decides for one group on one pass: `decide_autoscale`, then
+    `keep_safe`. The AutoScaler and the policy replay both call this."""
+    return keep_safe(decide_autoscale(cfg, inp), replicas, split=split, min_age_s=min_age_s)
+
+
 # Router figures that add up over replicas (divided by the replica count) and those that
 # are already per request (kept as they are).
 _ADDITIVE = {

@@ -15,7 +15,11 @@ from libs.domain.group.events import (
     GroupWindowApplied,
 )
 from libs.domain.group.model import Group, GroupStatus
-from libs.domain.group.policy import GroupAutoscaleDecided, GroupScalingUpdated
+from libs.domain.group.policy import (
+    GroupAutoscaleDecided,
+    GroupAutoscaleSampled,
+    GroupScalingUpdated,
+)
 from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
 from libs.domain.rollout.events import ROLLOUT_EVENTS, RolloutPhaseChanged
@@ -75,6 +79,8 @@ def evolve_group(group: Group | None, event: Payload, at: datetime, version: int
         up["spec"] = group.spec.model_copy(update=changes)
     elif isinstance(event, GroupAutoscaleDecided):
         up["last_autoscale"] = event.as_last(at)
+    elif isinstance(event, GroupAutoscaleSampled):
+        pass  # what a decision was made on: read by the policy replay, not folded
     elif isinstance(event, GroupWindowApplied):
         up["labels"] = dict(event.labels)
     elif isinstance(event, GroupDeleted):

@@ -8,7 +8,9 @@ write through the term's writer (every write under its fence): the decision even
 change, the `group_scaled` event and the new members in one transaction (the same
 `decide_scale` manual scale uses). A decision identical to the group's last recorded one is
 not written again (a steady group's stream does not grow every pass); the decisions counter
-counts every one.
+counts every one. Beside a decision, and whenever what it was decided on changed, the pass
+records a `group_autoscale_sampled` event (the metric value, the replicas, the settings) for
+the policy replay.
 
 Then the reconcile pass, over every group ever scaled (by hand too): members beyond the
 group's size still live are shed (libs/domain/group/shedding.py: a `split` group's least
@@ -37,14 +39,12 @@ from libs.domain.group.autoscale import (
     Metric,
     Replica,
     Why,
-    choose_removals,
-    decide_autoscale,
+    autoscale_decision,
     metric_value,
     overdue_drains,
-    safe_scale_down,
 )
 from libs.domain.group.model import Group, GroupStatus, Parallelism, current_members, is_live
-from libs.domain.group.policy import decided
+from libs.domain.group.policy import GroupAutoscaleSampled, decided, sampled
 from libs.domain.group.router_figures import RouterFigures
 from libs.domain.group.scaling import ScalePlan, decide_scale
 from libs.domain.group.shedding import candidates, plan_shed, shed_commands
@@ -93,6 +93,10 @@ class AutoScaler(Controller):
         self.utilization_window_s = utilization_window_s
         self.min_replica_age_s = min_replica_age_s
         self.drain_limit_s = drain_limit_s
+        # Per group, the key of the last sample this instance recorded and the group's
+        # version after it: another write since (another leader's, a user's) means record
+        # again.
+        self._sampled: dict[str, tuple[tuple[object, ...], int]] = {}
 
     async def evaluate(self, term: Term) -> None:
         await self.scan(term.writer)
@@ -167,9 +171,21 @@ class AutoScaler(Controller):
         replicas = [self._replica(m, now, outstanding) for m in live]
         current = group.size if live else 0
         value = await self._metric(group, cfg.metric, live, current, now)
-        decision = decide_autoscale(cfg, await self._inputs(group, current, value, now))
-        decision = self._keep_safe(group, decision, replicas)
-        await self._apply(group, tasks, cfg, value, decision, out)
+        inputs = await self._inputs(group, current, value, now)
+        split = group.spec.shape.parallelism is Parallelism.SPLIT
+        decision = autoscale_decision(
+            cfg, inputs, replicas, split=split, min_age_s=self.min_replica_age_s
+        )
+        sample = sampled(
+            group.id,
+            cfg,
+            inputs,
+            replicas,
+            interval_s=self.interval_s,
+            split=split,
+            min_replica_age_s=self.min_replica_age_s,
+        )
+        await self._apply(group, tasks, cfg, value, decision, sample, out)
         DECISIONS.labels(decision.why.value).inc()
         if decision.changes:
             log.info(
@@ -228,27 +244,6 @@ class AutoScaler(Controller):
             group_failed=group.status is GroupStatus.FAILED,
         )
 
-    def _keep_safe(self, group: Group, d: Decision, replicas: Sequence[Replica]) -> Decision:
-        """A scale-down never removes a young replica, nor rank 0 outside `split`; a `split`
-        group sheds any old enough replica (the least busy, by the reconcile pass), others
-        their highest ranks."""
-        if not d.changes or d.replicas > d.current:
-            return d
-        split = group.spec.shape.parallelism is Parallelism.SPLIT
-        if split:
-            gone = choose_removals(
-                replicas, d.current - d.replicas, split=True, min_age_s=self.min_replica_age_s
-            )
-            size = d.current - len(gone)
-        else:
-            size = safe_scale_down(
-                replicas, d.replicas, split=False, min_age_s=self.min_replica_age_s
-            )
-        if size >= d.current:
-            why = Why.AT_TARGET if d.current == 1 and not split else Why.YOUNG_REPLICAS
-            return Decision(why, d.current, d.computed, d.current)
-        return Decision(d.why, d.current, d.computed, size)
-
     async def _apply(
         self,
         group: Group,
@@ -256,12 +251,16 @@ class AutoScaler(Controller):
         cfg: AutoScale,
         value: float | None,
         d: Decision,
+        sample: GroupAutoscaleSampled,
         out: FencedWriter,
     ) -> None:
         last = group.last_autoscale
-        if not d.changes and last is not None and last.same(d):
-            return  # the same "no change" as last time: not recorded again
+        key = sample.key()
+        repeat = not d.changes and last is not None and last.same(d)
+        if repeat and self._sampled.get(group.id) == (key, group.version):
+            return  # the same "no change" on the same data as last time: not recorded again
         event = decided(group.id, cfg.metric, value, d)
+        written = False
         plan = ScalePlan()
         split = group.spec.shape.parallelism is Parallelism.SPLIT
         shed = plan_shed(
@@ -273,10 +272,12 @@ class AutoScaler(Controller):
         )
 
         def decide(current: Group | None) -> tuple[list[Payload], list[NewTask]]:
-            nonlocal plan
+            nonlocal plan, written
             if current is None or current.version != group.version:
                 return [], []  # changed since we looked: the next pass decides again
-            events: list[Payload] = [event]
+            written = True
+            # The sample goes first: a replay reads it before the decision it led to.
+            events: list[Payload] = [sample] if repeat else [sample, event]
             if d.changes:
                 plan = decide_scale(
                     current,
@@ -293,7 +294,9 @@ class AutoScaler(Controller):
             return events, list(plan.new_members(current))
 
         # The members it removes are shed by the reconcile pass that follows (drained first).
-        await out.execute_with_tasks(GROUPS, group.id, decide, metadata=META)
+        after, _ = await out.execute_with_tasks(GROUPS, group.id, decide, metadata=META)
+        if written and after is not None:
+            self._sampled[group.id] = (key, after.version)
 
     async def _end_drains(
         self,

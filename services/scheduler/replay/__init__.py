@@ -3,7 +3,8 @@ policy, on a simulated clock, reported beside what really happened (docs/operati
 "Policy replay").
 
 `record` reads the event log into the replay's inputs and the recorded trace, `policy` parses
-and applies `--set KEY=VALUE`, `engine` runs the simulation through `Planner.plan`, `report`
+and applies `--set KEY=VALUE`, `engine` runs the simulation through `Planner.plan`, `autoscale`
+re-runs the AutoScaler's decision over its recorded samples, `report`
 computes the figures per tenant and queue and renders them. Nothing here does I/O: the caller
 hands in the log's rows (heteroflow/cli_policy.py reads them from the store).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from . import autoscale
 from .engine import Trace, recorded_trace, replay
 from .policy import Policy, PolicyError, parse_sets, unknown_names
 from .record import Recording, record
@@ -51,4 +53,7 @@ def report_for(rec: Recording, policy: Policy) -> Report:
     recorded = recorded_trace(rec)
     same = replay(rec, Policy())
     changed = replay(rec, policy) if policy.changed else same
-    return Report(rec, policy, recorded, changed, reproduced(recorded, same))
+    scaled = autoscale.report(
+        rec.autoscale, rec.since.timestamp(), rec.until.timestamp(), policy.autoscaler
+    )
+    return Report(rec, policy, recorded, changed, reproduced(recorded, same), scaled)

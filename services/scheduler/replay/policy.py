@@ -5,7 +5,9 @@ Keys (docs/operations.md, "Policy replay"):
 * `queue.<name>.max_gpus|max_running_jobs|max_running_tasks|priority=N`,
   `queue.<name>.policy=fifo|priority`: the queue's quota, its priority among queues and its
   order inside;
-* `preemption=on|off`: off, no running work is preemptible.
+* `preemption=on|off`: off, no running work is preemptible;
+* `autoscaler.<group>.target|min_replicas|max_replicas|cooldown_up_s|cooldown_down_s=N`: a
+  group's `auto_scale` (by id or name), replayed over its recorded samples (autoscale.py).
 An override holds for the whole window, whatever the log changes the setting to.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 from ..placement.model import Allocation, QueueLimits
 
 QUEUE_INTS = ("max_gpus", "max_running_jobs", "max_running_tasks", "priority")
+AUTOSCALE_FIELDS = ("target", "min_replicas", "max_replicas", "cooldown_up_s", "cooldown_down_s")
 
 
 class PolicyError(ValueError):
@@ -31,9 +34,13 @@ class Policy:
     queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     preemption: bool = True
     sets: tuple[str, ...] = ()  # the settings as given, normalised, in order
+    autoscaler: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quotas", MappingProxyType(dict(self.quotas)))
+        object.__setattr__(
+            self, "autoscaler", MappingProxyType({k: dict(v) for k, v in self.autoscaler.items()})
+        )
         object.__setattr__(
             self, "queues", MappingProxyType({k: dict(v) for k, v in self.queues.items()})
         )
@@ -65,11 +72,25 @@ def _int(key: str, value: str) -> int:
     return n
 
 
+def parse_autoscaler(key: str, group: str, name: str, value: str) -> tuple[str, str, Any]:
+    """`autoscaler.<group>.<field>=value` → (group, field, value); PolicyError otherwise."""
+    if not group or name not in AUTOSCALE_FIELDS:
+        raise PolicyError(f"{key}: autoscaler.<group>.{'|'.join(AUTOSCALE_FIELDS)}")
+    try:
+        n: Any = int(value) if name in ("min_replicas", "max_replicas") else float(value)
+    except ValueError:
+        raise PolicyError(f"{key} must be a number (got {value!r})") from None
+    if n < 0 or (name == "target" and n <= 0):
+        raise PolicyError(f"{key} must be {'> 0' if name == 'target' else '>= 0'} (got {value!r})")
+    return group, name, n
+
+
 def parse_sets(items: Iterable[str]) -> Policy:
     """The policy of `KEY=VALUE` settings; PolicyError names the first one refused."""
     quotas: dict[str, float] = {}
     queues: dict[str, dict[str, Any]] = {}
     preemption = True
+    autoscaler: dict[str, dict[str, Any]] = {}
     sets: list[str] = []
     for item in items:
         key, sep, value = item.partition("=")
@@ -89,19 +110,25 @@ def parse_sets(items: Iterable[str]) -> Policy:
             if value not in ("on", "off"):
                 raise PolicyError(f"preemption must be on or off (got {value!r})")
             preemption = value == "on"
-        elif parts[0] == "autoscaler":
-            raise PolicyError(f"{key}: the autoscaler's targets and cooldowns are not replayed")
+        elif parts[0] == "autoscaler" and len(parts) == 3:
+            group, name, n = parse_autoscaler(key, parts[1], parts[2], value)
+            autoscaler.setdefault(group, {})[name] = n
         else:
             raise PolicyError(
                 f"unknown setting {key!r}: quota.<tenant>.max_gpus, queue.<name>."
-                "max_gpus|max_running_jobs|max_running_tasks|priority|policy, preemption"
+                "max_gpus|max_running_jobs|max_running_tasks|priority|policy, preemption, "
+                "autoscaler.<group>.<field>"
             )
         sets.append(f"{key}={value}")
-    return Policy(quotas, queues, preemption, tuple(sets))
+    return Policy(quotas, queues, preemption, tuple(sets), autoscaler)
 
 
-def unknown_names(policy: Policy, tenants: Iterable[str], queues: Iterable[str]) -> list[str]:
-    """Settings naming a tenant or a queue the log never mentions (likely a typo)."""
-    known_t, known_q = set(tenants), set(queues)
+def unknown_names(
+    policy: Policy, tenants: Iterable[str], queues: Iterable[str], groups: Iterable[str] = ()
+) -> list[str]:
+    """Settings naming a tenant, a queue or a sampled group the log never mentions (likely a
+    typo)."""
+    known_t, known_q, known_g = set(tenants), set(queues), set(groups)
     out = [f"quota.{t}" for t in policy.quotas if t not in known_t]
+    out += [f"autoscaler.{g}" for g in policy.autoscaler if g not in known_g]
     return out + [f"queue.{q}" for q in policy.queues if q not in known_q]

@@ -32,6 +32,7 @@ from libs.store.projections import AGGREGATES, GROUPS, NODES, POOLS, QUEUES, TAS
 from ..placement.feasibility import allocation_cost
 from ..placement.model import Allocation, Gpu, QueueLimits
 from ..view import Gang, limits_of, to_node
+from .autoscale import AutoscaleLog
 
 S = TaskStatus
 WITHDRAWN_BY = frozenset({Actor.TENANT.value, Actor.OPERATOR.value})
@@ -106,6 +107,7 @@ class Recording:
     background: list[TaskRecord]  # holding when it opened: replayed as they happened
     tenants: frozenset[str] = frozenset()
     queue_names: frozenset[str] = frozenset()
+    autoscale: AutoscaleLog = field(default_factory=AutoscaleLog)  # the groups' samples
 
     def work_of(self, rec: TaskRecord) -> list[Work]:
         """The task's attempts that were not preempted (a preempted one is redone)."""
@@ -133,6 +135,7 @@ class _Folder:
         self.gpus: dict[str, Gpu] = {}
         self.tenants: set[str] = set()
         self.queues: set[str] = set()
+        self.autoscale = AutoscaleLog()
 
     def apply(
         self, stream_type: str, stream_id: str, version: int, kind: str, text: str, at: datetime
@@ -162,6 +165,7 @@ class _Folder:
             self._pool(after, at)
         elif stream_type == GROUPS.stream_type:
             self._group(after, at)
+            self.autoscale.add(payload, at.timestamp(), after.spec.template.name)
 
     def _node(self, doc: NodeDoc, at: datetime) -> None:
         for g in to_node(doc).gpus:
@@ -259,6 +263,7 @@ def record(
         background=sorted(background, key=lambda r: r.id),
         tenants=frozenset(folder.tenants),
         queue_names=frozenset(folder.queues),
+        autoscale=folder.autoscale,
     )
 
 

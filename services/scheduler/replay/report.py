@@ -99,6 +99,7 @@ class Report:
     recorded: Trace
     replayed: Trace
     same_policy: tuple[int, int]  # reproduced, of
+    autoscale: dict[str, Any] = field(default_factory=dict)  # autoscale.report
 
     def view(self) -> dict[str, Any]:
         rec, mine, theirs = self.recording, figures(self.recorded), figures(self.replayed)
@@ -132,6 +133,7 @@ class Report:
                 "replayed": self.replayed.withdrawn_waiting,
             },
             "rows": rows,
+            "autoscale": self.autoscale,
         }
 
     def json(self) -> str:
@@ -166,7 +168,26 @@ class Report:
         lines = [
             "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table
         ]
-        return "\n".join(head + lines) + "\n"
+        return "\n".join(head + lines + _autoscale_text(v["autoscale"])) + "\n"
+
+
+def _autoscale_text(a: dict[str, Any]) -> list[str]:
+    if not a.get("groups"):
+        return []
+    same = a["same_settings_reproduce"]
+    keys = ("scale_events", "replica_hours", "gpu_hours", "above_target_s")
+    table = [("GROUP", "NAME", "METRIC", "SCALE EVENTS", "REPLICA-H", "GPU-H", "ABOVE TARGET S")]
+    for g in a["groups"]:
+        cells = [f"{_cell(g['recorded'][k])} > {_cell(g['replayed'][k])}" for k in keys]
+        table.append((g["group"], g["name"], g["metric"], *cells))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return [
+        "",
+        "autoscaler: the recorded settings replayed reproduce"
+        f" {same['scale_decisions']} of {same['of']} recorded scale decisions"
+        " (same time, from and to); the load is the recorded one",
+        *("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table),
+    ]
 
 
 def _cell(x: Any) -> str:
