@@ -173,6 +173,8 @@ class TaskVariant(BaseModel):
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, v: Any) -> dict[str, str]:
+        if v is None:  # as for the task's own env: omit it rather than send null
+            raise ValueError("env must be a list of KEY=VALUE strings or a map, not null")
         return normalise_env(v)
 
     @property
