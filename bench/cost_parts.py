@@ -1,0 +1,225 @@
+"""CPU cost of three parts of the control plane's hot path, each alone (issue 32).
+
+    python -m bench.cost_parts plan  [--nodes 1000] [--tasks 4000] [--small 20] [--repeat 3]
+    python -m bench.cost_parts relay [--events 5000] [--repeat 3]
+    python -m bench.cost_parts steps [--commands 3000] [--batch 32] [--repeat 3]
+
+`plan`: the planner in memory on the simulated fleet (no database): a full placement run in
+rounds of 512, then rounds of `--small` tasks over what it placed, with the planner's ledger
+kept between rounds and built afresh each round (the index kept in both), alternating
+(an older tree, whose planner keeps no ledger, is measured as it plans).
+`relay`: `OutboxRelay.run_once` draining `--events` committed task_created events to
+JetStream. `steps`: `EventStore.execute_steps` (agent reports) and `execute_batch` (the
+placer's commit) in batches of `--batch`, one pending-reason change per command. Each prints
+process CPU time per unit (and wall time, which the fsyncs of PostgreSQL and JetStream
+bound). `relay` and `steps` use public APIs only, so the file can be run against an older tree
+(`PYTHONPATH=OLD python bench/cost_parts.py relay`) for a before/after on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.simulated_fleet import fleet_inventories
+from bench import fresh_database, servers
+from bench.scheduler_place import MIX
+from libs.bus.nats import connect, ensure_streams
+from libs.domain.reasons import ReasonCode
+from libs.domain.task import decide as commands
+from libs.domain.task.model import Task, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
+from libs.store.eventstore import EventStore
+from libs.store.relay import OutboxRelay
+from services.scheduler.placement.model import (
+    Allocation,
+    ClusterSnapshot,
+    Gpu,
+    Node,
+    PendingTask,
+    Requirement,
+)
+from services.scheduler.placement.planner import Planner
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+SPEC = TaskSpec(name="bench", image="sim:latest", gpu_required=1)
+ROUND = 512
+
+
+# --- plan ---------------------------------------------------------------------------------
+
+
+def fleet(n: int) -> tuple[Node, ...]:
+    return tuple(
+        Node(
+            node_id,
+            True,
+            inv.memory_mb,
+            inv.cpu_cores,
+            tuple(
+                Gpu(g.id, g.index, g.vendor, g.model, g.vram_mb, g.mig_capable) for g in inv.gpus
+            ),
+        )
+        for node_id, inv in fleet_inventories(n)
+    )
+
+
+def pending(n: int, start: int = 0) -> list[PendingTask]:
+    out = []
+    for i in range(start, start + n):
+        gpus, gpu_type, vram = MIX[i % len(MIX)]
+        req = Requirement(
+            gpu_count=gpus,
+            gpu_type=gpu_type,
+            gpu_memory_mb=vram,
+            gpu_compute_ratio=0.25 if vram else 0.0,
+        )
+        out.append(PendingTask(f"t{i:06d}", "acme", req, NOW))
+    return out
+
+
+def fill(planner: Planner, nodes: tuple[Node, ...], n_tasks: int) -> ClusterSnapshot:
+    """Place `n_tasks` in rounds of ROUND; the snapshot of what they hold."""
+    held: dict[str, Allocation] = {}
+    todo = pending(n_tasks)
+    snap = ClusterSnapshot(NOW, nodes, (), {})
+    while todo:
+        snap = ClusterSnapshot(NOW, nodes, tuple(held.values()), {})
+        placed = planner.plan(snap, todo, max_batch=ROUND).placements
+        if not placed:
+            break
+        for p in placed:
+            held[p.task_id] = Allocation(
+                p.task_id, "acme", p.node_id, TaskStatus.SCHEDULED, gpu_ids=p.gpu_ids
+            )
+        done = {p.task_id for p in placed}
+        todo = [t for t in todo if t.task_id not in done]
+    return ClusterSnapshot(NOW, nodes, tuple(held.values()), {})
+
+
+def plan_cost(args: argparse.Namespace) -> None:
+    nodes = fleet(args.nodes)
+    planner = Planner()
+    snap = fill(planner, nodes, args.tasks)
+    small = pending(args.small, start=args.tasks)
+    # A tree whose planner keeps no ledger (before 2026-12-02) is measured as it plans.
+    modes = ("kept", "rebuilt") if hasattr(planner, "ledger") else ("as this tree plans",)
+    rounds = 50
+    for _ in range(args.repeat):
+        spent = {}
+        for mode in modes:
+            t0 = time.process_time()
+            for _ in range(rounds):
+                if mode == "rebuilt":
+                    planner._ledger = None  # the index stays; the ledger is built afresh
+                planner.plan(snap, small, max_batch=ROUND)
+            spent[mode] = (time.process_time() - t0) / rounds * 1e3
+        figures = ", ".join(f"ledger {m} {ms:.2f} ms" for m, ms in spent.items())
+        print(
+            f"plan: {args.small}-task round over {len(snap.allocations)} allocations on "
+            f"{args.nodes} nodes: {figures}",
+            flush=True,
+        )
+
+
+# --- relay and steps ----------------------------------------------------------------------
+
+
+async def create(store: EventStore, n: int) -> list[Task]:
+    tasks: list[Task] = []
+    for i in range(0, n, 500):
+        items = [(TenantId("acme"), SPEC, None, None)] * min(500, n - i)
+        tasks += await store.create_tasks(items, metadata={"principal": "bench"})
+    return tasks
+
+
+async def relay_once(url: str, nats_url: str, n: int) -> tuple[int, float, float]:
+    store = await EventStore.open(url, max_size=4)
+    try:
+        await create(store, n)
+    finally:
+        await store.close()
+    nc = await connect(nats_url, "bench-cost-relay")
+    try:
+        await ensure_streams(nc.jetstream())
+        relay = OutboxRelay(url, nc.jetstream(), name="bench-cost")
+        try:
+            c0, w0 = time.process_time(), time.perf_counter()
+            got = await relay.run_once()
+            return got, time.process_time() - c0, time.perf_counter() - w0
+        finally:
+            await relay.close()
+    finally:
+        await nc.drain()
+
+
+def why(text: str) -> Any:
+    return lambda t: list(commands.decide_pending_reason(t, ReasonCode.POOL_CAPACITY, text))
+
+
+async def steps_once(url: str, n: int, batch: int) -> dict[str, tuple[float, float]]:
+    store = await EventStore.open(url, max_size=4)
+    try:
+        ids = [t.id for t in await create(store, n)]
+        out = {}
+        for mode in ("execute_steps", "execute_batch"):
+            c0, w0 = time.process_time(), time.perf_counter()
+            for k in range(0, n, batch):
+                chunk: Sequence[str] = ids[k : k + batch]
+                decide = why(f"{mode} {k}")
+                if mode == "execute_steps":
+                    meta = {"node_id": "n", "fact": "x"}
+                    await store.execute_steps([(i, decide, meta) for i in chunk])
+                else:
+                    await store.execute_batch(dict.fromkeys(chunk, decide))
+            out[mode] = (time.process_time() - c0, time.perf_counter() - w0)
+        return out
+    finally:
+        await store.close()
+
+
+def store_cost(args: argparse.Namespace) -> None:
+    with servers() as srv:
+        for _ in range(args.repeat):
+            with fresh_database(srv.database_url) as url:
+                if args.part == "relay":
+                    got, cpu, wall = asyncio.run(relay_once(url, srv.nats_url, args.events))
+                    print(
+                        f"relay: {got} events, CPU {cpu / got * 1e6:.0f} us/event, "
+                        f"{got / wall:,.0f} events/s wall",
+                        flush=True,
+                    )
+                    continue
+                for mode, (cpu, wall) in asyncio.run(
+                    steps_once(url, args.commands, args.batch)
+                ).items():
+                    print(
+                        f"{mode}: batches of {args.batch}, CPU {cpu / args.commands * 1e6:.0f} "
+                        f"us/command, {args.commands / wall:,.0f} commands/s wall",
+                        flush=True,
+                    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="CPU cost of parts of the hot path")
+    parser.add_argument("part", choices=("plan", "relay", "steps"))
+    parser.add_argument("--nodes", type=int, default=1_000)
+    parser.add_argument("--tasks", type=int, default=4_000)
+    parser.add_argument("--small", type=int, default=20)
+    parser.add_argument("--events", type=int, default=5_000)
+    parser.add_argument("--commands", type=int, default=3_000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    if args.part == "plan":
+        plan_cost(args)
+    else:
+        store_cost(args)
+
+
+if __name__ == "__main__":
+    main()
