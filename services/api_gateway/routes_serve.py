@@ -10,6 +10,11 @@ gateway no memory of their size. `Inbound` is also the only reader of the client
 first byte cancels the upstream request at once (the connection is closed, the replica's
 outstanding count released), and a replica that has not begun its answer
 `HETEROFLOW_SERVE_FIRST_BYTE_TIMEOUT_S` after it got the whole request gets 504.
+
+The gateway's HTTP protocol sends `/serve/` requests to its own data path (dataplane/)
+instead, with the same decisions and answers; this route serves them with
+`HETEROFLOW_SERVE_DATAPLANE=false` (and when the app runs without that protocol, as under
+an ASGI test client).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ members from the store, probes each running replica's `health_path` (ready only 
 decides nothing on its own: idle sleep is the autoscaler's idle-sleep controller, judged
 from these figures (services/autoscaler/controllers/idle_sleep.py), and the wake a request
 asks for is one transaction of the pure `decide_wake` (libs/domain/group/serving_control.py).
-The proxying itself is in routes_serve.py.
+The proxying itself is the data path's (dataplane/), or routes_serve.py's with
+`HETEROFLOW_SERVE_DATAPLANE=false`.
 """
 
 from __future__ import annotations
