@@ -256,3 +256,21 @@ async def test_past_the_cap_requests_are_shed_with_503_and_retry_after(
         for writer in held:
             writer.close()
         await wait_until_async(gw.released, 5, message="outstanding released")
+
+
+def test_the_data_path_on_uvloop(database_url: str) -> None:
+    """The gateway's worker processes run on uvloop, whose transports differ from asyncio's."""
+    import uvloop
+
+    async def run() -> None:
+        async with gateway(database_url) as gw, httpx.AsyncClient(timeout=TIMEOUT) as client:
+            for _ in range(3):
+                r = await client.get(gw.serve("json"), headers=gw.key)
+                assert r.status_code == 200 and r.json() == {"ok": True}, r.text
+            assert gw.replica.connections == 1
+            gw.replica.release.set()
+            r = await client.get(gw.serve("sse"), headers=gw.key)
+            assert r.text == "".join(f"data: {i}\n\n" for i in range(4))
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run())
