@@ -4,16 +4,19 @@ parsing and reuse decisions (dataplane/upstream.py, fed bytes through a stand-in
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from services.api_gateway.dataplane import wire
+from services.api_gateway.dataplane.proxy import Attempt
 from services.api_gateway.dataplane.upstream import (
     READ_HIGH_WATER,
     Upstream,
     UpstreamError,
     UpstreamPool,
 )
+from services.api_gateway.limits import BodyTooLarge
 
 
 def test_target_of_matches_the_routes_template_only() -> None:
@@ -207,3 +210,44 @@ async def test_a_replica_silent_mid_answer_past_the_timeout_fails_it() -> None:
     with pytest.raises(UpstreamError) as silent:
         await asyncio.wait_for(conn.read(), 5)
     assert silent.value.name == "ReadTimeout" and transport.closed
+
+
+class Sink:
+    """Stands in for an upstream connection: what was written to it."""
+
+    def __init__(self) -> None:
+        self.sent = b""
+
+    async def write(self, data: bytes) -> None:
+        self.sent += data
+
+
+def _receive(*pieces: bytes) -> Any:
+    messages = [
+        {"type": "http.request", "body": p, "more_body": i < len(pieces) - 1}
+        for i, p in enumerate(pieces)
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    return receive
+
+
+async def test_a_chunked_body_is_sent_chunked_and_a_small_one_is_kept_for_a_retry() -> None:
+    framing = wire.Framing([(b"transfer-encoding", b"chunked")])
+    body = Attempt(_receive(b"ab", b"", b"cde"), 100, framing)
+    first = Sink()
+    await body.send(first)  # type: ignore[arg-type]
+    assert first.sent == b"2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
+    assert body.replayable()
+    again = Sink()
+    await body.send(again)  # type: ignore[arg-type]
+    assert again.sent == first.sent  # the same bytes to the next replica
+
+
+async def test_a_body_past_the_limit_is_refused_while_read() -> None:
+    framing = wire.Framing([(b"transfer-encoding", b"chunked")])
+    body = Attempt(_receive(b"x" * 60, b"y" * 60), 100, framing)
+    with pytest.raises(BodyTooLarge):
+        await body.send(Sink())  # type: ignore[arg-type]

@@ -80,10 +80,10 @@ class Attempt:
             if self.size > self.limit:
                 raise BodyTooLarge(self.limit)
             if self.kept is not None:
-                if self.size <= REPLAY_MAX_BYTES:
-                    self.kept.append(piece)
-                else:
+                if self.size > REPLAY_MAX_BYTES:
                     self.kept = None
+                elif piece:  # (an empty piece, chunked, would be the last chunk)
+                    self.kept.append(piece)
             self.started = True
             if piece:
                 await conn.write(wire.chunk(piece) if chunked else piece)
