@@ -50,7 +50,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from libs.domain.errors import Code
 
 from .dataplane.proxy import ClientWatch
-from .dataplane.wire import target_of
+from .dataplane.wire import SERVE_METHODS, target_of
 
 log = structlog.get_logger(__name__)
 
@@ -171,8 +171,14 @@ class SlowClientProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         """A `/serve/{target}/...` request goes to the data path (dataplane/), not the app."""
-        if self.dataplane is None or app is not self.app or target_of(cycle.scope["path"]) is None:
-            super()._start_asgi_task(cycle, app)
+        scope = cycle.scope
+        if (
+            self.dataplane is None
+            or app is not self.app
+            or scope["method"] not in SERVE_METHODS
+            or target_of(scope["path"]) is None
+        ):
+            super()._start_asgi_task(cycle, app)  # the application (and its 405, 404)
             return
         watch = ClientWatch()
 

@@ -251,3 +251,9 @@ async def test_a_body_past_the_limit_is_refused_while_read() -> None:
     body = Attempt(_receive(b"x" * 60, b"y" * 60), 100, framing)
     with pytest.raises(BodyTooLarge):
         await body.send(Sink())  # type: ignore[arg-type]
+
+
+def test_the_data_path_takes_the_methods_of_the_api_route() -> None:
+    from services.api_gateway.routes_serve import METHODS
+
+    assert set(METHODS) == wire.SERVE_METHODS

@@ -28,6 +28,8 @@ HOP = frozenset(
         b"expect",
     }
 )
+# The methods the API's `/serve/` route takes (routes_serve.METHODS); others get its 405.
+SERVE_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 REPLICA_HEADER = b"x-heteroflow-replica"
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
