@@ -350,3 +350,53 @@ def test_a_rise_in_uncorrectable_ecc_is_device_evidence() -> None:
     decided, _ = decide_retry(task, ev(device_log="\n".join(lines)), CFG, NODES)
     assert isinstance(decided, TaskRetryDecided)
     assert (decided.action, decided.failure_kind) == ("requeue", "ecc:dbe")
+
+
+def test_a_device_requeue_is_placed_ahead_of_older_work_of_its_priority_class() -> None:
+    from datetime import timedelta
+
+    from services.scheduler.placement.model import (
+        ClusterSnapshot,
+        Gpu,
+        PendingTask,
+        Requirement,
+    )
+    from services.scheduler.placement.model import Node as PlacementNode
+    from services.scheduler.placement.planner import plan
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    one_card = PlacementNode(
+        "n1",
+        True,
+        gpus=(Gpu("n1-gpu0", 0, "nvidia", "A100-80GB", 80 * 1024),),
+        memory_mb=64 * 1024,
+        cpu_cores=16.0,
+    )
+    older = PendingTask("older", "acme", Requirement(gpu_count=1), created_at=now)
+    requeued = PendingTask(
+        "requeued",
+        "acme",
+        Requirement(gpu_count=1),
+        created_at=now + timedelta(seconds=5),
+        expedited=True,
+    )
+    higher = PendingTask("higher", "acme", Requirement(gpu_count=1), created_at=now, priority=5)
+    snapshot = ClusterSnapshot(now=now, nodes=(one_card,))
+    assert [p.task_id for p in plan(snapshot, [older, requeued]).placements] == ["requeued"]
+    # Ahead of its class, not of a higher priority.
+    assert [p.task_id for p in plan(snapshot, [older, requeued, higher]).placements] == ["higher"]
+
+
+def test_a_pending_task_after_a_device_requeue_is_expedited() -> None:
+    from services.scheduler.placement.model import PendingTask
+
+    base = Task(
+        id=TaskId("t-exp"),
+        tenant_id=TenantId("acme"),
+        spec=TaskSpec(name="x", image="busybox:latest", command="true"),
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        updated_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    assert not PendingTask.from_task(base).expedited
+    requeued = base.model_copy(update={"status_reason_code": ReasonCode.DEVICE_REQUEUE})
+    assert PendingTask.from_task(requeued).expedited

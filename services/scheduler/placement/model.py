@@ -18,6 +18,7 @@ from types import MappingProxyType
 
 from libs.domain.node.model import DEFAULT_PORT_RANGE
 from libs.domain.pool.model import gpu_type_matches
+from libs.domain.reasons import ReasonCode
 from libs.domain.task.lending import lendable
 from libs.domain.task.model import Task, TaskSpec, TaskType
 from libs.domain.task.states import GPU_HOLDING, TaskStatus
@@ -315,6 +316,10 @@ class PendingTask:
     # run (None: none placed), and the group's id for members placed in the same round.
     variant_pin: int | None = None
     variant_group: str = ""
+    # Requeued after a device fault (the card's failure, not the task's): placed ahead of the
+    # pending work of its priority class, Slurm's expedited requeue
+    # (docs/operations.md#device-faults-and-card-quarantine).
+    expedited: bool = False
 
     @property
     def job_key(self) -> str:
@@ -360,6 +365,7 @@ class PendingTask:
             variants=variants_of(task),
             variant_group=task.group_id or "" if task.spec.variants else "",
             variant_floor=task.variant if task.variant is not None and task.min_vram_mb else -1,
+            expedited=task.status_reason_code is ReasonCode.DEVICE_REQUEUE,
         )
 
 

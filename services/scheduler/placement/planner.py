@@ -199,9 +199,16 @@ def plan(
     return Planner().plan(snapshot, pending, max_batch=max_batch, max_candidates=max_candidates)
 
 
-def _order_key(task: PendingTask) -> tuple[int, int, datetime, str]:
-    # Queue priority first; inside a fifo queue submission order alone (seed 004).
-    return (-task.queue_priority, 0 if task.fifo else -task.priority, task.created_at, task.task_id)
+def _order_key(task: PendingTask) -> tuple[int, int, int, datetime, str]:
+    # Queue priority first; inside a fifo queue submission order alone (seed 004); a device
+    # requeue ahead of the rest of its priority class (expedited requeue).
+    return (
+        -task.queue_priority,
+        0 if task.fifo else -task.priority,
+        0 if task.expedited else 1,
+        task.created_at,
+        task.task_id,
+    )
 
 
 def _units(pending: Sequence[PendingTask]) -> list[list[PendingTask]]:
