@@ -204,6 +204,14 @@ class Nodes(_Routes[R, I, L]):
         """One node (`as_of=` an RFC 3339 time: as it was then)."""
         return self._c.request("GET", self._at(node_id), params=params)
 
+    def events(self, node_id: str, **params: Any) -> R:
+        """One page of the node's timeline, newest first (`page`, `per_page`)."""
+        return self._c.request("GET", self._at(node_id, "events"), params=params)
+
+    def iter_events(self, node_id: str, **params: Any) -> I:
+        """The node's whole timeline, newest first, page after page."""
+        return self._c.pages(self._at(node_id, "events"), "events", True, dict(params))
+
     def uncordon_card(self, node_id: str, gpu_id: str) -> R:
         """Return a quarantined card to placement now."""
         return self._post(self._at(node_id, "gpus", seg(gpu_id), "uncordon"))
