@@ -107,19 +107,11 @@ class Ledger:
         self.evictable: set[int] = set()
         # The snapshot's holders (the state `update` starts from), by task, and what each
         # counts for: cost by tenant, (cost, job) by queue, allocations by node.
-        self._held: dict[str, Allocation] = {}
+        self._held: dict[str, Allocation] = {a.task_id: a for a in allocations if a.holding}
         self._costs: dict[str, dict[str, float]] = {}
         self._queued: dict[str, dict[str, tuple[float, str]]] = {}
         self._members: dict[str, dict[str, Allocation]] = {}
-        holders = {a.task_id: a for a in allocations if a.holding}
-        lenders = {t for t, a in holders.items() if a.status is TaskStatus.SLEEPING}
-        for a in holders.values():
-            # A borrower runs on its sleeping lender's card: the quota counts that card once.
-            self._add(a, 0.0 if a.borrowed_from in lenders else allocation_cost(a, gpus))
-        for node_id in self._members:
-            pos, key = self._base(node_id)
-            if pos is not None:
-                self.key_of[pos] = key
+        self._load(gpus)
         self._sum(self._costs, self._queued)
         self.buckets: list[dict[int, list[int]]] = [{} for _ in index.classes]
         for pos, key in enumerate(self.key_of):  # ascending positions: lists stay sorted
@@ -127,6 +119,33 @@ class Ledger:
         self._versions = itertools.count(1)
         self.version = 0  # a new number for every state, rollbacks included
         self._journal: list[_Undo] = []
+
+    def _load(self, gpus: Mapping[str, Gpu]) -> None:
+        """The first state, from `_held`: `_add` and `_base` for every holder and node, inline
+        (a full build is the fallback of `update`, and the ledger of a one-off evaluation)."""
+        held, costs, queued, members = self._held, self._costs, self._queued, self._members
+        lenders = {t for t, a in held.items() if a.status is TaskStatus.SLEEPING}
+        for task_id, a in held.items():
+            # A borrower runs on its sleeping lender's card: the quota counts that card once.
+            cost = 0.0 if a.borrowed_from in lenders else allocation_cost(a, gpus)
+            if (by_task := costs.get(a.tenant_id)) is None:
+                by_task = costs[a.tenant_id] = {}
+            by_task[task_id] = cost
+            if a.queue:
+                queued.setdefault(a.queue, {})[task_id] = (cost, a.job_key)
+            if (on := members.get(a.node_id)) is None:
+                on = members[a.node_id] = {}
+            on[task_id] = a
+        index, position = self.index, self.index.position
+        for node_id, on in members.items():
+            allocs = tuple(on.values()) if len(on) == 1 else tuple(on[t] for t in sorted(on))
+            pos = position.get(node_id)
+            self.by_node[node_id] = allocs
+            self.usage[node_id], key = _usage_and_key(index, node_id, pos, allocs)
+            if pos is not None:
+                self.key_of[pos] = key
+                if _may_be_evicted(allocs):
+                    self.evictable.add(pos)
 
     def update(self, allocations: Iterable[Allocation]) -> bool:
         """Become the ledger of `allocations` (this evaluation's reservations undone first),
