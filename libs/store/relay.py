@@ -219,15 +219,19 @@ class OutboxRelay:
             self._checkpoint = await self._load_checkpoint(conn)
         total = 0
         while True:
-            handled, published = await self._relay_batch(conn)
+            handled, published, lag_counted = await self._relay_batch(conn)
             total += published
             if handled < self.batch_size:
                 break
-        await self._update_lag(conn)
+        if not lag_counted:
+            await self._update_lag(conn)
         return total
 
-    async def _relay_batch(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
-        """One batch: (events handled, i.e. published or dead-lettered; events published)."""
+    async def _relay_batch(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, int, bool]:
+        """One batch: (events handled, i.e. published or dead-lettered; events published;
+        whether the lag gauge was counted with the checkpoint's write). The last batch of a
+        round (short, all handled) writes its checkpoint and counts the lag in one round
+        trip."""
         assert self._checkpoint is not None
         cp = self._checkpoint
         async with conn.cursor(row_factory=kwargs_row(outbox_row)) as cur:
@@ -236,9 +240,11 @@ class OutboxRelay:
             )
             events = await cur.fetchall()
         if not events:
-            return 0, 0
+            return 0, 0, False
         order = in_stream_order(events)
         handled, published = await self._deliver(conn, order)
+        last = handled == len(events) < self.batch_size
+        lag_counted = False
         if handled:
             done = {e.event_id for e in order[:handled]}
             # The checkpoint covers the longest run, in (tx_id, position) order, of handled
@@ -246,14 +252,16 @@ class OutboxRelay:
             upto = next((i for i, e in enumerate(events) if e.event_id not in done), len(events))
             await self._after_publish(published)
             if upto:
-                await self._save_checkpoint(conn, events[upto - 1].checkpoint)
+                cp = events[upto - 1].checkpoint
+                lag_counted = last
+                await self._save_checkpoint(conn, cp, count_lag=last)
             PUBLISHED.labels(relay=self.name).inc(len(published))
         if handled < len(events):
             raise RelayPublishError(
                 f"{len(events) - handled} of {len(events)} events unacknowledged "
                 f"from position {order[handled].position}"
             )
-        return handled, len(published)
+        return handled, len(published), lag_counted
 
     async def _deliver(
         self, conn: psycopg.AsyncConnection[Any], events: Sequence[OutboxEvent]
@@ -386,11 +394,22 @@ class OutboxRelay:
         log.info("relay_resume", relay=self.name, tx_id=cp.tx_id, position=cp.position)
         return cp
 
-    async def _save_checkpoint(self, conn: psycopg.AsyncConnection[Any], cp: Checkpoint) -> None:
-        await conn.execute(
-            _SAVE_CHECKPOINT, {"name": self.name, "tx": str(cp.tx_id), "pos": cp.position}
-        )
+    async def _save_checkpoint(
+        self, conn: psycopg.AsyncConnection[Any], cp: Checkpoint, *, count_lag: bool = False
+    ) -> None:
+        """Write the checkpoint; with `count_lag`, count the lag past it in the same round trip
+        (two autocommitted statements, pipelined)."""
+        params = {"name": self.name, "tx": str(cp.tx_id), "pos": cp.position}
+        if not count_lag:
+            await conn.execute(_SAVE_CHECKPOINT, params)
+            self._checkpoint = cp
+            return
+        async with conn.pipeline():
+            await conn.execute(_SAVE_CHECKPOINT, params)
+            cur = await conn.execute(_LAG, params)
         self._checkpoint = cp
+        row = await cur.fetchone()
+        LAG.labels(relay=self.name).set(int(row[0]) if row else 0)
 
     async def _update_lag(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Count, not subtract: positions have gaps and the checkpoint is (tx_id, position)."""
