@@ -152,6 +152,9 @@ BODIES = [
     ("post", "/api/v1/tenants/{tenant_id}/api-keys"),
     ("post", "/api/v1/tenants/{tenant_id}/tokens"),
     ("post", "/api/v1/nodes/{node_id}/gpus/{gpu_id}/quarantine"),
+    ("post", "/api/v1/tasks/plan"),
+    ("post", "/api/v1/task-groups/plan"),
+    ("post", "/api/v1/jobs/plan"),
 ]
 
 
