@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from libs.domain.task.states import TaskStatus
+from libs.domain.task.states import GPU_HOLDING, TaskStatus
 
 from .feasibility import CardUse, NodeUsage, allocation_cost, free_whole_cards, usage_of
 from .index import ClusterIndex
@@ -155,21 +155,17 @@ class Ledger:
         # Back to the snapshot's state. A node, tenant or queue that only a reservation had
         # added stays, holding nothing: the same to every reader as no entry.
         self.rollback(0)
-        holders: dict[str, Allocation] = {}
-        changed: list[Allocation] = []
-        count = 0
-        for a in allocations:
-            if not a.holding:
-                continue
-            count += 1
-            holders[a.task_id] = a
-            old = self._held.get(a.task_id)
-            if old is not a and old != a:
-                if _lends(a) or (old is not None and _lends(old)):
-                    return False
-                changed.append(a)
-        if count != len(holders):
+        # Comprehensions: this scan runs over every allocation each round.
+        hold = [a for a in allocations if a.status in GPU_HOLDING]
+        holders = {a.task_id: a for a in hold}
+        if len(hold) != len(holders):
             return False
+        kept = self._held.get
+        changed = [a for t, a in holders.items() if kept(t) is not a and kept(t) != a]
+        for a in changed:
+            old = kept(a.task_id)
+            if _lends(a) or (old is not None and _lends(old)):
+                return False
         gone = [self._held[t] for t in self._held.keys() - holders.keys()]
         if any(_lends(a) for a in gone):
             return False
