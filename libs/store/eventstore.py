@@ -39,6 +39,7 @@ from libs.domain.payload import Payload
 from libs.domain.task.events import TaskCreated
 from libs.domain.task.evolve import evolve_task
 from libs.domain.task.model import Task, TaskId, TaskSpec, TenantId
+from libs.domain.task.states import TaskStatus
 from libs.ordering import mark_ordered
 
 from . import fencing, inbox, projections
@@ -301,8 +302,7 @@ class EventStore:
             tasks = _new_tasks(rows, items, Jsonb(metadata or {}), generation)
             await self._append(conn, rows)
             await projections.upsert_tasks(conn, tasks)
-        self.written.add(tasks)
-        return tasks
+        return tasks  # not kept: new tasks are pending (see `_keep`)
 
     async def create_task(
         self,
@@ -373,7 +373,7 @@ class EventStore:
                     refused[task_id] = outcome
                 else:
                     done[task_id] = outcome
-        self.written.add(done.values())
+        self._keep(done.values())
         return done, refused
 
     async def execute_steps(
@@ -387,8 +387,14 @@ class EventStore:
         async with self.pool.connection() as conn, _batch_writes(conn):
             await self._guard(conn, fence, None)
             out = await self._steps(conn, steps, fence, {}, include_deleted=True)
-        self.written.add(t for t in out if isinstance(t, Task))
+        self._keep(t for t in out if isinstance(t, Task))
         return out
+
+    def _keep(self, tasks: Iterable[Task]) -> None:
+        """Keep committed documents for the next batch's lock (written.py), except pending
+        ones: the placer reads those each round and hands them over itself (`known`), so
+        keeping them would only push out the placed tasks the agents' reports come for."""
+        self.written.add(t for t in tasks if t.status is not TaskStatus.PENDING)
 
     async def _steps(
         self,

@@ -176,3 +176,14 @@ async def test_tasks_by_ids_reads_only_what_this_store_did_not_write_at_that_ver
     assert got == {ids[0]: done[ids[0]], ids[1]: done[ids[1]], ids[2]: moved}
     fresh = EventStore(store.pool)  # nothing kept: every document is read
     assert {t.spec.name for t in (await fresh.tasks_by_ids(ids[:2])).values()} == {"changed"}
+
+
+async def test_pending_documents_are_not_kept(store: EventStore) -> None:
+    """The placer hands the pending tasks it read over itself; kept, they would only push out
+    the placed ones the agents' reports come for."""
+    ids = await new_tasks(store, 2)
+    why = partial(decide_pending_reason, code=ReasonCode.POOL_CAPACITY, reason="full")
+    await store.execute_batch({ids[0]: lambda t: list(why(t))})
+    assert store.written.known(ids) == {}
+    done, _ = await store.execute_batch({i: place() for i in ids})
+    assert store.written.known(ids) == done
