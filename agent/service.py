@@ -164,10 +164,14 @@ class Agent:
         await periodic("attempt_record", prune, stop, min(3600.0, max(1.0, keep_s / 10)))
 
     async def register(self) -> None:
+        run, which = self._vendor_tools()
+        vendors = [g.vendor for g in self.inventory.gpus]
+        # Each vendor's tool is tried once (it may take seconds): off the event loop.
+        notes = await asyncio.to_thread(telemetry_notes, vendors, which, run)
         reg = Registration(
             node_id=self.node_id,
             at=_now(),
-            inventory=node_inventory(self.inventory, self.settings.address),
+            inventory=node_inventory(self.inventory, self.settings.address, notes),
         )
         body = reg.model_dump_json().encode()
         # A registration twice changes nothing: sent again while JetStream elects a leader.
@@ -181,9 +185,8 @@ class Agent:
             runtime=self.runtime.name,
             gpus=len(self.inventory.gpus),
         )
-        _run, which = self._vendor_tools()
-        for note in telemetry_notes((g.vendor for g in self.inventory.gpus), which):
-            log.warning("gpu_telemetry_unavailable", node_id=self.node_id, note=note)
+        for vendor, note in notes.items():
+            log.warning("gpu_telemetry_unavailable", node_id=self.node_id, vendor=vendor, note=note)
 
     async def readopt(self) -> None:
         """Pick up containers started before a restart; report what happened meanwhile.

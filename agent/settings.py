@@ -245,7 +245,9 @@ def declared(inv: Inventory, settings: AgentSettings) -> Inventory:
     return inv.model_copy(update=update)
 
 
-def node_inventory(inv: Inventory, address: str) -> NodeInventory:
+def node_inventory(
+    inv: Inventory, address: str, telemetry: dict[str, str] | None = None
+) -> NodeInventory:
     return NodeInventory(
         hostname=inv.hostname,
         address=address,
@@ -258,6 +260,7 @@ def node_inventory(inv: Inventory, address: str) -> NodeInventory:
         isolation=inv.isolation,
         userns_remap=inv.userns_remap,
         cgroups=inv.cgroups,
+        telemetry=dict(telemetry or {}),
         gpus=tuple(
             GpuCard(
                 id=g.uuid,

@@ -3,8 +3,10 @@
 Each backend reads its vendor's tool and gives, per card (by the vendor's device index), a
 `CardReading`: utilisation %, memory used/total (MiB), power (W), temperature (°C) and `health`.
 NVIDIA stays on NVML (agent/telemetry.py); AMD reads the `amdsmi` library's CLI `amd-smi metric
---json`, else `rocm-smi --json`; Ascend parses `npu-smi info`. A vendor whose tool is absent gives
-no readings and a note saying so (`telemetry_notes`), never an exception.
+--json`, else `rocm-smi --json`; Ascend parses `npu-smi info`. A vendor's sources are tried in
+order; one whose tool is absent, fails or prints something unreadable is skipped. A vendor none
+of whose sources answers gives no readings and a note saying why for each (`telemetry_notes`,
+the node inventory's `telemetry`), never an exception.
 
 `health` is one of `ok`, `warning`, `critical` or `unknown` (the tool does not say).
 """
@@ -142,12 +144,16 @@ ROCM_SMI_CALLS = (
 )
 
 
+def _read_amd_smi(run: Runner) -> list[CardReading]:
+    return parse_amd_smi_metric(run(("amd-smi", "metric", "--json")))
+
+
+def _read_rocm_smi(run: Runner) -> list[CardReading]:
+    return parse_rocm_smi(*(run(cmd) for cmd in ROCM_SMI_CALLS))
+
+
 def read_amd(run: Runner = run_tool, which: Which = shutil.which) -> list[CardReading]:
-    if which("amd-smi"):
-        return parse_amd_smi_metric(run(("amd-smi", "metric", "--json")))
-    if which("rocm-smi"):
-        return parse_rocm_smi(*(run(cmd) for cmd in ROCM_SMI_CALLS))
-    return []
+    return read_vendor("amd", run, which, strict=True)
 
 
 # -- Huawei Ascend --------------------------------------------------------------------------
@@ -189,35 +195,78 @@ def parse_npu_smi_info(text: str) -> list[CardReading]:
     return out
 
 
+def _read_npu_smi(run: Runner) -> list[CardReading]:
+    return parse_npu_smi_info(run(("npu-smi", "info")))
+
+
 def read_ascend(run: Runner = run_tool, which: Which = shutil.which) -> list[CardReading]:
-    if which("npu-smi"):
-        return parse_npu_smi_info(run(("npu-smi", "info")))
-    return []
+    return read_vendor("huawei", run, which, strict=True)
 
 
 # -- the interface --------------------------------------------------------------------------
 
-#: vendor → (reader, the tools it tries, in order). NVIDIA is read through NVML elsewhere.
-BACKENDS: dict[str, tuple[Callable[[Runner, Which], list[CardReading]], tuple[str, ...]]] = {
-    "amd": (read_amd, ("amd-smi", "rocm-smi")),
-    "huawei": (read_ascend, ("npu-smi",)),
-    "ascend": (read_ascend, ("npu-smi",)),
-}
+
+@dataclass(frozen=True)
+class Source:
+    """One way to read a vendor's cards: a tool on PATH (`tool`) run through `read`."""
+
+    tool: str
+    read: Callable[[Runner], list[CardReading]]
+
+
+#: vendor → its sources, tried in order. NVIDIA is read through NVML (agent/telemetry.py).
+_AMD = (Source("amd-smi", _read_amd_smi), Source("rocm-smi", _read_rocm_smi))
+_ASCEND = (Source("npu-smi", _read_npu_smi),)
+BACKENDS: dict[str, tuple[Source, ...]] = {"amd": _AMD, "huawei": _ASCEND, "ascend": _ASCEND}
+
+
+class TelemetryUnavailable(Exception):
+    """No source of a vendor gave readings; the message says why, per source."""
+
+
+def _short(error: Exception) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def read_vendor(
-    vendor: str, run: Runner = run_tool, which: Which = shutil.which
+    vendor: str,
+    run: Runner = run_tool,
+    which: Which = shutil.which,
+    *,
+    strict: bool = False,
 ) -> list[CardReading]:
-    """Readings of one vendor's cards; [] when the vendor has no backend, its tool is absent
-    or its output cannot be read (logged)."""
-    backend = BACKENDS.get(vendor.lower())
-    if backend is None:
-        return []
-    try:
-        return backend[0](run, which)
-    except Exception as e:  # noqa: BLE001 - a tool that fails gives no readings, not a crash
-        log.warning("vendor_telemetry_failed", vendor=vendor, error=str(e))
-        return []
+    """Readings of one vendor's cards from its first source that answers: a source whose tool
+    is absent, fails or prints something unreadable is skipped for the next one. With nothing
+    read: [] (logged), or with `strict` a `TelemetryUnavailable` saying why for each source."""
+    vendor = vendor.lower()
+    sources = BACKENDS.get(vendor)
+    reasons: list[str] = []
+    if sources is None:
+        reasons.append("no telemetry backend for this vendor")
+    for source in sources or ():
+        if not which(source.tool):
+            reasons.append(f"{source.tool} not found on PATH")
+            continue
+        try:
+            readings = source.read(run)
+        except subprocess.CalledProcessError as e:
+            reasons.append(f"{source.tool} failed (exit status {e.returncode})")
+            continue
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+            reasons.append(f"{source.tool} printed unreadable output ({_short(e)})")
+            continue
+        except Exception as e:  # noqa: BLE001 - a tool that fails gives no readings, not a crash
+            reasons.append(f"{source.tool} failed ({_short(e)})")
+            continue
+        if readings:
+            return readings
+        reasons.append(f"{source.tool} reported no cards")
+    if strict:
+        raise TelemetryUnavailable("; ".join(reasons))
+    if sources is not None:
+        log.warning("vendor_telemetry_failed", vendor=vendor, error="; ".join(reasons))
+    return []
 
 
 def recorded_name(cmd: Sequence[str]) -> str:
@@ -240,16 +289,16 @@ def recorded_tools(directory: Path) -> tuple[Runner, Which]:
     return run, which
 
 
-def telemetry_notes(vendors: Iterable[str], which: Which = shutil.which) -> list[str]:
-    """One line per vendor of this node's cards whose telemetry cannot be read here."""
-    notes: list[str] = []
-    for vendor in sorted({v.lower() for v in vendors}):
-        if vendor == "nvidia":
-            continue
-        backend = BACKENDS.get(vendor)
-        if backend is None:
-            notes.append(f"{vendor}: no telemetry backend; these cards report no metrics")
-        elif not any(which(tool) for tool in backend[1]):
-            tools = " or ".join(backend[1])
-            notes.append(f"{vendor}: {tools} not found on PATH; these cards report no metrics")
+def telemetry_notes(
+    vendors: Iterable[str], which: Which = shutil.which, run: Runner = run_tool
+) -> dict[str, str]:
+    """vendor → why its cards on this node report no metrics, for each vendor of the node's
+    cards whose telemetry cannot be read here (each source tried once, as a sample would);
+    vendors read fine are left out. NVIDIA (NVML) is not probed here."""
+    notes: dict[str, str] = {}
+    for vendor in sorted({v.lower() for v in vendors} - {"nvidia"}):
+        try:
+            read_vendor(vendor, run, which, strict=True)
+        except TelemetryUnavailable as e:
+            notes[vendor] = f"{e}; these cards report no metrics"
     return notes

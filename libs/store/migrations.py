@@ -370,6 +370,15 @@ MIGRATIONS: list[tuple[int, str]] = [
                                               'userns_remap', 'cgroups']);
         """,
     ),
+    (
+        14,
+        """
+        -- A node's inventory says why a vendor's cards report no metrics (docs/runtimes.md,
+        -- vendor telemetry): stored inventories gain the empty default, as replay gives.
+        UPDATE nodes SET doc = jsonb_set(doc, '{inventory,telemetry}', '{}'::jsonb)
+        WHERE jsonb_typeof(doc->'inventory') = 'object' AND NOT (doc->'inventory' ? 'telemetry');
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).

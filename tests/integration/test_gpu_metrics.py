@@ -119,3 +119,28 @@ async def test_simulated_amd_card_reports_through_the_amd_smi_parser(
     assert body["measured"] and body["series"][0]["gpu_id"] == cards[0].uuid
     (point,) = body["series"][0]["points"]
     assert point["power_w"] == 20.0
+
+
+async def test_a_missing_vendor_tool_is_a_note_on_the_node(api: Api, tmp_path: Path) -> None:
+    """A node declaring AMD and Ascend cards without their tools (an empty recorded-outputs
+    directory, as `HETEROFLOW_VENDOR_TOOL_OUTPUTS` gives a simulated node): what the agent
+    registers, and the node API then shows, says why each vendor's cards report no metrics."""
+    from agent.inventory import Inventory
+    from agent.settings import node_inventory
+    from agent.vendors import telemetry_notes
+    from libs.domain.node.events import NodeRegistered
+    from libs.store.projections import NODES
+
+    run, which = recorded_tools(tmp_path)
+    gpus = declared_gpus("amd:MI300X:196608,huawei:Ascend910B:65536", node_id="n1")
+    inv = Inventory(node_id="n1", hostname="h", memory_mb=8192, cpu_cores=4, gpus=tuple(gpus))
+    notes = telemetry_notes([g.vendor for g in gpus], which, run)
+    reg = NodeRegistered(node_id="n1", inventory=node_inventory(inv, "10.1.2.3", notes))
+    await api.store.execute_aggregate(NODES, "n1", lambda _n: [reg])
+    r = await api.client.get("/api/v1/nodes/n1", headers=api.operator)
+    assert r.status_code == 200, r.text
+    assert r.json()["inventory"]["telemetry"] == {
+        "amd": "amd-smi not found on PATH; rocm-smi not found on PATH;"
+        " these cards report no metrics",
+        "huawei": "npu-smi not found on PATH; these cards report no metrics",
+    }

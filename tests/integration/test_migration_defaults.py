@@ -1,6 +1,6 @@
-"""Rows stored before a field existed agree with replay once migration 13 gives them the
-field's default: a task without `ports`, a node whose inventory has no `host_id`,
-`port_range`, `isolation`, `userns_remap` or `cgroups` (and events of the same age)."""
+"""Rows stored before a field existed agree with replay once migrations 13 and 14 give
+them the field's default: a task without `ports`, a node whose inventory has no `host_id`,
+`port_range`, `isolation`, `userns_remap`, `cgroups` or `telemetry` (and events of the same age)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .helpers import AGENT_NODE, Api
 
 pytestmark = pytest.mark.integration
 
-NEW_INVENTORY_KEYS = ("host_id", "port_range", "isolation", "userns_remap", "cgroups")
+NEW_INVENTORY_KEYS = ("host_id", "port_range", "isolation", "userns_remap", "cgroups", "telemetry")
 
 
 async def test_rows_without_the_new_fields_are_migrated_and_replay_agrees(api: Api) -> None:
@@ -45,6 +45,7 @@ async def test_rows_without_the_new_fields_are_migrated_and_replay_agrees(api: A
     assert (await rebuild(api.store, dry_run=True)).differences != {}  # the old shape
     async with api.store.pool.connection() as conn:
         await conn.execute(dict(MIGRATIONS)[13])
+        await conn.execute(dict(MIGRATIONS)[14])
         cur = await conn.execute("SELECT doc->'inventory'->>'address' FROM nodes")
         row = await cur.fetchone()
         assert row is not None and row[0] == "10.1.2.3"  # what was there is kept

@@ -79,13 +79,46 @@ def test_missing_tool_is_a_note_not_a_crash() -> None:
 
     assert read_vendor("amd", run, lambda tool: None) == []
     assert read_vendor("huawei", run, lambda tool: None) == []
-    notes = telemetry_notes(["amd", "huawei", "nvidia", "hygon"], lambda tool: None)
-    assert notes == [
-        "amd: amd-smi or rocm-smi not found on PATH; these cards report no metrics",
-        "huawei: npu-smi not found on PATH; these cards report no metrics",
-        "hygon: no telemetry backend; these cards report no metrics",
-    ]
-    assert telemetry_notes(["huawei"], lambda tool: "/usr/bin/npu-smi") == []
+    notes = telemetry_notes(["amd", "huawei", "nvidia", "hygon"], lambda tool: None, run)
+    assert notes == {
+        "amd": "amd-smi not found on PATH; rocm-smi not found on PATH;"
+        " these cards report no metrics",
+        "huawei": "npu-smi not found on PATH; these cards report no metrics",
+        "hygon": "no telemetry backend for this vendor; these cards report no metrics",
+    }
+    npu = _text("ascend/npu-smi-info.txt")
+    assert telemetry_notes(["huawei"], lambda tool: "/usr/bin/npu-smi", lambda cmd: npu) == {}
+
+
+def test_failing_or_garbled_tool_is_a_note_naming_each_try() -> None:
+    import subprocess
+
+    def run(cmd: Sequence[str]) -> str:
+        if cmd[0] == "amd-smi":
+            raise subprocess.CalledProcessError(2, list(cmd))
+        return "Segmentation fault"  # rocm-smi prints something that is not JSON
+
+    notes = telemetry_notes(["amd", "ascend"], lambda tool: "/usr/bin/" + tool, run)
+    assert notes["amd"].startswith(
+        "amd-smi failed (exit status 2); rocm-smi printed unreadable output ("
+    )
+    # npu-smi answers, but its output has no card rows in it.
+    assert notes["ascend"] == "npu-smi reported no cards; these cards report no metrics"
+
+
+def test_amd_falls_back_to_rocm_smi_when_amd_smi_fails() -> None:
+    outputs = {
+        ROCM_SMI_CALLS[0]: _text("amd/rocm-smi-use-meminfo.json"),
+        ROCM_SMI_CALLS[1]: _text("amd/rocm-smi-power-temp.json"),
+    }
+
+    def run(cmd: Sequence[str]) -> str:
+        if cmd[0] == "amd-smi":
+            raise OSError("amd-smi: library not loaded")
+        return outputs[tuple(cmd)]
+
+    (card,) = read_vendor("amd", run, lambda tool: "/usr/bin/" + tool)
+    assert card.power_w == 222.0
 
 
 def test_failing_tool_gives_no_readings() -> None:

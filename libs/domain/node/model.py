@@ -61,6 +61,9 @@ class NodeInventory(BaseModel):
     isolation: str = ""
     userns_remap: bool = False  # docker runtime: dockerd remaps user namespaces
     cgroups: str = ""  # process runtime: v2 | v1 | none (no memory cap)
+    # Vendor → why that vendor's cards here report no metrics (its tool absent, failing or
+    # unreadable: docs/runtimes.md "Vendor telemetry"); empty when every card can be read.
+    telemetry: dict[str, str] = Field(default_factory=dict)
 
 
 class QuarantinedCard(BaseModel):
