@@ -1,7 +1,11 @@
 """The Python client against the real gateway over PostgreSQL: every resource created, read,
 listed (as a page and through the iterator), updated and deleted; refusals raise with the
 API's code and fields; a tenant over its write rate is answered 429 and the client's PUT goes
-through after the Retry-After; followed logs come line by line while the task still runs."""
+through after the Retry-After. Most tests run the gateway in-process (httpx.ASGITransport);
+the last runs the blocking `Client` over real HTTP against a `heteroflow up`: a task, a
+group, a job, a queue and a pool (the operator's token for those two) created, read, listed,
+updated and deleted, a 400 raised with its code and fields, then followed logs coming line
+by line while the task still runs."""
 
 from __future__ import annotations
 
@@ -214,7 +218,78 @@ async def test_a_429_is_retried_after_its_retry_after(throttled: Api) -> None:
     assert waited == [1.0]
 
 
-def test_follow_logs_yields_lines_as_they_come(cluster: Cluster) -> None:
+def _every_resource_over_http(c: Client, op: Client) -> None:
+    """Each kind created, read, listed (a page and the iterator), updated and deleted by the
+    blocking client over real HTTP; no node is up yet, so nothing is placed meanwhile."""
+    made = [c.tasks.create({"name": "crud", "image": "busybox:latest"}) for _ in range(3)]
+    tid = made[0]["id"]
+    assert c.tasks.get(tid)["name"] == "crud"
+    page = c.tasks.list(name="crud", per_page=2)
+    assert page["total"] == 3 and len(page["tasks"]) == 2
+    assert {t["id"] for t in c.tasks.iter(name="crud", per_page=2)} == {t["id"] for t in made}
+    assert c.tasks.update(tid, {"memory_mb": 4096})["memory_mb"] == 4096
+    assert c.tasks.get(tid)["memory_mb"] == 4096
+    with pytest.raises(ApiError) as refused:
+        c.tasks.create({"name": "x", "image": "busybox:latest", "gpuz": 1})
+    assert (refused.value.status, refused.value.code) == (400, 40001)
+    assert refused.value.fields == ["gpuz"]
+    for task in made:
+        c.tasks.delete(task["id"])
+    with pytest.raises(ApiError) as gone:
+        c.tasks.get(tid)
+    assert gone.value.status == 404
+    assert c.tasks.list(name="crud")["total"] == 0
+
+    gid = c.groups.create(GROUP)["id"]
+    assert c.groups.get(gid)["name"] == "web"
+    assert c.groups.list()["total"] == 1
+    assert [g["id"] for g in c.groups.iter(per_page=1)] == [gid]
+    assert (
+        c.groups.update(gid, {"idle_timeout_minutes": 30})["template"]["idle_timeout_minutes"] == 30
+    )
+    assert c.groups.scale(gid, 3)["replicas"] == 3
+    c.groups.delete(gid)
+    with pytest.raises(ApiError) as gone:
+        c.groups.get(gid)
+    assert gone.value.status == 404
+
+    jid = c.jobs.create(JOB)["id"]
+    assert c.jobs.get(jid)["name"] == "dag"
+    assert c.jobs.list()["total"] == 1
+    assert [j["id"] for j in c.jobs.iter(per_page=1)] == [jid]
+    assert c.jobs.stop(jid)["id"] == jid
+    assert "job_stop_requested" in [e["type"] for e in c.jobs.events(jid)["events"]]
+    c.jobs.delete(jid)
+    with pytest.raises(ApiError) as gone:
+        c.jobs.get(jid)
+    assert gone.value.status == 404
+
+    pool = {"name": "a100", "node_selector": {"gpu_type": "A100"}}
+    assert op.pools.create(pool)["name"] == "a100"
+    queue = {"name": "alg", "tenant": "default", "pools": ["a100"], "quota": {"max_gpus": 4}}
+    assert op.queues.create(queue)["quota"]["max_gpus"] == 4
+    assert c.queues.get("alg")["pools"] == ["a100"]
+    assert [q["name"] for q in c.queues.list()["queues"]] == ["alg"]
+    assert [q["name"] for q in c.queues.iter()] == ["alg"]
+    assert op.queues.update("alg", queue | {"quota": {"max_gpus": 8}})["quota"]["max_gpus"] == 8
+    assert c.queues.get("alg")["quota"]["max_gpus"] == 8
+    h100 = {"node_selector": {"gpu_type": "H100"}}
+    assert op.pools.update("a100", h100)["node_selector"]["gpu_type"] == "H100"
+    assert op.pools.get("a100")["node_selector"]["gpu_type"] == "H100"
+    assert [p["name"] for p in op.pools.list()["pools"]] == ["a100"]
+    assert [p["name"] for p in op.pools.iter()] == ["a100"]
+    op.queues.delete("alg")
+    op.pools.delete("a100")
+    assert list(op.queues.iter()) == [] and list(op.pools.iter()) == []
+    with pytest.raises(ApiError) as gone:
+        op.pools.get("a100")
+    assert gone.value.status == 404
+
+
+def test_every_resource_over_http_then_followed_logs(cluster: Cluster) -> None:
+    op = Client(cluster.url, cluster.creds["operator_token"])
+    with op, Client(cluster.url, cluster.creds["tenant_api_key"]) as c:
+        _every_resource_over_http(c, op)
     cluster.start_agent("n1", "process")
     gate = Path(tempfile.mkdtemp(prefix="hf-client-gate-")) / "go"
     command = f"echo one; while [ ! -e {gate} ]; do sleep 0.1; done; echo two"
