@@ -1,8 +1,10 @@
-"""GPU telemetry sampling: utilisation, memory and power per card, for running tasks.
+"""GPU telemetry sampling: utilisation, memory, power, temperature and health per card, for
+running tasks.
 
-NVIDIA cards are read through NVML; other vendors' cards (`cards`, e.g. the declared AMD or
-Ascend ones) through their vendor tool (agent/vendors), matched on vendor and device index. A
-card no backend can read reports nothing: a missing sample is honest, a made-up one is not.
+NVIDIA cards are read through NVML (temperature: the GPU die; health: `nvml_health`); other
+vendors' cards (`cards`, e.g. the declared AMD or Ascend ones) through their vendor tool
+(agent/vendors), matched on vendor and device index. A card no backend can read reports
+nothing: a missing sample is honest, a made-up one is not.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ def _sample_nvml(holders: dict[str, list[str]], at: datetime, nvml: Any | None) 
                         memory_used_mb=mem.used / _MIB,
                         memory_total_mb=mem.total / _MIB,
                         power_w=_power(lib, handle),
+                        temperature_c=_temperature(lib, handle),
+                        health=nvml_health(lib, handle),
                         at=at,
                     )
                 )
@@ -107,6 +111,42 @@ def _power(lib: Any, handle: Any) -> float | None:
         return float(lib.nvmlDeviceGetPowerUsage(handle)) / 1000.0  # milliwatts
     except Exception:  # noqa: BLE001 - NotSupported on some boards
         return None
+
+
+def _temperature(lib: Any, handle: Any) -> float | None:
+    try:
+        sensor = getattr(lib, "NVML_TEMPERATURE_GPU", 0)
+        return float(lib.nvmlDeviceGetTemperature(handle, sensor))  # °C, the GPU die
+    except Exception:  # noqa: BLE001 - NotSupported on some boards
+        return None
+
+
+def nvml_health(lib: Any, handle: Any) -> str:
+    """A card's `health` from NVML's memory-repair state, the two cheap queries it has:
+    row remapping (A100 and later: `nvmlDeviceGetRemappedRows` → corrected, uncorrected,
+    pending, failure) and page retirement (older cards: `nvmlDeviceGetRetiredPagesPendingStatus`).
+    A remapping failure is `critical` (the memory cannot be repaired: the card wants service);
+    a remap or retirement pending is `warning` (it takes effect at the next GPU reset); a card
+    that answers either query with neither is `ok`; one that answers none (NotSupported, e.g.
+    consumer boards) is `unknown`. XIDs are read elsewhere (agent/xid_events.py)."""
+    answered = False
+    try:
+        _corrected, _uncorrected, pending, failed = lib.nvmlDeviceGetRemappedRows(handle)
+        if failed:
+            return "critical"
+        if pending:
+            return "warning"
+        answered = True
+    except Exception:  # noqa: BLE001 - NotSupported before Ampere
+        pass
+    try:
+        enabled = getattr(lib, "NVML_FEATURE_ENABLED", 1)
+        if lib.nvmlDeviceGetRetiredPagesPendingStatus(handle) == enabled:
+            return "warning"
+        answered = True
+    except Exception:  # noqa: BLE001 - NotSupported on boards without page retirement
+        pass
+    return "ok" if answered else "unknown"
 
 
 def holders_of(tasks: Iterable[tuple[str, tuple[str, ...]]]) -> dict[str, list[str]]:

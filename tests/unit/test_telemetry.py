@@ -50,6 +50,45 @@ def test_sample_reads_held_cards_only() -> None:
     assert sample(holders_of([("t9", ("GPU-9",))]), T0, nvml=FakeNvml()) == []
 
 
+class RepairNvml(FakeNvml):
+    """Four cards: rows remapped fine; a remapping failure; page retirement pending (a card
+    before row remapping); neither query nor the temperature supported (a consumer board)."""
+
+    NVML_TEMPERATURE_GPU = 0
+    NVML_FEATURE_ENABLED = 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        if h == 3 or sensor != self.NVML_TEMPERATURE_GPU:
+            raise RuntimeError("NotSupported")
+        return 60 + h
+
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
+        if h >= 2:
+            raise RuntimeError("NotSupported")
+        return (3, 1, 0, 1) if h == 1 else (2, 0, 0, 0)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: int) -> int:
+        if h == 3:
+            raise RuntimeError("NotSupported")
+        return 1 if h == 2 else 0
+
+
+def test_nvml_temperature_and_health() -> None:
+    holders = {f"GPU-{i}": ["t1"] for i in range(4)}
+    got = {s.gpu_id: (s.temperature_c, s.health) for s in sample(holders, T0, nvml=RepairNvml())}
+    assert got == {
+        "GPU-0": (60.0, "ok"),
+        "GPU-1": (61.0, "critical"),  # a remapping failure: the memory cannot be repaired
+        "GPU-2": (62.0, "warning"),  # retirement pending until the next reset
+        "GPU-3": (None, "unknown"),  # NVML says nothing either way
+    }
+    # A card with an older driver (no such calls at all) is "unknown", not a failed sample.
+    assert {s.health for s in sample({"GPU-0": ["t1"]}, T0, nvml=FakeNvml())} == {"unknown"}
+
+
 def test_no_nvml_means_no_samples() -> None:
     class Broken(FakeNvml):
         def nvmlInit(self) -> None:
