@@ -2,17 +2,19 @@
 
 Each backend reads its vendor's tool and gives, per card (by the vendor's device index), a
 `CardReading`: utilisation %, memory used/total (MiB), power (W), temperature (°C) and `health`.
-NVIDIA stays on NVML (agent/telemetry.py); AMD reads the `amdsmi` library's CLI `amd-smi metric
---json`, else `rocm-smi --json`; Ascend parses `npu-smi info`. A vendor's sources are tried in
-order; one whose tool is absent, fails or prints something unreadable is skipped. A vendor none
-of whose sources answers gives no readings and a note saying why for each (`telemetry_notes`,
-the node inventory's `telemetry`), never an exception.
+NVIDIA stays on NVML (agent/telemetry.py); AMD reads the `amdsmi` Python library where it is
+installed, else its CLI `amd-smi metric --json`, else `rocm-smi --json`; Ascend parses
+`npu-smi info`. A vendor's sources are tried in order; one whose tool is absent, fails or prints
+something unreadable is skipped. A vendor none of whose sources answers gives no readings and a
+note saying why for each (`telemetry_notes`, the node inventory's `telemetry`), never an
+exception.
 
 `health` is one of `ok`, `warning`, `critical` or `unknown` (the tool does not say).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -152,6 +154,81 @@ def _read_rocm_smi(run: Runner) -> list[CardReading]:
     return parse_rocm_smi(*(run(cmd) for cmd in ROCM_SMI_CALLS))
 
 
+_UNSUPPORTED = (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)  # what amdsmi sets an unsupported field to
+
+
+def _lib_num(value: Any) -> float | None:
+    number = _num(value)
+    return None if number is None or number in _UNSUPPORTED else number
+
+
+def _lib_call(fn: Callable[..., Any], *args: Any) -> Any:
+    """One amdsmi query; None when the card does not support it (AmdSmiLibraryException)."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - NOT_SUPPORTED and friends: the field is absent
+        return None
+
+
+def read_amdsmi(lib: Any) -> list[CardReading]:
+    """AMD cards through the `amdsmi` Python library (ROCm's, what `amd-smi` itself wraps), by
+    processor-handle order (amd-smi's `gpu` index): `amdsmi_get_gpu_activity` (gfx_activity %),
+    `amdsmi_get_gpu_vram_usage` (vram_used/vram_total, MB), `amdsmi_get_power_info`
+    (current_socket_power on MI300 and later, else average_socket_power, W),
+    `amdsmi_get_temp_metric` (hotspot, else edge, °C) and `amdsmi_get_gpu_total_ecc_count`
+    (uncorrectable > 0 → `critical`). A query the card does not support leaves its field empty;
+    `amdsmi_init` failing raises (the next source is tried)."""
+    lib.amdsmi_init()
+    try:
+        out: list[CardReading] = []
+        temp_types, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric.CURRENT
+        for index, handle in enumerate(lib.amdsmi_get_processor_handles()):
+            activity = _lib_call(lib.amdsmi_get_gpu_activity, handle) or {}
+            vram = _lib_call(lib.amdsmi_get_gpu_vram_usage, handle) or {}
+            power = _lib_call(lib.amdsmi_get_power_info, handle) or {}
+            ecc = _lib_call(lib.amdsmi_get_gpu_total_ecc_count, handle) or {}
+            temperature = None
+            for sensor in ("HOTSPOT", "EDGE"):
+                temperature = _lib_num(
+                    _lib_call(
+                        lib.amdsmi_get_temp_metric, handle, getattr(temp_types, sensor), metric
+                    )
+                )
+                if temperature is not None:
+                    break
+            watts = _lib_num(power.get("current_socket_power"))
+            uncorrectable = _lib_num(ecc.get("uncorrectable_count"))
+            out.append(
+                CardReading(
+                    index=index,
+                    utilization_pct=_lib_num(activity.get("gfx_activity")),
+                    memory_used_mb=_lib_num(vram.get("vram_used")),
+                    memory_total_mb=_lib_num(vram.get("vram_total")),
+                    power_w=watts
+                    if watts is not None
+                    else _lib_num(power.get("average_socket_power")),
+                    temperature_c=temperature,
+                    health="critical" if uncorrectable else "unknown",
+                )
+            )
+        return out
+    finally:
+        try:
+            lib.amdsmi_shut_down()
+        except Exception as e:  # noqa: BLE001
+            log.debug("amdsmi shutdown failed", error=str(e))
+
+
+def load_library(name: str) -> Any | None:
+    """The Python module `name`, or None when it is not installed or does not load (amdsmi
+    loads libamd_smi.so at import: a missing ROCm is an ImportError or OSError)."""
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - absent or broken: the tools are tried instead
+        log.debug("library unavailable", library=name, error=str(e))
+        return None
+
+
 def read_amd(run: Runner = run_tool, which: Which = shutil.which) -> list[CardReading]:
     return read_vendor("amd", run, which, strict=True)
 
@@ -208,14 +285,20 @@ def read_ascend(run: Runner = run_tool, which: Which = shutil.which) -> list[Car
 
 @dataclass(frozen=True)
 class Source:
-    """One way to read a vendor's cards: a tool on PATH (`tool`) run through `read`."""
+    """One way to read a vendor's cards: a tool on PATH (`tool`) run through `read(runner)`,
+    or, with `library`, the Python module `tool` passed to `read(module)`."""
 
     tool: str
-    read: Callable[[Runner], list[CardReading]]
+    read: Callable[[Any], list[CardReading]]
+    library: bool = False
 
 
 #: vendor → its sources, tried in order. NVIDIA is read through NVML (agent/telemetry.py).
-_AMD = (Source("amd-smi", _read_amd_smi), Source("rocm-smi", _read_rocm_smi))
+_AMD = (
+    Source("amdsmi", read_amdsmi, library=True),
+    Source("amd-smi", _read_amd_smi),
+    Source("rocm-smi", _read_rocm_smi),
+)
 _ASCEND = (Source("npu-smi", _read_npu_smi),)
 BACKENDS: dict[str, tuple[Source, ...]] = {"amd": _AMD, "huawei": _ASCEND, "ascend": _ASCEND}
 
@@ -235,21 +318,36 @@ def read_vendor(
     which: Which = shutil.which,
     *,
     strict: bool = False,
+    load: Callable[[str], Any | None] | None = None,
 ) -> list[CardReading]:
     """Readings of one vendor's cards from its first source that answers: a source whose tool
     is absent, fails or prints something unreadable is skipped for the next one. With nothing
-    read: [] (logged), or with `strict` a `TelemetryUnavailable` saying why for each source."""
+    read: [] (logged), or with `strict` a `TelemetryUnavailable` saying why for each source.
+
+    A library source is loaded through `load`; by default (`load` None) only alongside the
+    real tools (`run` is `run_tool`): a recorded-outputs or stand-in runner never reaches the
+    host's own library."""
     vendor = vendor.lower()
     sources = BACKENDS.get(vendor)
+    if load is None and run is run_tool:
+        load = load_library
     reasons: list[str] = []
     if sources is None:
         reasons.append("no telemetry backend for this vendor")
     for source in sources or ():
-        if not which(source.tool):
+        target: Any = run
+        if source.library:
+            if load is None:
+                continue
+            target = load(source.tool)
+            if target is None:
+                reasons.append(f"{source.tool} Python library not installed")
+                continue
+        elif not which(source.tool):
             reasons.append(f"{source.tool} not found on PATH")
             continue
         try:
-            readings = source.read(run)
+            readings = source.read(target)
         except subprocess.CalledProcessError as e:
             reasons.append(f"{source.tool} failed (exit status {e.returncode})")
             continue
@@ -290,7 +388,10 @@ def recorded_tools(directory: Path) -> tuple[Runner, Which]:
 
 
 def telemetry_notes(
-    vendors: Iterable[str], which: Which = shutil.which, run: Runner = run_tool
+    vendors: Iterable[str],
+    which: Which = shutil.which,
+    run: Runner = run_tool,
+    load: Callable[[str], Any | None] | None = None,
 ) -> dict[str, str]:
     """vendor → why its cards on this node report no metrics, for each vendor of the node's
     cards whose telemetry cannot be read here (each source tried once, as a sample would);
@@ -298,7 +399,7 @@ def telemetry_notes(
     notes: dict[str, str] = {}
     for vendor in sorted({v.lower() for v in vendors} - {"nvidia"}):
         try:
-            read_vendor(vendor, run, which, strict=True)
+            read_vendor(vendor, run, which, strict=True, load=load)
         except TelemetryUnavailable as e:
             notes[vendor] = f"{e}; these cards report no metrics"
     return notes

@@ -162,3 +162,83 @@ async def test_card_lending_vram_reads_the_vendor_tool(tmp_path: Path) -> None:
     held = await vram_held_mb((cards[0].uuid,), False, None, cards, recorded_tools(tmp_path))
     assert held == 14569.0
     assert await vram_held_mb((cards[0].uuid,), False, None, cards, (str, lambda t: None)) is None
+
+
+class FakeAmdSmi:
+    """A stand-in for the `amdsmi` Python module: an MI300X (current socket power, hotspot) and
+    an older card (average power only, no hotspot sensor, uncorrectable ECC errors)."""
+
+    class AmdSmiTemperatureType:
+        EDGE, HOTSPOT = 0, 1
+
+    class AmdSmiTemperatureMetric:
+        CURRENT = 0
+
+    def __init__(self, init_error: Exception | None = None) -> None:
+        self.init_error = init_error
+        self.shut = False
+
+    def amdsmi_init(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+
+    def amdsmi_shut_down(self) -> None:
+        self.shut = True
+
+    def amdsmi_get_processor_handles(self) -> list[str]:
+        return ["h0", "h1"]
+
+    def amdsmi_get_gpu_activity(self, h: str) -> dict[str, object]:
+        return {"gfx_activity": 87 if h == "h0" else 5, "umc_activity": 3, "mm_activity": "N/A"}
+
+    def amdsmi_get_gpu_vram_usage(self, h: str) -> dict[str, int]:
+        return {"vram_total": 196592 if h == "h0" else 65520, "vram_used": 1024}
+
+    def amdsmi_get_power_info(self, h: str) -> dict[str, object]:
+        if h == "h0":
+            return {"current_socket_power": 350, "average_socket_power": "N/A"}
+        return {"current_socket_power": 0xFFFFFFFF, "average_socket_power": 120}
+
+    def amdsmi_get_temp_metric(self, h: str, sensor: int, metric: int) -> int:
+        if h == "h1" and sensor == self.AmdSmiTemperatureType.HOTSPOT:
+            raise RuntimeError("AMDSMI_STATUS_NOT_SUPPORTED")
+        return 55 if sensor == self.AmdSmiTemperatureType.HOTSPOT else 40
+
+    def amdsmi_get_gpu_total_ecc_count(self, h: str) -> dict[str, int]:
+        return {"correctable_count": 7, "uncorrectable_count": 2 if h == "h1" else 0}
+
+
+def test_amdsmi_library_is_read_first() -> None:
+    lib = FakeAmdSmi()
+
+    def run(cmd: Sequence[str]) -> str:
+        raise AssertionError("the library answered: no tool runs")
+
+    first, second = read_vendor("amd", run, lambda tool: "/usr/bin/" + tool, load=lambda n: lib)
+    assert (first.index, first.utilization_pct, first.power_w, first.temperature_c) == (
+        0,
+        87.0,
+        350.0,
+        55.0,
+    )
+    assert (first.memory_used_mb, first.memory_total_mb, first.health) == (1024, 196592, "unknown")
+    # No current socket power (UINT32_MAX): the average; no hotspot sensor: the edge.
+    assert (second.index, second.power_w, second.temperature_c) == (1, 120.0, 40.0)
+    assert second.health == "critical"  # uncorrectable ECC errors
+    assert lib.shut
+
+
+def test_amdsmi_library_failing_falls_back_to_the_tools() -> None:
+    lib = FakeAmdSmi(init_error=RuntimeError("AMDSMI_STATUS_DRIVER_NOT_LOADED"))
+    metric = _text("amd/amd-smi-metric.json")
+    (card,) = read_vendor(
+        "amd", lambda cmd: metric, lambda tool: "/usr/bin/" + tool, load=lambda n: lib
+    )
+    assert card.power_w == 20.0  # from `amd-smi metric --json`
+    notes = telemetry_notes(["amd"], lambda tool: None, lambda cmd: "", load=lambda n: None)
+    assert notes == {
+        "amd": "amdsmi Python library not installed; amd-smi not found on PATH;"
+        " rocm-smi not found on PATH; these cards report no metrics"
+    }
+    notes = telemetry_notes(["amd"], lambda tool: None, lambda cmd: "", load=lambda n: lib)
+    assert notes["amd"].startswith("amdsmi failed (AMDSMI_STATUS_DRIVER_NOT_LOADED); amd-smi")
