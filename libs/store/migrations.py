@@ -379,6 +379,20 @@ MIGRATIONS: list[tuple[int, str]] = [
         WHERE jsonb_typeof(doc->'inventory') = 'object' AND NOT (doc->'inventory' ? 'telemetry');
         """,
     ),
+    (
+        15,
+        """
+        -- A task's variants and the one placed (docs/scheduling.md#variants), its device
+        -- requeues and a node's quarantined cards (docs/operations.md, card quarantine):
+        -- stored rows gain the defaults replay gives. Values already present win.
+        UPDATE tasks SET doc = '{"variant": null, "requeues": 0}'::jsonb || doc
+        WHERE NOT (doc ?& ARRAY['variant', 'requeues']);
+        UPDATE tasks SET doc = jsonb_set(doc, '{spec,variants}', '[]'::jsonb)
+        WHERE jsonb_typeof(doc->'spec') = 'object' AND NOT (doc->'spec' ? 'variants');
+        UPDATE nodes SET doc = doc || '{"quarantined_gpus": []}'::jsonb
+        WHERE NOT (doc ? 'quarantined_gpus');
+        """,
+    ),
 ]
 
 # Tables rebuilt by replay (order matters for foreign keys: children first when clearing).

@@ -1,6 +1,7 @@
-"""Rows stored before a field existed agree with replay once migrations 13 and 14 give
-them the field's default: a task without `ports`, a node whose inventory has no `host_id`,
-`port_range`, `isolation`, `userns_remap`, `cgroups` or `telemetry` (and events of the same age)."""
+"""Rows stored before a field existed agree with replay once migrations 13, 14 and 15 give
+them the field's default: a task without `ports`, `variant`, `requeues` or `spec.variants`, a
+node without `quarantined_gpus` or whose inventory has no `host_id`, `port_range`,
+`isolation`, `userns_remap`, `cgroups` or `telemetry` (and events of the same age)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,10 @@ async def test_rows_without_the_new_fields_are_migrated_and_replay_agrees(api: A
         )
         await conn.execute("UPDATE events SET payload = payload - 'ports'")
         await conn.execute("ALTER TABLE events ENABLE TRIGGER events_no_update")
-        await conn.execute("UPDATE tasks SET doc = doc - 'ports'")
+        await conn.execute(
+            "UPDATE tasks SET doc = (doc - 'ports' - 'variant' - 'requeues') #- '{spec,variants}'"
+        )
+        await conn.execute("UPDATE nodes SET doc = doc - 'quarantined_gpus'")
         await conn.execute(
             f"UPDATE nodes SET doc = jsonb_set(doc, '{{inventory}}', (doc->'inventory') - {drop})"
         )
@@ -46,6 +50,7 @@ async def test_rows_without_the_new_fields_are_migrated_and_replay_agrees(api: A
     async with api.store.pool.connection() as conn:
         await conn.execute(dict(MIGRATIONS)[13])
         await conn.execute(dict(MIGRATIONS)[14])
+        await conn.execute(dict(MIGRATIONS)[15])
         cur = await conn.execute("SELECT doc->'inventory'->>'address' FROM nodes")
         row = await cur.fetchone()
         assert row is not None and row[0] == "10.1.2.3"  # what was there is kept
