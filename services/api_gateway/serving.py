@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
 import time
@@ -276,9 +277,11 @@ class ServingRouter:
         if self.nc is not None and self.nc.is_connected:
             await self.nc.publish(serving_metrics_subject(t.id), m.model_dump_json().encode())
 
-    def _announce(self, t: Target) -> None:
-        """Publish now when the figures last published show no request for a while."""
-        if t.last_activity - t.announced < ANNOUNCE_AFTER_S:
+    def _announce(self, t: Target, quiet_s: float = math.inf) -> None:
+        """Publish now when a request ends a quiet spell (`quiet_s` since the one before)
+        and the figures last published are older than that. Under steady load requests
+        are never a second apart, and the figures go out at the metrics interval only."""
+        if quiet_s < ANNOUNCE_AFTER_S or t.last_activity - t.announced < ANNOUNCE_AFTER_S:
             return
         job = asyncio.create_task(self.publish(t))
         self._announcing.add(job)
@@ -373,9 +376,11 @@ class ServingRouter:
 
     async def acquire(self, t: Target, exclude: set[str]) -> Replica:
         """A ready replica (least outstanding), waiting a bounded time in a bounded queue."""
-        t.last_activity = self.clock()
-        t.window.started(t.last_activity)
-        self._announce(t)
+        now = self.clock()
+        quiet_s = now - t.last_activity
+        t.last_activity = now
+        t.window.started(now)
+        self._announce(t, quiet_s)
         replica = pick(t.replicas.values(), exclude)
         if replica is not None:
             return replica
