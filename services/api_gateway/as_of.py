@@ -8,6 +8,7 @@ are folded to the same time.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated
 
@@ -26,6 +27,12 @@ from libs.store.projections import GROUPS, JOBS, NODES, TASKS
 
 from .schemas import QueryModel, query_of
 
+# RFC 3339's date-time (section 5.6), the only form `as_of` takes: ISO 8601's other forms
+# (week dates, basic format, an hour alone, no offset) are refused.
+RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+
 
 class AsOfQuery(QueryModel):
     as_of: str = Field(
@@ -33,20 +40,23 @@ class AsOfQuery(QueryModel):
         max_length=64,
         description=(
             "an RFC 3339 time with its UTC offset (e.g. 2026-12-01T12:00:00Z): the state "
-            "folded from the event log up to that time; empty: the live state"
+            "folded from the event log up to that time; absent: the live state"
         ),
         json_schema_extra={"format": "date-time"},
     )
 
     def at(self) -> datetime | None:
-        """The time asked for, or None for the live state; 400/40003 for a bad one."""
-        if not self.as_of:
+        """The time asked for, or None for the live state (no `as_of` given); 400/40003 for
+        anything but an RFC 3339 date-time, an empty value included."""
+        if "as_of" not in self.model_fields_set:
             return None
-        try:
-            at = datetime.fromisoformat(self.as_of)
-        except ValueError:
-            at = None
-        if at is None or at.tzinfo is None or "T" not in self.as_of.upper():
+        at: datetime | None = None
+        if RFC3339.fullmatch(self.as_of):
+            try:
+                at = datetime.fromisoformat(self.as_of.upper().replace("Z", "+00:00"))
+            except ValueError:  # a day or hour out of range (2026-02-30, 25:00)
+                at = None
+        if at is None:
             raise DomainError(
                 Code.INVALID_VALUE,
                 "as_of must be an RFC 3339 time with a UTC offset, e.g. 2026-12-01T12:00:00Z"

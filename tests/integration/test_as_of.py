@@ -138,8 +138,28 @@ async def test_as_of_of_a_job_follows_its_tasks(api: Api) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["yesterday", "2026-12-01", "2026-12-01T12:00:00", "1700000000", "2026-13-01T00:00:00Z"],
-    ids=["words", "date only", "no offset", "epoch", "month 13"],
+    [
+        "yesterday",
+        "2026-12-01",
+        "2026-12-01T12:00:00",
+        "1700000000",
+        "2026-13-01T00:00:00Z",
+        "",
+        "20261201T120000Z",
+        "2026-W48-2T12:00:00Z",
+        "2026-12-01T12+00:00",
+    ],
+    ids=[
+        "words",
+        "date only",
+        "no offset",
+        "epoch",
+        "month 13",
+        "empty",
+        "basic format",
+        "week date",
+        "hour only",
+    ],
 )
 async def test_a_bad_as_of_is_refused_by_name(api: Api, value: str) -> None:
     r = await api.client.post(
