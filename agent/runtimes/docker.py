@@ -340,10 +340,13 @@ class DockerRuntime(Runtime):
         if spec.qos != GOLD:
             return None
         card = spec.gpu_ids[0]
+        # The low-level list: `containers.list` inspects each one, and a container removed
+        # between the list and its inspection would fail this start with a NotFound.
         taken = {
-            c.labels.get(LABEL_MIG, "")
-            for c in self.client.containers.list(all=True, filters={"label": LABEL_MIG})
-            if c.status in ("created", "running", "restarting", "paused") and c.name != spec.name
+            str((c.get("Labels") or {}).get(LABEL_MIG, ""))
+            for c in self.client.api.containers(all=True, filters={"label": LABEL_MIG})
+            if c.get("State") in ("created", "running", "restarting", "paused")
+            and f"/{spec.name}" not in (c.get("Names") or ())
         }
         mig = choose_mig(mig_instances(card, self.nvml), spec.gpu_memory_mb, taken)
         if mig is None:

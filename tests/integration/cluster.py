@@ -206,6 +206,24 @@ class Cluster(TenantCalls):
                 out.append(payload["to_status"])
         return out
 
+    def history(self, task_id: str) -> str:
+        """The task's transitions with who made them and why, one a line: for a failure's
+        message, so a CI log says what happened instead of only that it did."""
+        import psycopg
+
+        with psycopg.connect(self.database_url) as conn:
+            rows = conn.execute(
+                "SELECT version, type, payload, metadata FROM events WHERE stream_id = %s"
+                " ORDER BY version",
+                (task_id,),
+            ).fetchall()
+        keys = ("from_status", "to_status", "actor", "reason_code", "reason", "error", "node_id")
+        lines = []
+        for version, kind, payload, meta in rows:
+            fields = {k: payload.get(k) for k in keys if payload.get(k)}
+            lines.append(f"{version} {kind} {fields} {meta or {}}")
+        return "\n".join(lines)
+
     def stop(self) -> None:
         for node_id in list(self.agents):
             proc = self.agents.pop(node_id)
@@ -248,10 +266,16 @@ class Cluster(TenantCalls):
             # The low-level list: `containers.list` inspects each container it lists and
             # fails on one that another test removed meanwhile (the engine is shared), which
             # skipped this whole cleanup and left this test's containers behind.
-            installations: set[str] = set()
+            # This platform's installation: its networks go even when no container of it is
+            # left (a test that removed its container itself left the bridge behind, and the
+            # engine's address pools ran out a few dozen tests later).
+            mine = self.root / "home" / "installation_id"
+            installations = {mine.read_text().strip()} if mine.exists() else set()
             for c in client.api.containers(all=True, filters={"label": "heteroflow.managed"}):
                 labels = c.get("Labels") or {}
-                if labels.get("heteroflow.task_id") in ids:
+                if labels.get("heteroflow.task_id") in ids or (
+                    labels.get("heteroflow.installation") in installations
+                ):
                     installations.add(str(labels.get("heteroflow.installation") or ""))
                     with contextlib.suppress(docker.errors.NotFound):
                         client.api.remove_container(c["Id"], force=True)

@@ -277,8 +277,11 @@ async def _until_acked_pending(
     """Until `n` (at least, or `at_most`) messages are delivered and not yet acknowledged."""
     end = time.monotonic() + DEADLINE_S
     while True:
-        pending = (await js.consumer_info(stream, durable)).num_ack_pending
-        if (pending <= n) if at_most else (pending >= n):
+        try:
+            pending: int | None = (await js.consumer_info(stream, durable)).num_ack_pending
+        except NotFoundError:  # the consumer's task has not declared it yet
+            pending = None
+        if pending is not None and ((pending <= n) if at_most else (pending >= n)):
             return
         assert time.monotonic() < end, f"{n} messages delivered to the consumer, not {pending}"
         await asyncio.sleep(0.02)

@@ -346,7 +346,7 @@ def test_request_for_a_sleeper_whose_host_is_gone_is_served_elsewhere(cluster: C
         "scheduled",
         "starting",
         "running",
-    ]
+    ], cluster.history(t["id"])
 
 
 @pytest.mark.cluster_env(HETEROFLOW_SERVE_IDLE_MINUTE_S="2", HETEROFLOW_SERVE_ADOPT_INTERVAL_S="1")

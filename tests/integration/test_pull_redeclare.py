@@ -40,12 +40,14 @@ async def test_a_pull_loop_declares_its_consumer_again_when_the_server_has_none(
     declare = functools.partial(ensure_durable_consumer, js, stream, durable, subject)
     await declare()
     declared: list[str] = []  # what each declaring by the loop came to
+    errors: list[str] = []
 
     async def declare_again() -> None:
         try:
             await declare()
-        except Exception:
+        except Exception as exc:
             declared.append("failed")
+            errors.append(repr(exc))
             raise
         declared.append("ok")
 
@@ -66,15 +68,19 @@ async def test_a_pull_loop_declares_its_consumer_again_when_the_server_has_none(
         await js.delete_consumer(stream, durable)
         await js.publish(subject, b"second")
         await wait_until_async(lambda: b"second" in got, 20, 0.05, f"after delete: {got}")
-        assert declared == ["ok"]
+        # Declared again; on a loaded machine an attempt may time out first and be retried.
+        assert declared and declared[-1] == "ok", (declared, errors)
+        before = len(declared)
 
         # The stream gone too, as with a lost store: declaring fails until it is back.
         await js.delete_stream(stream)
-        await wait_until_async(lambda: "failed" in declared, 20, 0.05, "a declaring refused")
+        await wait_until_async(
+            lambda: "failed" in declared[before:], 20, 0.05, "a declaring refused"
+        )
         await js.add_stream(config)  # its declarer (`heteroflow up`) makes it again
         await js.publish(subject, b"third")
         await wait_until_async(lambda: b"third" in got, 20, 0.05, f"after the stream: {got}")
-        assert declared[0] == "ok" and declared[-1] == "ok" and "failed" in declared[1:-1]
+        assert declared[-1] == "ok" and "failed" in declared[before:-1], (declared, errors)
     finally:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -54,7 +54,11 @@ def pending_reason_codes(database_url: str) -> set[str]:
     return {row[0] for row in rows}
 
 
-@pytest.mark.cluster_env(HETEROFLOW_SCHEDULE_MAX_STARTING_PER_NODE=str(BOUND))
+# The cluster's 3 s before a silent node is offline is for the node-loss tests; here a loaded
+# CI machine once let a heartbeat run late, and the tasks of the node "lost" were placed again.
+@pytest.mark.cluster_env(
+    HETEROFLOW_SCHEDULE_MAX_STARTING_PER_NODE=str(BOUND), HETEROFLOW_NODE_OFFLINE_AFTER_S="30"
+)
 def test_burst_is_placed_within_the_bound_and_spreads(cluster: Cluster) -> None:
     ids = [cluster.create(name=f"b{i}", command="sleep 3")["id"] for i in range(BURST)]
     for node in ("s1", "s2"):
@@ -71,5 +75,6 @@ def test_burst_is_placed_within_the_bound_and_spreads(cluster: Cluster) -> None:
     peak = most_in_flight(events)
     assert max(peak[n] for n in ("s1", "s2")) == BOUND, peak  # reached, never passed
     ran_on = Counter(e["node_id"] for e in events if e["to_status"] == "scheduled")
-    assert set(ran_on) == {"s1", "s2"} and sum(ran_on.values()) == BURST, ran_on
+    again = [e for e in events if e["to_status"] == "pending"]  # placed, then sent back: why
+    assert set(ran_on) == {"s1", "s2"} and sum(ran_on.values()) == BURST, (ran_on, again)
     assert "starts_in_flight" in pending_reason_codes(cluster.database_url)
