@@ -31,13 +31,27 @@ async def serve_agent(settings: AgentSettings, nats_url: str, stop: asyncio.Even
     """
     node_id = settings.node_id
     login = not _has_userinfo(nats_url) and settings.agent_token is not None
-    nc = await connect(
-        nats_url,
-        f"agent-{node_id}",
-        user=perms.nats_user(node_id) if login else None,
-        password=settings.agent_token.get_secret_value() if settings.agent_token else None,
-        inbox_prefix=perms.agent_inbox_prefix(node_id) if login else None,
+    # The first connect retries (the server may start later, a refused login may be fixed)
+    # for up to a minute; a stop meanwhile ends it at once instead of after that minute.
+    connecting = asyncio.ensure_future(
+        connect(
+            nats_url,
+            f"agent-{node_id}",
+            user=perms.nats_user(node_id) if login else None,
+            password=settings.agent_token.get_secret_value() if settings.agent_token else None,
+            inbox_prefix=perms.agent_inbox_prefix(node_id) if login else None,
+        )
     )
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await connecting
+        log.info("agent_stopped_before_connecting", node_id=node_id)
+        return
+    nc = connecting.result()
     READINESS.require("agent: nats connected", lambda: nc.is_connected)
     js = nc.jetstream()
     try:

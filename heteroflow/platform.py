@@ -483,7 +483,29 @@ async def _serve_services(
         if t in tasks and t.exception():
             log.error("service_failed", error=repr(t.exception()))
     stop.set()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await _stopped(tasks, [r.__name__ for r in runners])
+
+
+# How long the services have to end once told to stop. Past it the ones still running are
+# named in the log and cancelled, so the store and the embedded servers still close in order
+# (and a supervisor's stop timeout is not spent waiting on one service).
+SERVICES_STOP_S = 20.0
+
+
+async def _stopped(tasks: list[asyncio.Task[None]], names: list[str]) -> None:
+    done, late = await asyncio.wait(tasks, timeout=SERVICES_STOP_S)
+    if late:
+        log.warning(
+            "services_stop_overdue",
+            services=[n for n, t in zip(names, tasks, strict=True) if t in late],
+            after_s=SERVICES_STOP_S,
+        )
+        for t in late:
+            t.cancel()
+        await asyncio.wait(late, timeout=5.0)
+    for t in done:
+        if not t.cancelled() and t.exception() is not None:
+            log.error("service_failed_stopping", error=repr(t.exception()))
 
 
 async def _serve_processes(

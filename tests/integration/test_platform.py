@@ -72,10 +72,31 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], home: Path) -> None:
 
 def _stop(proc: subprocess.Popen[bytes], home: Path) -> str:
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=STOP_TIMEOUT_S)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        stacks = _stacks(proc.pid)
+        proc.kill()
+        proc.wait()
+        raise AssertionError(
+            f"`up` still running {STOP_TIMEOUT_S:g} s after SIGTERM; its threads:\n{stacks}\n"
+            f"its log:\n{_output(home)[-4000:]}"
+        ) from None
     out = _output(home)
     assert proc.returncode == 0, out[-3000:]
     return out
+
+
+def _stacks(pid: int) -> str:
+    """Where a process is stuck, from py-spy (a test dependency) when it can read it."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    try:
+        done = subprocess.run(
+            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(no stacks: {exc!r})"
+    return (done.stdout + done.stderr)[-6000:]
 
 
 def _client(url: str, key: str) -> httpx.Client:

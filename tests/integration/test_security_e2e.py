@@ -53,6 +53,9 @@ def _wait(cond: Callable[[], bool], what: str, log: Path, timeout: float = 60.0)
     wait_until(holds, timeout, 0.2, lambda: f"{what}\n{log.read_text()[-4000:]}")
 
 
+STOP_PROMPTLY_S = 15.0
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -133,6 +136,10 @@ def test_a_registered_node_runs_work_with_its_own_key_only(root: Path) -> None:
         agents.append(_spawn(["agent"], joiner, root / "joiner.log"))
         _wait(lambda: "edge-3" in online(), "edge-3 joined and online", root / "joiner.log")
         assert (root / "edge-3" / "agent_token").stat().st_mode & 0o777 == 0o600
+        # Told to stop, the agent whose login is refused stops at once (it retried its
+        # first connect, and its stop waited for that minute to end).
+        impostor.send_signal(signal.SIGTERM)
+        impostor.wait(STOP_PROMPTLY_S)
     finally:
         for proc in agents:
             _stop(proc)

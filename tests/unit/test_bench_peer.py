@@ -202,13 +202,34 @@ async def test_heteroflow_submit_waits_out_a_throttle_and_sends_again(tmp_path: 
 def test_hygiene_counts_zombies_and_task_directories(tmp_path: Path) -> None:
     from bench.peer import hygiene
 
-    child = subprocess.Popen(["true"])
-    deadline = time.monotonic() + 5
-    while hygiene.zombies_under(os.getpid()) == 0:  # ended, not yet waited for
-        assert time.monotonic() < deadline, "the child never showed as a zombie"
-        time.sleep(0.01)
-    child.wait()
-    assert hygiene.zombies_under(os.getpid()) == 0
+    # A parent of its own (this test process has other children, from other tests): it
+    # starts a child that ends at once, reaps it when told, then waits to be told to end.
+    script = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen(['true'])\n"
+        "sys.stdin.readline()\n"
+        "child.wait()\n"
+        "print('reaped', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    try:
+        deadline = time.monotonic() + 10
+        while hygiene.zombies_under(parent.pid) == 0:  # ended, not yet waited for
+            assert time.monotonic() < deadline, "the child never showed as a zombie"
+            time.sleep(0.01)
+        assert hygiene.zombies_under(parent.pid) == 1
+        parent.stdin.write("reap\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "reaped"
+        assert hygiene.zombies_under(parent.pid) == 0
+    finally:
+        parent.stdin.write("end\n")
+        parent.stdin.close()
+        parent.wait(10)
     for name in ("a-0", "b-0", "b-1"):
         (tmp_path / "agents" / "n1" / "tasks" / name).mkdir(parents=True)
     assert hygiene.task_dirs(tmp_path) == 3
