@@ -96,13 +96,15 @@ def mps_limits(run: RunSpec) -> dict[str, str]:
 
 @dataclass
 class NoContainers:
-    def list(self, **_: Any) -> list[Any]:
+    """The engine's low-level API with no container on it (the MIG choice lists through it)."""
+
+    def containers(self, **_: Any) -> list[Any]:
         return []
 
 
 @dataclass
 class Engine:
-    containers: NoContainers = field(default_factory=NoContainers)
+    api: NoContainers = field(default_factory=NoContainers)
 
 
 @dataclass
