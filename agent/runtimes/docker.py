@@ -53,6 +53,7 @@ from .base import (
     gpu_visibility_env,
     split_output,
 )
+from .daemon_threads import DaemonThreads
 from .networks import TenantNetworks
 from .networks import prune as networks_prune
 from .sharing import GOLD, SILVER, MigInstance, MpsDaemon, choose_mig, mig_instances, mps_env
@@ -189,6 +190,8 @@ class DockerRuntime(Runtime):
         self._networks_lock = threading.Lock()
         self._max_threads = max_threads
         self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="hf-docker")
+        # The waits on running containers: abandoned at exit, not waited for (daemon_threads).
+        self._waits = DaemonThreads(max_threads, "hf-docker-wait")
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -258,6 +261,7 @@ class DockerRuntime(Runtime):
             except (TimeoutError, RuntimeFault, docker.errors.DockerException) as exc:
                 log.warning("tenant_networks_not_pruned", error=str(exc))
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._waits.shutdown()
         if self._client is not None:
             self._client.close()
 
@@ -543,7 +547,7 @@ class DockerRuntime(Runtime):
         )
 
     async def wait(self, handle: Handle) -> ExitReport:
-        while not await self._run(self._wait_once, handle):
+        while not await asyncio.wrap_future(self._waits.submit(partial(self._wait_once, handle))):
             pass
         return await self._run(self._report_sync, handle)
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,9 +226,10 @@ class Cluster(TenantCalls):
         return "\n".join(lines)
 
     def stop(self) -> None:
-        for node_id in list(self.agents):
-            proc = self.agents.pop(node_id)
+        stopping = [self.agents.pop(node_id) for node_id in list(self.agents)]
+        for proc in stopping:  # all told at once, then waited for
             proc.send_signal(signal.SIGTERM)
+        for proc in stopping:
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
@@ -271,14 +273,23 @@ class Cluster(TenantCalls):
             # engine's address pools ran out a few dozen tests later).
             mine = self.root / "home" / "installation_id"
             installations = {mine.read_text().strip()} if mine.exists() else set()
+            doomed: list[str] = []
             for c in client.api.containers(all=True, filters={"label": "heteroflow.managed"}):
                 labels = c.get("Labels") or {}
                 if labels.get("heteroflow.task_id") in ids or (
                     labels.get("heteroflow.installation") in installations
                 ):
                     installations.add(str(labels.get("heteroflow.installation") or ""))
-                    with contextlib.suppress(docker.errors.NotFound):
-                        client.api.remove_container(c["Id"], force=True)
+                    doomed.append(str(c["Id"]))
+
+            def remove(container_id: str) -> None:
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.api.remove_container(container_id, force=True)
+
+            # Together: a running container takes the engine about a second to kill and
+            # remove, and a serving test leaves several.
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(remove, doomed))
             # Their tenant networks: the engine has room for about 30 bridges.
             from agent.runtimes.networks import prune as prune_networks
 
