@@ -299,5 +299,27 @@ class Cluster(TenantCalls):
             pass
 
 
+def remove_installation(home: Path) -> None:
+    """Every container and tenant network of the installation whose home is `home` (its
+    `installation_id`), on this machine's engine; nothing without an engine or an id."""
+    mine = home / "installation_id"
+    if not mine.exists():
+        return
+    installation = mine.read_text().strip()
+    try:
+        import docker
+
+        from agent.runtimes.networks import prune
+
+        client = docker.from_env(timeout=5)
+        label = f"heteroflow.installation={installation}"
+        for c in client.api.containers(all=True, filters={"label": label}):
+            with contextlib.suppress(docker.errors.NotFound):
+                client.api.remove_container(c["Id"], force=True)
+        prune(client, installation, "iptables")
+    except Exception:  # noqa: BLE001 - no engine: nothing was left on one
+        pass
+
+
 def run_async(coro: Any) -> Any:
     return asyncio.new_event_loop().run_until_complete(coro)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ import pytest
 from tests.wait import wait_until
 
 from . import web
+from .cluster import remove_installation
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -111,30 +111,8 @@ def home() -> Iterator[Path]:
     # Not tmp_path: pytest prunes old base dirs under a running server of another session.
     root = Path(tempfile.mkdtemp(prefix="hf-up-"))
     yield root / "home"
-    _remove_containers(root / "home")
+    remove_installation(root / "home")  # the local agent keeps exited containers
     shutil.rmtree(root, ignore_errors=True)
-
-
-def _remove_containers(home: Path) -> None:
-    """The local agent's containers (kept after they exit, by design) and tenant networks:
-    they would outlive the test on a shared engine."""
-    mine = home / "installation_id"
-    if not mine.exists():
-        return
-    installation = mine.read_text().strip()
-    try:
-        import docker
-
-        from agent.runtimes.networks import prune
-
-        client = docker.from_env(timeout=5)
-        label = f"heteroflow.installation={installation}"
-        for c in client.api.containers(all=True, filters={"label": label}):
-            with contextlib.suppress(docker.errors.NotFound):
-                client.api.remove_container(c["Id"], force=True)
-        prune(client, installation, "iptables")
-    except Exception:  # noqa: BLE001 - no engine: nothing was left on one
-        pass
 
 
 def test_up_creates_credentials_serves_tasks_and_survives_restart(home: Path) -> None:
