@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import importlib
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -32,7 +33,18 @@ from ..gateway_load import GatewayLoad, _free_port, _start, _stop, _wait_ready
 from ..report import environment
 from ..serving import seed_replica
 from .load import WRK, json_load, sse_load
-from .table import CHUNKS, DIRECT, HETEROFLOW, RAY, Figures, render, render_targets, targets
+from .table import (
+    CHUNKS,
+    DIRECT,
+    HAPROXY,
+    HETEROFLOW,
+    RAY,
+    Figures,
+    floors,
+    render,
+    render_targets,
+    targets,
+)
 
 DESCRIPTION = "the replica, HeteroFlow /serve/ and Ray Serve: req/s, p99, SSE, gateway CPU"
 
@@ -43,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=5.0, help="seconds per JSON load step (5)")
     p.add_argument("--quick", action="store_true", help="1 s steps, few streams (for tests)")
     p.add_argument("--no-ray", action="store_true", help="leave Ray Serve out")
+    p.add_argument("--no-haproxy", action="store_true", help="leave the HAProxy floor out")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write every figure as JSON")
     return p
 
@@ -128,6 +141,48 @@ async def run_direct(args: argparse.Namespace) -> Figures:
         await _stop(proc)
 
 
+HAPROXY_CONFIG = """\
+global
+    nbthread 1
+    maxconn 8192
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    option http-keep-alive
+    http-reuse always
+frontend in
+    bind 127.0.0.1:{port}
+    default_backend replica
+backend replica
+    server r1 127.0.0.1:{upstream} maxconn 1024
+"""
+
+
+async def run_haproxy(args: argparse.Namespace) -> Figures:
+    """HAProxy with one thread (as the gateway has one worker) before the same replica."""
+    port, up_port = _free_port(), _free_port()
+    replica = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.serve_peer.app", str(up_port)
+    )
+    try:
+        with tempfile.TemporaryDirectory(prefix="hf-bench-haproxy-") as home:
+            cfg = Path(home) / "haproxy.cfg"
+            cfg.write_text(HAPROXY_CONFIG.format(port=port, upstream=up_port))
+            proxy = await asyncio.create_subprocess_exec(
+                "haproxy", "-db", "-f", str(cfg), stdout=asyncio.subprocess.DEVNULL
+            )
+            try:
+                await _wait_port(up_port)
+                await _wait_port(port)
+                return await measure(port, "", "", args.quick, args.duration, Gateway(proxy.pid))
+            finally:
+                await _stop(proxy)
+    finally:
+        await _stop(replica)
+
+
 async def _wait_port(port: int, within_s: float = 30.0) -> None:
     deadline = time.monotonic() + within_s
     while True:
@@ -202,6 +257,8 @@ async def run_all(
                     f = await run_direct(args)
                 elif name == HETEROFLOW:
                     f = await run_heteroflow(args, db, nats)
+                elif name == HAPROXY:
+                    f = await run_haproxy(args)
                 else:
                     f = await run_ray(args)
             except Exception as e:  # noqa: BLE001 - reported, the other systems go on
@@ -216,20 +273,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure("warning", "json")
     why = "left out (--no-ray)" if args.no_ray else ray_missing()
-    names = [DIRECT, HETEROFLOW] + ([] if why else [RAY])
+    ha_why = (
+        "left out (--no-haproxy)"
+        if args.no_haproxy
+        else ("" if shutil.which("haproxy") else "not installed (apt install haproxy)")
+    )
+    names = [DIRECT, HETEROFLOW] + ([] if why else [RAY]) + ([] if ha_why else [HAPROXY])
     env = environment()
     busy = psutil.cpu_percent(interval=0.5)
     with servers() as srv:
         results, notes = asyncio.run(run_all(args, names, srv.database_url, srv.nats_url))
-    if why:
-        results[RAY] = []
+    missing = {n: w for n, w in ((RAY, why), (HAPROXY, ha_why)) if w}
+    for name in missing:
+        results[name] = []
     client = "wrk" if WRK else "bench/httpload.py"
     print(f"{env['date']}, {env['cpus']} CPUs, {busy:.0f}% busy before the run, {env['command']}")
     print(f"JSON load: {client}; SSE: asyncio client; {args.rounds} round(s), min–max")
     print()
-    print(render(results, {RAY: why} if why else {}))
+    print(render(results, missing))
     print()
     print(render_targets(targets(results)))
+    if floor := floors(results):
+        print("\n".join(floor))
     if notes:
         print()
         print("\n".join(f"* {n}" for n in notes))

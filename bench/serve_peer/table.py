@@ -15,6 +15,9 @@ Figures = dict[str, float]
 CHUNKS = 100  # events per SSE answer of the app
 
 DIRECT, HETEROFLOW, RAY = "replica directly (uvicorn)", "HeteroFlow /serve/{id}/...", "Ray Serve"
+# A floor, not a peer: a proven C proxy (one thread, like the one gateway worker) in front of
+# the same replica, on the same cores: what any proxy in between costs on this machine.
+HAPROXY = "HAProxy (1 thread) in front"
 COLUMNS: list[tuple[str, str, str]] = [  # key, header, format
     ("c1_rate", "c=1 req/s", ",.0f"),
     ("c1_p50", "c=1 p50 ms", ".2f"),
@@ -102,11 +105,7 @@ def targets(results: dict[str, list[Figures]]) -> list[tuple[str, str, str]]:
     )
     added = _worst(hf, "c1_p50", False) - _best(d, "c1_p50", False)
     check("c=1 added p50 ≤ 0.3 ms", added <= 0.3 if judged(added) else None, f"{added:.2f} ms")
-    falls = [
-        r["c1_rate"] <= r["c16_rate"] <= r["c64_rate"]
-        for r in hf
-        if all(k in r and not math.isnan(r[k]) for k in ("c1_rate", "c16_rate", "c64_rate"))
-    ]
+    falls = _no_fall(hf)
     check("no fall c=1→16→64", all(falls) if falls else None, f"{sum(falls)}/{len(falls)} rounds")
     hs, ds = _worst(hf, "sse_rate", True), _best(d, "sse_rate", True)
     check(
@@ -118,6 +117,35 @@ def targets(results: dict[str, list[Figures]]) -> list[tuple[str, str, str]]:
     check(
         "256 streams: none fails", failed == 0 if judged(failed) else None, f"{failed:.0f} failed"
     )
+    return out
+
+
+def _no_fall(rounds: Sequence[Figures]) -> list[bool]:
+    """Per round: the rate does not fall from c=1 to c=16 to c=64."""
+    keys = ("c1_rate", "c16_rate", "c64_rate")
+    return [
+        r["c1_rate"] <= r["c16_rate"] <= r["c64_rate"]
+        for r in rounds
+        if all(k in r and not math.isnan(r[k]) for k in keys)
+    ]
+
+
+def floors(results: dict[str, list[Figures]]) -> list[str]:
+    """What the machine allows any proxy, from the HAProxy row (not targets, context)."""
+    ha = results.get(HAPROXY, [])
+    out: list[str] = []
+    falls = _no_fall(ha)
+    if falls:
+        out.append(f"floor  HAProxy no fall c=1→16→64: {sum(falls)}/{len(falls)} rounds")
+    for c in (16, 64):
+        h, a = (
+            _worst(results.get(HETEROFLOW, []), f"c{c}_rate", True),
+            _best(ha, f"c{c}_rate", True),
+        )
+        if not math.isnan(h) and not math.isnan(a) and a:
+            out.append(
+                f"floor  HeteroFlow c={c} rate / HAProxy's: {h:,.0f} / {a:,.0f} = {h / a:.0%}"
+            )
     return out
 
 

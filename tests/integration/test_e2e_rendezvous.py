@@ -75,8 +75,9 @@ def test_two_training_groups_rendezvous_across_two_docker_nodes_at_once(
         # Rank 0 prints what it received and exits at once; the engine copies a container's
         # last output into its log after reporting the exit, so on a loaded machine the line
         # can show a moment after the task has ended (seen once in CI): poll, bounded.
+        rank0: str = members[0]["id"]
         cluster.wait(
-            lambda rank0=members[0]["id"]: "hello from rank 1" in cluster.logs(rank0),
+            lambda: "hello from rank 1" in cluster.logs(rank0),  # noqa: B023 - called here
             f"rank 0 of {g['id']} logs what rank 1 sent: {out}",
             10,
         )

@@ -10,7 +10,16 @@ import sys
 import pytest
 
 from bench.serve_peer.load import parse_wrk
-from bench.serve_peer.table import DIRECT, HETEROFLOW, RAY, render, span, targets
+from bench.serve_peer.table import (
+    DIRECT,
+    HAPROXY,
+    HETEROFLOW,
+    RAY,
+    floors,
+    render,
+    span,
+    targets,
+)
 
 
 def _fig(
@@ -59,6 +68,19 @@ def test_targets_without_ray_are_not_judged() -> None:
     assert "| Ray Serve | ray[serve] not importable |" in table
 
 
+def test_floors_set_heteroflow_beside_haproxy_on_the_same_machine() -> None:
+    results = {
+        HETEROFLOW: [_fig(3000, 9000, 8000, 0.2, 10, 1, 0), _fig(3000, 9500, 8200, 0.2, 10, 1, 0)],
+        HAPROXY: [_fig(6000, 12000, 10000, 0.1, 5, 1, 0), _fig(6000, 11000, 12500, 0.1, 5, 1, 0)],
+    }
+    assert floors(results) == [
+        "floor  HAProxy no fall c=1→16→64: 1/2 rounds",
+        "floor  HeteroFlow c=16 rate / HAProxy's: 9,000 / 12,000 = 75%",
+        "floor  HeteroFlow c=64 rate / HAProxy's: 8,000 / 12,500 = 64%",
+    ]
+    assert floors({HETEROFLOW: results[HETEROFLOW], HAPROXY: []}) == []
+
+
 def test_parse_wrk_latency_output() -> None:
     text = """Running 1s test @ http://127.0.0.1:1/v1/answer
   Latency Distribution
@@ -77,11 +99,13 @@ Requests/sec:   7090.10
 @pytest.mark.slow
 def test_serve_peer_quick_runs_end_to_end() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "serve-peer", "--quick", "--rounds", "1", "--no-ray"],
+        [sys.executable, "-m", "bench", "serve-peer", "--quick", "--rounds", "1", "--no-ray",
+         "--no-haproxy"],
         capture_output=True, text=True, timeout=60, env=os.environ, check=True,
     ).stdout  # fmt: skip
     rows = {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| ")}
     assert "| HeteroFlow /serve/{id}/..." in rows
     assert rows["| HeteroFlow /serve/{id}/..."].count("–") == 0  # every figure measured
     assert "(--no-ray)" in rows["| Ray Serve"]
+    assert "(--no-haproxy)" in rows[f"| {HAPROXY}"]
     assert "256 streams: none fails" in out
