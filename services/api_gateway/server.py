@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -97,6 +98,17 @@ def fast_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def freeze_startup_heap() -> None:
+    """Put what start-up allocated out of the cyclic collector's reach (`gc.freeze`).
+
+    A full collection walks every tracked object with the event loop stopped: in a gateway
+    worker that is ~140,000 objects of modules, the app, its routes and models, ~60 ms a
+    time, every request waiting behind it. Frozen, they are never walked again (they live as
+    long as the process anyway); what requests allocate is still collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve_here(
     settings: GatewaySettings,
     store: EventStore,
@@ -105,14 +117,18 @@ async def serve_here(
     *,
     sock: socket.socket | None = None,
     started: Callable[[], None] = lambda: None,
+    freeze_heap: bool = True,
 ) -> None:
-    """One gateway server in this process until `stop`; `started` once it accepts."""
+    """One gateway server in this process until `stop`; `started` once it accepts (its
+    start-up heap frozen first, unless `freeze_heap` is false: a test's process)."""
     install_accept_errors(asyncio.get_running_loop())
     server = Server(server_config(create_app(settings, store, nc), settings))
     task = asyncio.create_task(server.serve(sockets=[sock] if sock else None))
     while not server.started and not task.done():  # uvicorn flags its start, no event
         await asyncio.wait([task], timeout=0.05)
     if server.started:
+        if freeze_heap:
+            freeze_startup_heap()
         started()
     await asyncio.wait(
         [task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED

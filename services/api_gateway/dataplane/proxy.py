@@ -144,7 +144,11 @@ class ServeDataPlane:
             task.uncancel()
             state["status"] = 499
         finally:
+            # The watch's close_client holds the client's cycle, whose scope holds the watch:
+            # unlinked here, the request's objects go with their last reference instead of
+            # waiting, as a cycle, for a full collection (60 ms pauses under load).
             watch.task = None
+            watch.close_client = None
             self._count_http(scope["method"], state["status"], time.perf_counter() - began)
 
     async def _serve(
