@@ -17,6 +17,8 @@ from typing import Any
 
 import psutil
 
+from libs import collector
+from libs.config import CommonSettings
 from libs.logging import configure
 
 from . import Context, Servers, available_suites, fresh_database, servers
@@ -101,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown suite(s): {', '.join(unknown)} (have: {', '.join(available)})")
     names = list(dict.fromkeys(args.suites)) or available
     configure("warning", "json")
+    # The control plane the suites run in this process is set as a deployed service's is.
+    gc_threshold = CommonSettings().gc_threshold
+    collector.tune(gc_threshold)
     started = time.perf_counter()
     env = environment()
     busy_before = _check_idle()
@@ -112,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         meta: dict[str, Any] = {
             **env,
             "embedded_servers": srv.embedded,
+            "gc_threshold": gc_threshold,
             "options": {k: v for k, v in vars(args).items() if k not in ("json", "list")},
             "seconds": {**seconds, "total": time.perf_counter() - started},
             "cpu_busy_percent_before": busy_before,

@@ -37,7 +37,7 @@ LIMIT_S = 2.0
 MARGIN_S = 1.0
 DEFAULT_RATES = (50.0, 100.0, 150.0, 200.0, 300.0, 400.0, 600.0)
 DEFAULT_STEP_S = 8.0
-TARGET_RATE = 300.0
+TARGET_RATE = 1_000.0  # issue 32 (300 before it)
 # JetStream messages on one task's path: four events relayed (created, scheduled, starting,
 # running), one start command, two reports, every one fsynced: the pipelined publish floor
 # divided by this is the rate one publishing client would allow (the path has several).

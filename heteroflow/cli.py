@@ -21,6 +21,7 @@ from heteroflow.cli_policy import register_policy_commands
 from heteroflow.cli_user import register_user_commands
 from heteroflow.cli_user.apply import register_file_commands
 from heteroflow.settings_help import SettingsHelpParser, agent_settings, up_settings
+from libs import collector
 from libs.logging import configure
 
 
@@ -114,6 +115,7 @@ def _up(args: argparse.Namespace) -> int:
     if args.processes:
         settings.processes = True
     configure(settings.log_level, settings.log_format)
+    collector.tune(settings.gc_threshold)
     from libs.pidfile import StoreInUse
 
     try:
@@ -131,6 +133,7 @@ def _agent(args: argparse.Namespace) -> int:
     _apply_resource_options(args)
     settings = AgentSettings()
     configure(settings.log_level, settings.log_format)
+    collector.tune(settings.gc_threshold)
     if settings.nats_url is None:
         print("heteroflow agent: set HETEROFLOW_NATS_URL", file=sys.stderr)
         return 2
@@ -161,6 +164,7 @@ def _service(args: argparse.Namespace) -> int:
 
     settings = PlatformSettings()
     configure(settings.log_level, settings.log_format)
+    collector.tune(settings.gc_threshold)
     if settings.nats_url is None or settings.database_url is None:
         print(
             "heteroflow service: set HETEROFLOW_NATS_URL and HETEROFLOW_DATABASE_URL",

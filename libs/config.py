@@ -11,6 +11,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from libs.collector import SERVICE_DEFAULT
 from libs.domain.task.model import RetryStrategy, allow_list_entry_error
 
 
@@ -56,6 +57,12 @@ class CommonSettings(BaseSettings):
         default="127.0.0.1",
         description="address the probe port (/healthz, /readyz, /metrics) binds; 0.0.0.0 in a "
         "container or pod, so the orchestrator's probes reach it",
+    )
+    gc_threshold: int = Field(
+        default=SERVICE_DEFAULT,
+        ge=0,
+        description="allocations between two young-generation collections of Python's cyclic "
+        "collector in a long-running process; 0 = Python's own (700)",
     )
 
 

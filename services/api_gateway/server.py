@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import multiprocessing
 import os
 import signal
@@ -34,6 +33,7 @@ import structlog
 import uvicorn
 from nats.aio.client import Client
 
+from libs import collector
 from libs.bus.nats import connect
 from libs.config import GatewaySettings
 from libs.logging import configure
@@ -105,8 +105,7 @@ def freeze_startup_heap() -> None:
     worker that is ~140,000 objects of modules, the app, its routes and models, ~60 ms a
     time, every request waiting behind it. Frozen, they are never walked again (they live as
     long as the process anyway); what requests allocate is still collected as before."""
-    gc.collect()
-    gc.freeze()
+    collector.freeze()
 
 
 async def serve_here(
@@ -219,6 +218,7 @@ def worker_main(
 ) -> None:
     """Entry point of a worker process: serve on `sock` until SIGTERM/SIGINT."""
     configure(settings.log_level, settings.log_format)
+    collector.tune(settings.gc_threshold)
     structlog.contextvars.bind_contextvars(process=f"api-gateway-{index}")
     with asyncio.Runner(loop_factory=fast_loop) as runner:
         runner.run(_worker(settings, database_url, nats_url, sock, ready, parent))

@@ -89,7 +89,7 @@ def test_the_rate_search_reports_the_highest_step_within_two_seconds() -> None:
     best = rows["scheduler.steady.highest_rate_p99_2s"]
     assert (best.value, best.floor) == (100.0, "floor.js.publish_pipelined")
     assert "= 400 tasks/s" in best.note and "not run (more tasks than cards): 600" in best.note
-    assert rows["scheduler.steady.highest_rate_p99_2s.target"].ratio == pytest.approx(1 / 3)
+    assert rows["scheduler.steady.highest_rate_p99_2s.target"].ratio == pytest.approx(0.1)
     over = rows["scheduler.step.150_per_s.submit_to_running_p99"]
     assert math.isnan(over.value) and "1100 of 1200 running" in over.note
 
