@@ -49,6 +49,7 @@ from .migrations import migrate
 from .pool import StorePool
 from .pool import rows as pool_rows
 from .projections import TASKS, Aggregate, M
+from .records import columns_of, from_records, records
 from .types import EventRange, StoredEvent
 from .written import Written
 
@@ -75,6 +76,10 @@ RETURNING position
 
 
 INSERT_EVENT_NO_RETURN = INSERT_EVENT.replace("RETURNING position", "")
+# A write's events in one statement, whatever their number (records.py).
+INSERT_EVENTS = from_records(INSERT_EVENT)
+INSERT_EVENTS_NO_RETURN = from_records(INSERT_EVENT_NO_RETURN)
+EVENT_COLUMNS = columns_of(INSERT_EVENT)
 
 
 def utcnow() -> datetime:
@@ -255,33 +260,32 @@ class EventStore:
     async def _append(
         self, conn: AsyncConnection[Any], rows: EventRows, *, positions: bool = False
     ) -> list[int]:
-        """Insert `rows`: the one way an event enters the store. One statement for one row,
-        one pipelined batch (`executemany`) for more; with `positions`, their positions in
-        insert order. A (stream, version) already taken raises Conflict (the caller's
-        transaction then writes nothing)."""
+        """Insert `rows`: the one way an event enters the store, one statement whatever
+        their number (records.py); with `positions`, their positions in insert order. A
+        (stream, version) already taken raises Conflict (the caller's transaction then
+        writes nothing)."""
         params = rows.params
         if not params:
             return []
-        sql = INSERT_EVENT if positions else INSERT_EVENT_NO_RETURN
+        sql = INSERT_EVENTS if positions else INSERT_EVENTS_NO_RETURN
         found: list[int] = []
         try:
             async with conn.cursor() as cur:
-                if len(params) == 1:
-                    await cur.execute(sql, params[0])
-                else:
-                    await cur.executemany(sql, params, returning=positions)
-                while positions:
-                    found.extend(row[0] for row in await cur.fetchall())
-                    if not cur.nextset():
-                        break
+                await cur.execute(sql, (records(EVENT_COLUMNS, params),))
+                if positions:
+                    # The rows were numbered in the array's order: ascending is insert order.
+                    found = sorted(row[0] for row in await cur.fetchall())
         except psycopg.errors.UniqueViolation:
             streams = sorted({p[1] for p in params})
             which = streams[0] if len(streams) == 1 else f"of {len(streams)} in the batch"
             raise Conflict(f"stream {which} moved concurrently; nothing was changed") from None
+        by_type: dict[str, int] = {}
         for p in params:
+            by_type[p[4]] = by_type.get(p[4], 0) + 1
+        for event_type, n in by_type.items():
             # Counted at insert: a transaction that rolls back afterwards over-counts (see
             # docs/operations.md, metrics).
-            APPENDED.labels(p[4]).inc()
+            APPENDED.labels(event_type).inc(n)
         return found
 
     async def create_tasks(

@@ -8,7 +8,7 @@ the clock, so a rebuild gives identical tables.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -37,6 +37,7 @@ from libs.domain.tenant.events import (
     TenantUpdated,
 )
 
+from .records import columns_of, from_records, records
 from .types import StoredEvent
 
 TASK_COLUMNS = (
@@ -67,8 +68,14 @@ class Aggregate(Generic[M]):
     model: type[M]
     evolve: Callable[[M | None, Any, datetime, int], M]
     row: Callable[[M], tuple[Any, ...]]
-    upsert_sql: str
+    upsert_sql: str  # one row's; a batch runs `batch_sql`, the same over `records`
     tenant_column: str | None = None
+    columns: tuple[str, ...] = field(init=False)
+    batch_sql: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", columns_of(self.upsert_sql))
+        object.__setattr__(self, "batch_sql", from_records(self.upsert_sql))
 
 
 def as_jsonb(model: BaseModel) -> Jsonb:
@@ -230,10 +237,12 @@ AGGREGATES: dict[str, Aggregate[Any]] = {
 
 
 async def upsert(conn: AsyncConnection[Any], agg: Aggregate[M], items: Iterable[M]) -> None:
-    rows = [agg.row(x) for x in items]
+    """Upsert the projection rows of `items`: one statement for the batch (records.py). An
+    id given twice is written once, as its last item has it (as one statement per row would
+    leave it)."""
+    rows = {(row := agg.row(x))[0]: row for x in items}
     if rows:
-        async with conn.cursor() as cur:
-            await cur.executemany(agg.upsert_sql, rows)
+        await conn.execute(agg.batch_sql, (records(agg.columns, rows.values()),))
 
 
 async def upsert_tasks(conn: AsyncConnection[Any], tasks: Iterable[Task]) -> None:

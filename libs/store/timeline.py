@@ -19,12 +19,15 @@ from psycopg.types.json import Jsonb
 from . import inbox
 from .eventstore import EventStore
 from .pool import rows
+from .records import columns_of, from_records, records
 
 INSERT = """
 INSERT INTO timeline (id, subject_type, subject_id, kind, message, details, occurred_at,
                       source_event)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 """
+INSERT_MANY = from_records(INSERT)  # the entries of one event in one statement (records.py)
+COLUMNS = columns_of(INSERT)
 TRIM = """
 DELETE FROM timeline WHERE id IN (
     SELECT id FROM timeline WHERE subject_type = %s AND subject_id = %s
@@ -132,8 +135,7 @@ async def write(
         if not await inbox.record(conn, receipt):
             return False  # handled before: its entries are there (or trimmed, as they should be)
         if params:
-            async with conn.cursor() as cur:
-                await cur.executemany(INSERT, params)
+            await conn.execute(INSERT_MANY, (records(COLUMNS, params),))
         for subject in {(e.subject_type, e.subject_id) for e in entries}:
             if subject[0] in CAPPED:
                 await conn.execute(TRIM, (*subject, cap))

@@ -23,7 +23,9 @@ from libs.domain.reasons import ReasonCode
 from libs.domain.task.decide import decide_pending_reason, decide_transition
 from libs.domain.task.model import Task, TaskSpec, TenantId
 from libs.domain.task.states import Actor, TaskStatus
+from libs.store import projections
 from libs.store.eventstore import EventStore
+from libs.store.projections import TASKS
 
 pytestmark = pytest.mark.integration
 
@@ -187,3 +189,43 @@ async def test_pending_documents_are_not_kept(store: EventStore) -> None:
     assert store.written.known(ids) == {}
     done, _ = await store.execute_batch({i: place() for i in ids})
     assert store.written.known(ids) == done
+
+
+async def test_a_batch_is_one_statement_that_keeps_order_documents_and_metadata(
+    store: EventStore,
+) -> None:
+    """The events of a write and the projection rows go in as one JSON parameter each
+    (records.py): positions follow the write's order, the stored rows equal what the batch
+    returned, and metadata past orjson's 64-bit integers survive."""
+    spec = TaskSpec(name="naïve — ✓", image="busybox", labels={"k": "v ✓"})
+    tasks = await store.create_tasks([(T, spec, None, None)] * 40, metadata={"n": 2**70})
+    ids = [t.id for t in tasks]
+    async with store.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT stream_id, metadata FROM events WHERE stream_id = ANY(%s) ORDER BY position",
+            (ids,),
+        )
+        rows = await cur.fetchall()
+    assert [r[0] for r in rows] == ids  # insert order is the order of the batch
+    assert all(r[1] == {"n": 2**70} for r in rows)
+    for t in tasks:
+        stored = await store.get_task(t.id)
+        assert stored == t
+        assert (stored.spec.name, stored.spec.labels) == ("naïve — ✓", {"k": "v ✓"})
+    # One id twice in one upsert: written once, as its last item has it.
+    first = tasks[0]
+    later = first.model_copy(update={"version": first.version + 1})
+    async with store.pool.connection() as conn:
+        await projections.upsert(conn, TASKS, [first, later])
+    assert (await store.get_task(first.id)).version == first.version + 1
+    positions = await store.append_stream(
+        "system-x", [_tenant_event(i) for i in range(3)], metadata={"why": "test"}
+    )
+    assert [p.position for p in positions] == sorted(p.position for p in positions)
+    assert [p.version for p in positions] == [1, 2, 3]
+
+
+def _tenant_event(i: int) -> Any:
+    from libs.domain.tenant.events import TenantUpdated
+
+    return TenantUpdated(tenant_id="acme", gpu_quota=i + 1)
