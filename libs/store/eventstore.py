@@ -13,7 +13,7 @@ already handled makes the call a no-op, see inbox.py).
 
 Every write method, one command or a batch, takes the same path: its events become rows in
 one `EventRows` (id, stream, version, payload JSON, metadata with the fence, one time) and
-`_append` inserts them, one statement or one pipelined batch, before the projections are
+`_append` inserts them in one statement (records.py) before the projections are
 upserted. A row read back is a `StoredEvent`, which is the `EventEnvelope` the relay publishes.
 """
 
