@@ -11,6 +11,11 @@ The offered rate is stepped up (default 50, 100, 150, 200, 300, 400, 600 tasks/s
    a task not running by then has waited longer than the limit whatever its submit time, so
    it counts as over the limit in the p99 (which is taken over every submitted task).
 
+Each step also reports the CPU this process spent during 2 and 3 per submitted task: the
+control plane it runs (relay, scheduler service) and the load generator's creates, with the
+fixed costs of those seconds (the fleet's heartbeats); the simulated fleet is a child
+process and not in it.
+
 The search stops at the first step whose p99 is over the limit; the row is the highest rate
 whose step stayed within it. A step that would need more cards than the fleet has is not run
 (it would measure the fleet's size, not the path). Bounded: at most `len(rates)` steps of
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -52,6 +58,12 @@ class Step:
     p50_s: float = math.nan
     p99_s: float = math.nan  # over every submitted task, the unreached ones as infinite
     send_lag_max_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU during the load and the wait
+    wall_s: float = 0.0
+
+    @property
+    def cpu_ms_per_task(self) -> float:
+        return self.cpu_s / self.submitted * 1000 if self.submitted else math.nan
 
     @property
     def within(self) -> bool:
@@ -95,7 +107,9 @@ async def search(
         await fleet.call({"op": "finish"})
         with contextlib.suppress(TimeoutError):
             await _until(none_running(store), SETTLE_TIMEOUT_S)
+        cpu, wall = time.process_time(), time.perf_counter()
         run = await steady_load(store, spec, tenant, rate, step_s, settle_s=LIMIT_S + MARGIN_S)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         missing = len(run.submitted) - len(run.latencies)
         waits = run.latencies + [math.inf] * missing
         step = Step(
@@ -105,6 +119,8 @@ async def search(
             p50_s=nearest_rank(waits, 50),
             p99_s=nearest_rank(waits, 99),
             send_lag_max_s=run.send_lag_max,
+            cpu_s=cpu,
+            wall_s=wall,
         )
         out.steps.append(step)
         if not step.within:
@@ -152,6 +168,16 @@ def rows(ctx: Context, result: Search, step_s: float) -> list[Row]:
                 note=f"p50 {_ms(s.p50_s)}; {s.reached} of {s.submitted} running within "
                 f"{LIMIT_S + MARGIN_S:g} s of the last submit; sender late by "
                 f"{s.send_lag_max_s * ms:.0f} ms at most",
+            )
+        )
+        out.append(
+            Row(
+                f"scheduler.step.{s.rate:g}_per_s.cpu_per_task",
+                s.cpu_ms_per_task,
+                "ms",
+                note=f"this process (control plane and load generator; the fleet is a child "
+                f"process): {s.cpu_s:.1f} s of CPU over {s.wall_s:.1f} s, "
+                f"{s.cpu_s / s.wall_s if s.wall_s else math.nan:.2f} of a core",
             )
         )
     return out

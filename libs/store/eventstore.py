@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast, overload
 
@@ -30,6 +30,7 @@ import psycopg
 import structlog
 from prometheus_client import Counter
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 from psycopg.rows import kwargs_row
 from psycopg.types.json import Jsonb
 
@@ -80,6 +81,32 @@ INSERT_EVENT_NO_RETURN = INSERT_EVENT.replace("RETURNING position", "")
 INSERT_EVENTS = from_records(INSERT_EVENT)
 INSERT_EVENTS_NO_RETURN = from_records(INSERT_EVENT_NO_RETURN)
 EVENT_COLUMNS = columns_of(INSERT_EVENT)
+# A write's task events and the projection rows of the tasks they leave, in one statement:
+# the events' insert is a data-modifying CTE of the upsert (`EventStore._append_tasks`).
+APPEND_TASKS = (
+    f"WITH appended AS (\n{INSERT_EVENTS_NO_RETURN.strip()}\n)\n{TASKS.batch_sql.strip()}"
+)
+
+
+@contextlib.contextmanager
+def _conflict_of(params: Sequence[tuple[Any, ...]]) -> Iterator[None]:
+    """A (stream, version) already taken, as the Conflict the caller's command gets."""
+    try:
+        yield
+    except psycopg.errors.UniqueViolation:
+        streams = sorted({p[1] for p in params})
+        which = streams[0] if len(streams) == 1 else f"of {len(streams)} in the batch"
+        raise Conflict(f"stream {which} moved concurrently; nothing was changed") from None
+
+
+def _count(params: Sequence[tuple[Any, ...]]) -> None:
+    """Count appended events by type. Counted at insert: a transaction that rolls back
+    afterwards over-counts (see docs/operations.md, metrics)."""
+    by_type: dict[str, int] = {}
+    for p in params:
+        by_type[p[4]] = by_type.get(p[4], 0) + 1
+    for event_type, n in by_type.items():
+        APPENDED.labels(event_type).inc(n)
 
 
 def utcnow() -> datetime:
@@ -269,43 +296,52 @@ class EventStore:
             return []
         sql = INSERT_EVENTS if positions else INSERT_EVENTS_NO_RETURN
         found: list[int] = []
-        try:
+        with _conflict_of(params):
             async with conn.cursor() as cur:
                 await cur.execute(sql, (records(EVENT_COLUMNS, params),))
                 if positions:
                     # The rows were numbered in the array's order: ascending is insert order.
                     found = sorted(row[0] for row in await cur.fetchall())
-        except psycopg.errors.UniqueViolation:
-            streams = sorted({p[1] for p in params})
-            which = streams[0] if len(streams) == 1 else f"of {len(streams)} in the batch"
-            raise Conflict(f"stream {which} moved concurrently; nothing was changed") from None
-        by_type: dict[str, int] = {}
-        for p in params:
-            by_type[p[4]] = by_type.get(p[4], 0) + 1
-        for event_type, n in by_type.items():
-            # Counted at insert: a transaction that rolls back afterwards over-counts (see
-            # docs/operations.md, metrics).
-            APPENDED.labels(event_type).inc(n)
+        _count(params)
         return found
+
+    async def _append_tasks(
+        self, conn: AsyncConnection[Any], rows: EventRows, tasks: Iterable[Task]
+    ) -> None:
+        """Insert task events `rows` and upsert the projection rows of `tasks` (the tasks
+        those events leave) in one statement (APPEND_TASKS). A (stream, version) already
+        taken raises Conflict, and nothing of the statement is written."""
+        by_id = {t.id: projections.task_row(t) for t in tasks}
+        params = (records(EVENT_COLUMNS, rows.params), records(TASKS.columns, by_id.values()))
+        with _conflict_of(rows.params):
+            await conn.execute(APPEND_TASKS, params)
+        _count(rows.params)
 
     async def create_tasks(
         self,
-        items: Sequence[tuple[TenantId, TaskSpec, str | None, int | None]],
+        items: Sequence[NewTask],
         *,
         metadata: dict[str, Any] | None = None,
         generation: int = 0,
     ) -> list[Task]:
-        """Create tasks in one transaction (batched append). Items: tenant, spec, group, rank.
+        """Create tasks atomically (batched append). Items: tenant, spec, group, rank (and the
+        new task's id, when the caller chose it).
 
         `generation`: the group generation of every item (a rollout batch is one generation).
 
-        Pipelined: BEGIN, the event inserts, the projection upserts and COMMIT go to the
-        server together, one round trip for an API create instead of four."""
-        async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
-            rows = EventRows(self.clock())
-            tasks = _new_tasks(rows, items, Jsonb(metadata or {}), generation)
-            await self._append(conn, rows)
-            await projections.upsert_tasks(conn, tasks)
+        One statement in autocommit, its own transaction (`_append_tasks`): an API create
+        is one round trip, with no BEGIN or COMMIT of its own."""
+        rows = EventRows(self.clock())
+        tasks = _new_tasks(rows, items, Jsonb(metadata or {}), generation)
+        if not tasks:
+            return tasks
+        async with self.pool.connection() as conn:
+            await conn.set_autocommit(True)  # a flag on an idle connection: no round trip
+            try:
+                await self._append_tasks(conn, rows, tasks)
+            finally:
+                if conn.info.transaction_status == TransactionStatus.IDLE:
+                    await conn.set_autocommit(False)
         return tasks  # not kept: new tasks are pending (see `_keep`)
 
     async def create_task(
@@ -345,8 +381,7 @@ class EventStore:
             meta = Jsonb(self._meta(metadata, fence))
             task = rows.fold(TASKS, task_id, task, decide(task), meta)
             if rows:
-                await self._append(conn, rows)
-                await projections.upsert_tasks(conn, [task])
+                await self._append_tasks(conn, rows, [task])
             return task
 
     async def execute_batch(
@@ -433,8 +468,7 @@ class EventStore:
                 current[task_id] = changed[task_id] = task
             out.append(task)
         if rows:
-            await self._append(conn, rows)
-            await projections.upsert_tasks(conn, changed.values())
+            await self._append_tasks(conn, rows, changed.values())
         return out
 
     async def execute_with_tasks(

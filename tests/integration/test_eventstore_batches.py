@@ -229,3 +229,19 @@ def _tenant_event(i: int) -> Any:
     from libs.domain.tenant.events import TenantUpdated
 
     return TenantUpdated(tenant_id="acme", gpu_quota=i + 1)
+
+
+async def test_a_create_whose_stream_exists_is_a_conflict_that_writes_nothing(
+    store: EventStore,
+) -> None:
+    """A create is one statement (the events' insert a CTE of the projection's upsert): when
+    the task's stream is taken, neither the event nor the row is written, so the existing
+    task's row is not overwritten by the refused one."""
+    (first,) = await store.create_tasks([(T, TaskSpec(name="first", image="busybox"), None, None)])
+    again = (T, TaskSpec(name="second", image="busybox"), None, None, first.id)
+    with pytest.raises(Conflict):
+        await store.create_tasks([again])
+    assert (await store.get_task(first.id)).spec.name == "first"
+    assert len(await store.read_stream(first.id)) == 1
+    (later,) = await store.create_tasks([(T, TaskSpec(name="later", image="busybox"), None, None)])
+    assert (await store.get_task(later.id)).version == 1  # the connection is usable after it

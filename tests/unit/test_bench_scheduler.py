@@ -77,7 +77,7 @@ def test_the_rate_search_reports_the_highest_step_within_two_seconds() -> None:
     found = Search(
         [
             Step(50.0, submitted=400, reached=400, p50_s=0.2, p99_s=0.4),
-            Step(100.0, submitted=800, reached=800, p50_s=0.3, p99_s=1.9),
+            Step(100.0, submitted=800, reached=800, p50_s=0.3, p99_s=1.9, cpu_s=4.0, wall_s=10.0),
             Step(150.0, submitted=1200, reached=1100, p50_s=1.0, p99_s=math.inf),
         ],
         skipped=[600.0],
@@ -92,6 +92,8 @@ def test_the_rate_search_reports_the_highest_step_within_two_seconds() -> None:
     assert rows["scheduler.steady.highest_rate_p99_2s.target"].ratio == pytest.approx(0.1)
     over = rows["scheduler.step.150_per_s.submit_to_running_p99"]
     assert math.isnan(over.value) and "1100 of 1200 running" in over.note
+    cpu = rows["scheduler.step.100_per_s.cpu_per_task"]
+    assert cpu.value == pytest.approx(5.0) and "0.40 of a core" in cpu.note
 
 
 def test_a_task_that_never_ran_counts_as_over_the_limit() -> None:
