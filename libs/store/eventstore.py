@@ -12,9 +12,11 @@ Two guards run first in the same transaction when the caller passes them: a lead
 already handled makes the call a no-op, see inbox.py).
 
 Every write method, one command or a batch, takes the same path: its events become rows in
-one `EventRows` (id, stream, version, payload JSON, metadata with the fence, one time) and
-`_append` inserts them in one statement (records.py) before the projections are
-upserted. A row read back is a `StoredEvent`, which is the `EventEnvelope` the relay publishes.
+one `EventRows` (id, stream, version, payload JSON, metadata with the fence, one time),
+inserted in one statement (records.py): with the projection rows of the tasks they leave
+(`_append_tasks`, the task commands and creates), or before the projection is upserted
+(`_append`, the other aggregates). A row read back is a `StoredEvent`, which is the
+`EventEnvelope` the relay publishes.
 """
 
 from __future__ import annotations
@@ -126,8 +128,9 @@ def new_task_id() -> TaskId:
 
 
 class EventRows:
-    """The `events` rows of one write, in insert order (`EventStore._append` inserts them all
-    at once): the one place an event becomes a row. All rows of a write share its time."""
+    """The `events` rows of one write, in insert order (`EventStore._append` or
+    `_append_tasks` inserts them all at once): the one place an event becomes a row. All
+    rows of a write share its time."""
 
     __slots__ = ("at", "params")
 
@@ -282,7 +285,8 @@ class EventStore:
     # --- appending -----------------------------------------------------------------------
     #
     # Every write method builds its rows in one `EventRows` and inserts them with one
-    # `_append`; the projections are upserted after it, in the same transaction.
+    # `_append_tasks` (task events with their projection rows, one statement) or one
+    # `_append` (the projection upserted after it, in the same transaction).
 
     async def _append(
         self, conn: AsyncConnection[Any], rows: EventRows, *, positions: bool = False
@@ -445,7 +449,8 @@ class EventStore:
         include_deleted: bool,
     ) -> list[Task | DomainError]:
         """The steps of `execute_batch` and `execute_steps`: every step's rows in one
-        `EventRows`, one `_append` (one pipelined batch), one upsert of the changed tasks."""
+        `EventRows`, written with the changed tasks' projection rows in one statement
+        (`_append_tasks`)."""
         ids = {s[0] for s in steps}
         current = await _lock_tasks(conn, ids, self.written.known(ids, known), include_deleted)
         mark_ordered()  # a pipelined consumer's next batch may start deciding now
