@@ -32,7 +32,6 @@ import psycopg
 import structlog
 from prometheus_client import Counter
 from psycopg import AsyncConnection
-from psycopg.pq import TransactionStatus
 from psycopg.rows import kwargs_row
 from psycopg.types.json import Jsonb
 
@@ -49,7 +48,7 @@ from . import fencing, inbox, projections
 from .fencing import Fence
 from .inbox import Receipt
 from .migrations import migrate
-from .pool import StorePool
+from .pool import StorePool, autocommit
 from .pool import rows as pool_rows
 from .projections import TASKS, Aggregate, M
 from .records import columns_of, from_records, records
@@ -315,8 +314,10 @@ class EventStore:
         """Insert task events `rows` and upsert the projection rows of `tasks` (the tasks
         those events leave) in one statement (APPEND_TASKS). A (stream, version) already
         taken raises Conflict, and nothing of the statement is written."""
-        by_id = {t.id: projections.task_row(t) for t in tasks}
-        params = (records(EVENT_COLUMNS, rows.params), records(TASKS.columns, by_id.values()))
+        params = (
+            records(EVENT_COLUMNS, rows.params),
+            records(TASKS.columns, projections.rows_by_id(TASKS, tasks)),
+        )
         with _conflict_of(rows.params):
             await conn.execute(APPEND_TASKS, params)
         _count(rows.params)
@@ -339,13 +340,8 @@ class EventStore:
         tasks = _new_tasks(rows, items, Jsonb(metadata or {}), generation)
         if not tasks:
             return tasks
-        async with self.pool.connection() as conn:
-            await conn.set_autocommit(True)  # a flag on an idle connection: no round trip
-            try:
-                await self._append_tasks(conn, rows, tasks)
-            finally:
-                if conn.info.transaction_status == TransactionStatus.IDLE:
-                    await conn.set_autocommit(False)
+        async with self.pool.connection() as conn, autocommit(conn):
+            await self._append_tasks(conn, rows, tasks)
         return tasks  # not kept: new tasks are pending (see `_keep`)
 
     async def create_task(

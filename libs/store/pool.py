@@ -56,16 +56,27 @@ async def rows(store: EventStore, sql: str, params: Sequence[Any] = ()) -> list[
 
     One statement in autocommit: without it psycopg wraps the read in BEGIN ... COMMIT,
     three round trips instead of one (and a read alone needs no transaction)."""
-    async with store.pool.connection() as conn:
-        await conn.set_autocommit(True)  # a flag on an idle connection: no round trip
-        try:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(sql, params)
-                return list(await cur.fetchall())
-        finally:
-            # A broken connection is discarded by the pool; only a live one goes back.
-            if conn.info.transaction_status == TransactionStatus.IDLE:
-                await conn.set_autocommit(False)
+    async with (
+        store.pool.connection() as conn,
+        autocommit(conn),
+        conn.cursor(row_factory=dict_row) as cur,
+    ):
+        await cur.execute(sql, params)
+        return list(await cur.fetchall())
+
+
+@asynccontextmanager
+async def autocommit(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """`conn` in autocommit for the block (one statement is then its own transaction, with no
+    BEGIN or COMMIT round trip), back to transactions after it. Setting the flag on an idle
+    connection costs no round trip."""
+    await conn.set_autocommit(True)
+    try:
+        yield
+    finally:
+        # A broken connection is discarded by the pool; only a live one goes back.
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            await conn.set_autocommit(False)
 
 
 async def one(store: EventStore, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:

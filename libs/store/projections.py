@@ -236,13 +236,18 @@ AGGREGATES: dict[str, Aggregate[Any]] = {
 }
 
 
+def rows_by_id(agg: Aggregate[M], items: Iterable[M]) -> list[tuple[Any, ...]]:
+    """The projection rows of `items`, one per id: an id given twice is written once, as its
+    last item has it (as one statement per row left it; one `INSERT … ON CONFLICT` may not
+    touch a row twice)."""
+    return list({(row := agg.row(x))[0]: row for x in items}.values())
+
+
 async def upsert(conn: AsyncConnection[Any], agg: Aggregate[M], items: Iterable[M]) -> None:
-    """Upsert the projection rows of `items`: one statement for the batch (records.py). An
-    id given twice is written once, as its last item has it (as one statement per row would
-    leave it)."""
-    rows = {(row := agg.row(x))[0]: row for x in items}
+    """Upsert the projection rows of `items`: one statement for the batch (records.py)."""
+    rows = rows_by_id(agg, items)
     if rows:
-        await conn.execute(agg.batch_sql, (records(agg.columns, rows.values()),))
+        await conn.execute(agg.batch_sql, (records(agg.columns, rows),))
 
 
 async def upsert_tasks(conn: AsyncConnection[Any], tasks: Iterable[Task]) -> None:

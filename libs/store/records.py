@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
-from psycopg.types.json import Jsonb, _JsonWrapper
+from psycopg.types.json import Json, Jsonb
 
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
@@ -35,7 +35,7 @@ def _json(obj: Any) -> bytes:
 
 def plain(value: Any) -> Any:
     """A row value as orjson writes it: a `Jsonb` parameter becomes its JSON embedded."""
-    if isinstance(value, _JsonWrapper):
+    if isinstance(value, Json | Jsonb):
         dumps = value.dumps
         text = dumps(value.obj) if dumps is not None else _json(value.obj)
         return orjson.Fragment(text)
@@ -60,20 +60,22 @@ _INSERT = re.compile(
 )
 
 
-def columns_of(insert_sql: str) -> tuple[str, ...]:
-    """The column list of an `INSERT INTO t (a, b) VALUES (%s, %s) ...` statement."""
+def _one_row_insert(insert_sql: str) -> re.Match[str]:
     found = _INSERT.search(insert_sql)
     if found is None:
         raise ValueError(f"not a one-row INSERT … VALUES statement: {insert_sql[:80]!r}")
-    return tuple(c.strip() for c in found["columns"].split(","))
+    return found
+
+
+def columns_of(insert_sql: str) -> tuple[str, ...]:
+    """The column list of an `INSERT INTO t (a, b) VALUES (%s, %s) ...` statement."""
+    return tuple(c.strip() for c in _one_row_insert(insert_sql)["columns"].split(","))
 
 
 def from_records(insert_sql: str) -> str:
     """The same statement over a batch: its VALUES row replaced by the rows of one jsonb
     parameter (`records`) of the table's row type; the rest (ON CONFLICT, RETURNING) kept."""
-    found = _INSERT.search(insert_sql)
-    if found is None:
-        raise ValueError(f"not a one-row INSERT … VALUES statement: {insert_sql[:80]!r}")
+    found = _one_row_insert(insert_sql)
     table, cols = found["table"], ", ".join(columns_of(insert_sql))
     select = (
         f"INSERT INTO {table} ({cols})\n"

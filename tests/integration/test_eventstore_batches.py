@@ -23,6 +23,7 @@ from libs.domain.reasons import ReasonCode
 from libs.domain.task.decide import decide_pending_reason, decide_transition
 from libs.domain.task.model import Task, TaskSpec, TenantId
 from libs.domain.task.states import Actor, TaskStatus
+from libs.domain.tenant.events import TenantUpdated
 from libs.store import projections
 from libs.store.eventstore import EventStore
 from libs.store.projections import TASKS
@@ -218,17 +219,17 @@ async def test_a_batch_is_one_statement_that_keeps_order_documents_and_metadata(
     async with store.pool.connection() as conn:
         await projections.upsert(conn, TASKS, [first, later])
     assert (await store.get_task(first.id)).version == first.version + 1
-    positions = await store.append_stream(
-        "system-x", [_tenant_event(i) for i in range(3)], metadata={"why": "test"}
+    # The positions a write returns are those the rows got, each for its own event.
+    appended = await store.append_stream(
+        "system-x",
+        [TenantUpdated(tenant_id="acme", gpu_quota=q) for q in (1, 2, 3)],
+        metadata={"why": "test"},
     )
-    assert [p.position for p in positions] == sorted(p.position for p in positions)
-    assert [p.version for p in positions] == [1, 2, 3]
-
-
-def _tenant_event(i: int) -> Any:
-    from libs.domain.tenant.events import TenantUpdated
-
-    return TenantUpdated(tenant_id="acme", gpu_quota=i + 1)
+    in_store = await store.read_stream("system-x")
+    assert [(e.position, e.version, e.payload) for e in appended] == [
+        (e.position, e.version, e.payload) for e in in_store
+    ]
+    assert [e.payload["gpu_quota"] for e in in_store] == [1, 2, 3]
 
 
 async def test_a_create_whose_stream_exists_is_a_conflict_that_writes_nothing(
