@@ -492,6 +492,24 @@ async def _serve_services(
 SERVICES_STOP_S = 20.0
 
 
+def waiting_tasks() -> list[str]:
+    """Where each task of the loop still running is suspended: its innermost awaited
+    coroutine's `file:line (function)`, for the log of a stop that is overdue."""
+    where: list[str] = []
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task():
+            continue
+        coro: Any = task.get_coro()
+        frame = None
+        while coro is not None and getattr(coro, "cr_frame", None) is not None:
+            frame = coro.cr_frame
+            coro = getattr(coro, "cr_await", None)
+        if frame is not None:
+            code = frame.f_code
+            where.append(f"{task.get_name()}: {code.co_filename}:{frame.f_lineno} ({code.co_name})")
+    return sorted(where)
+
+
 async def _stopped(tasks: list[asyncio.Task[None]], names: list[str]) -> None:
     done, late = await asyncio.wait(tasks, timeout=SERVICES_STOP_S)
     if late:
@@ -499,6 +517,7 @@ async def _stopped(tasks: list[asyncio.Task[None]], names: list[str]) -> None:
             "services_stop_overdue",
             services=[n for n, t in zip(names, tasks, strict=True) if t in late],
             after_s=SERVICES_STOP_S,
+            waiting=waiting_tasks(),
         )
         for t in late:
             t.cancel()

@@ -115,13 +115,20 @@ async def test_a_tenant_over_its_write_rate_gets_429_and_others_go_on(database_u
         assert len(listed["tasks"]) == 2  # the refused create left nothing behind
 
 
+# The gateway's wait for a connection, and what a loaded machine may add to it: the bound
+# is told apart from the pool's own 30 s, not timed to the tenth (3.2 s was seen on a busy
+# 2-core runner with a 2 s wait and 1 s of slack).
+DB_WAIT_S = 1.0
+SLACK_S = 4.0
+
+
 @pytest.mark.slow
 async def test_with_the_database_gone_requests_are_503_within_the_bound_then_recover() -> None:
     root = Path(tempfile.mkdtemp(prefix="hf-pgdown-"))
     pg = EmbeddedPostgres(root / "pg").start()
     try:
         url = pg.url
-        async with gateway(url, db_wait_timeout_s=2.0) as (client, acme, _, _store):
+        async with gateway(url, db_wait_timeout_s=DB_WAIT_S) as (client, acme, _, _store):
             assert (await client.post("/api/v1/tasks", json=TASK, headers=acme)).status_code == 201
             ready = await client.get("/readyz")
             assert ready.status_code == 200 and ready.json()["checks"]["postgres"] == "ok"
@@ -129,7 +136,7 @@ async def test_with_the_database_gone_requests_are_503_within_the_bound_then_rec
             started = time.monotonic()
             ready = await client.get("/readyz")
             assert ready.status_code == 503 and ready.json()["checks"]["postgres"] != "ok"
-            assert time.monotonic() - started < 3.0
+            assert time.monotonic() - started < DB_WAIT_S + SLACK_S
             for method in ("GET", "POST"):
                 started = time.monotonic()
                 r = await client.request(
@@ -138,7 +145,7 @@ async def test_with_the_database_gone_requests_are_503_within_the_bound_then_rec
                 took = time.monotonic() - started
                 assert r.status_code == 503, (method, r.status_code, r.text)
                 assert r.json()["code"] == 50302 and r.headers["retry-after"] == "2"
-                assert took < 3.0, f"{method} took {took:.1f} s"
+                assert took < DB_WAIT_S + SLACK_S, f"{method} took {took:.1f} s"
             pg = EmbeddedPostgres(root / "pg").start()
             assert pg.url == url  # same socket, same data
 
