@@ -83,12 +83,29 @@ class Target:
     members: list[Task]
     window: RequestWindow
     replicas: dict[str, Replica] = field(default_factory=dict)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
     # The last request's start or end here, or when this router began watching the target.
     last_activity: float = field(default_factory=time.monotonic)
     announced: float = float("-inf")  # the `last_activity` of the last figures published
     loop: asyncio.Task[None] | None = None
     waking: bool = False
+    # Resolved at the next `changed()`: what requests waiting for a replica wait on.
+    _next_change: asyncio.Future[None] | None = None
+
+    def changed(self) -> None:
+        """Wake the requests waiting for a replica: the replicas were read again."""
+        if self._next_change is not None and not self._next_change.done():
+            self._next_change.set_result(None)
+        self._next_change = None
+
+    async def next_change(self, within_s: float) -> None:
+        """Until the next `changed()`, at most `within_s`. Edge-triggered: a change before
+        the call does not count, so a waiter whose pick still finds nothing waits again
+        rather than spinning (a wait on a level, an Event left set, returns without
+        yielding to the loop, and the loop then serves nothing else)."""
+        if self._next_change is None:
+            self._next_change = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._next_change), within_s)
 
     @property
     def statuses(self) -> list[TaskStatus]:
@@ -193,7 +210,7 @@ class ServingRouter:
         await asyncio.gather(*(self._check(t, r) for r in list(t.replicas.values())))
         if t.ready():
             t.waking = False
-            t.changed.set()
+            t.changed()
 
     async def _refresh_soon(self, t: Target) -> None:
         try:
@@ -221,10 +238,9 @@ class ServingRouter:
         while True:
             await asyncio.sleep(self.settings.serve_probe_interval_s)
             try:
-                t.changed.clear()
                 await self._refresh(t)
                 if t.members and all(m.status in TERMINAL for m in t.members):
-                    t.changed.set()
+                    t.changed()
                     if not (t.window.concurrent or t.window.queued):
                         self._forget(t)  # ended: a later request learns it afresh
                         return
@@ -399,6 +415,7 @@ class ServingRouter:
                     # Shielded: a client that leaves (its request cancelled) must not cut
                     # the wake short and leave `waking` set on a target nobody wakes.
                     await asyncio.shield(self.wake(t))
+                    continue  # pick again: the replicas may have changed meanwhile
                 left = deadline - self.clock()
                 if left <= 0:
                     raise ServeUnavailable(
@@ -406,8 +423,7 @@ class ServingRouter:
                         f"(replica statuses: {', '.join(s.value for s in t.statuses) or 'none'})",
                         retry_after,
                     )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(t.changed.wait(), min(left, 1.0))
+                await t.next_change(min(left, 1.0))
             return replica
         finally:
             t.window.queued -= 1

@@ -108,3 +108,41 @@ async def test_figures_date_the_last_request_or_the_watch_and_a_request_is_told_
     await asyncio.sleep(0)
     assert published == [0.0, 0.0]
     await router.close()
+
+
+async def test_a_request_waiting_for_a_replica_leaves_the_loop_to_others() -> None:
+    """A change before the wait does not count (edge-triggered): a request whose pick still
+    finds nothing waits again, and the process's other work runs meanwhile."""
+    from typing import Any, cast
+
+    from libs.config import GatewaySettings
+    from libs.domain.group.serving import ServingSpec
+    from services.api_gateway.serving import ServeUnavailable, ServingRouter, Target
+
+    router = ServingRouter(cast(Any, None), GatewaySettings(serve_wait_s=0.3))
+    t = Target("task-x", "acme", ServingSpec(port=80), 0, [], RequestWindow())
+    t.replicas["r1"] = Replica("r1", "127.0.0.1:1", ready=True)
+    t.changed()  # a refresh found r1 ready, before the request came
+    ticks = 0
+
+    async def other_work() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(other_work())
+    with pytest.raises(ServeUnavailable, match="no ready replica within 0.3s"):
+        await router.acquire(t, {"r1"})  # r1 tried already: nothing to pick
+    ticker.cancel()
+    assert ticks >= 5, f"the loop ran other work {ticks} times in the 0.3 s wait"
+
+    # A replica read ready wakes a waiting request at once, not at its next poll (1 s).
+    waiting = asyncio.create_task(router.acquire(t, {"r1"}))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    t.replicas["r2"] = Replica("r2", "127.0.0.1:2", ready=True)
+    t.changed()
+    async with asyncio.timeout(0.9):
+        assert (await waiting).task_id == "r2"
+    await router.close()
