@@ -95,6 +95,24 @@ def _alive(pid: int | None, ticks: int | None) -> str | None:
     return stat[0]
 
 
+def _stopped(pid: int, state: str) -> bool:
+    """Whether the job (the leader of its process group) is stopped. A shell that started a
+    command with vfork waits for its child's exec in an uninterruptible sleep (D) that no
+    signal stops; a SIGSTOP to the group that finds the child before its exec stops the child
+    and leaves the shell waiting on it: stopped all the same (nothing in the group runs until
+    a SIGCONT). Seen under heavy I/O, when the child's exec is slow to read its binary."""
+    if state == "T":
+        return True
+    if state != "D":
+        return False
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return False
+    return any((stat := _proc_stat(c)) is not None and stat[0] == "T" for c in children)
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
@@ -219,7 +237,7 @@ class ProcessRuntime(Runtime):
             return RunState.CREATED if d.name in self._starting else RunState.EXITED
         job = _alive(pids.get("pid"), pids.get("pid_ticks"))
         if job is not None:
-            return RunState.PAUSED if job == "T" else RunState.RUNNING
+            return RunState.PAUSED if _stopped(int(pids["pid"]), job) else RunState.RUNNING
         # The job is gone; the supervisor may be finishing (writing exit.json) — or dead.
         if _alive(pids.get("supervisor_pid"), pids.get("supervisor_ticks")):
             return RunState.RUNNING

@@ -61,7 +61,12 @@ class TestProcessRuntime(RuntimeContract):
         return spec(shell_script(prints, **script), **fields)
 
     async def frozen(self, rt: Runtime, h: Handle) -> bool:
-        return bool(psutil.Process(int(h.id)).status() == psutil.STATUS_STOPPED)
+        """Nothing in the job's process group runs: each process is stopped, or waits
+        without running (a shell in vfork, for its stopped child's exec), and one is stopped."""
+        group = [p for p in psutil.process_iter() if _pgid(p.pid) == int(h.id)]
+        states = {p.status() for p in group}
+        idle = {psutil.STATUS_STOPPED, psutil.STATUS_DISK_SLEEP}
+        return psutil.STATUS_STOPPED in states and states <= idle
 
     async def check_removed(self, rt: Runtime, s: RunSpec, h: Handle) -> None:
         assert isinstance(rt, ProcessRuntime)
@@ -325,3 +330,10 @@ def test_a_supervisor_whose_agent_died_before_its_answer_still_records_the_exit(
         forker.close()
     assert json.loads((d / "exit.json").read_text())["exit_code"] == 0
     assert (d / "output.log").read_text() == "ran\n"  # nothing else in the task's output
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
