@@ -270,7 +270,11 @@ def finish(up: Up, acknowledged: list[str], outcomes: dict[str, str] | None = No
     after a clean stop the history checker is clean and replay finds no difference."""
     with up.client() as api:
         ended = wait_ended(up, api, acknowledged)
-        assert ended == dict.fromkeys(acknowledged, "completed") | (outcomes or {}), ended
+        wanted = dict.fromkeys(acknowledged, "completed") | (outcomes or {})
+        if ended != wanted:  # each task that ended otherwise, with its story
+            odd = {t: s for t, s in ended.items() if s != wanted[t]}
+            told = {t: api.get(f"/api/v1/tasks/{t}/events").text[-3000:] for t in odd}
+            raise AssertionError(f"ended otherwise: {odd}\n{told}\n--- up\n{up.output()}")
         listed = api.get("/api/v1/tasks", params={"per_page": 500}).json()["tasks"]
         every = [t["id"] for t in listed if t["id"] not in acknowledged]
         wait_completed(up, api, every)  # also those whose 201 was lost with the killed `up`
