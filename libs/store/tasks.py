@@ -256,6 +256,18 @@ async def of_job(store: EventStore, job_id: str) -> list[Task]:
     return _tasks(found)
 
 
+async def job_of(store: EventStore, task_id: str) -> str | None:
+    """The job a task was created for (`spec.platform.job_id`; "" for none), deleted tasks
+    included; None when there is no such task. One field read, not the document."""
+    found = await rows(
+        store,
+        "SELECT coalesce(doc->'spec'->'platform'->>'job_id', '') AS job_id"
+        " FROM tasks WHERE id = %s",
+        [task_id],
+    )
+    return str(found[0]["job_id"]) if found else None
+
+
 async def placements(
     store: EventStore, statuses: Collection[TaskStatus]
 ) -> list[tuple[str, str, TaskStatus, int]]:

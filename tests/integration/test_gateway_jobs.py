@@ -110,3 +110,33 @@ async def test_the_cascade_runs_once_per_event(api: Api) -> None:
     assert len(await task_rows.of_job(api.store, job_id)) == 2  # prep and train, once
     types = [e.type for e in await api.store.read_stream(job_id)]
     assert types.count("job_node_settled") == 1 and types.count("job_tasks_ready") == 2
+
+
+async def test_the_orchestrator_reads_a_tasks_job_once(api: Api) -> None:
+    """Which job a task belongs to is one field read, once per task: a plain task's events
+    cost no read of its document, and are not a job's (no job stream is touched)."""
+    r = await api.client.post("/api/v1/jobs", json=body(), headers=api.tenant)
+    job_id = r.json()["id"]
+    prep_id = r.json()["tasks"][0]["task"]["id"]
+    r = await api.client.post(
+        "/api/v1/tasks", json={"name": "plain", "command": "true"}, headers=api.tenant
+    )
+    plain_id = r.json()["id"]
+    assert await task_rows.job_of(api.store, prep_id) == job_id
+    assert await task_rows.job_of(api.store, plain_id) == ""
+    assert await task_rows.job_of(api.store, "task-nosuchtask") is None
+
+    orchestrator = Orchestrator(api.store, kept=2)
+    assert await orchestrator.in_a_job(prep_id) and not await orchestrator.in_a_job(plain_id)
+    assert not await orchestrator.in_a_job("task-nosuchtask")  # not remembered: may come
+    assert dict(orchestrator._job_of) == {prep_id: job_id, plain_id: ""}
+    before = [e.type for e in await api.store.read_stream(job_id)]
+    await orchestrator.handle(await complete(api.store, plain_id, "done"))
+    assert [e.type for e in await api.store.read_stream(job_id)] == before
+    await orchestrator.handle(await complete(api.store, prep_id, "done"))
+    assert "job_node_settled" in [e.type for e in await api.store.read_stream(job_id)]
+    r = await api.client.post(
+        "/api/v1/tasks", json={"name": "third", "command": "true"}, headers=api.tenant
+    )
+    assert not await orchestrator.in_a_job(r.json()["id"])
+    assert len(orchestrator._job_of) == 2, "kept to its bound, the oldest dropped"

@@ -11,6 +11,8 @@ nothing (libs/store/inbox.py).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import structlog
 from prometheus_client import Counter
 
@@ -27,6 +29,7 @@ from libs.domain.task.events import TaskPendingReason, TaskRetryDecided, TaskSta
 from libs.domain.task.states import TERMINAL, TaskStatus
 from libs.ownership import foreign_job_task, refuse_foreign
 from libs.store import inbox
+from libs.store import tasks as task_rows
 from libs.store.eventstore import EventStore, NewTask, new_task_id
 from libs.store.projections import JOBS
 
@@ -60,9 +63,16 @@ def is_news(ev: TaskStatusChanged) -> bool:
     return ev.to_status is TaskStatus.PENDING or placed
 
 
+# Tasks whose job (or none) this process remembers: a task's job never changes (written
+# once, at its creation), and most tasks belong to none.
+JOB_OF_KEPT = 65_536
+
+
 class Orchestrator:
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: EventStore, kept: int = JOB_OF_KEPT) -> None:
         self.store = store
+        self._job_of: OrderedDict[str, str] = OrderedDict()
+        self._kept = kept
         self.handlers = EventHandlers.of(
             self.on_status_changed, self.on_retry_decided, self.on_pending_reason, owner=CONSUMER
         )
@@ -89,6 +99,8 @@ class Orchestrator:
         reason: str,
     ) -> None:
         """Record on the task's job what happened to it, and the job's status that follows."""
+        if not await self.in_a_job(task_id):
+            return
         try:
             task = await self.store.get_task(task_id, include_deleted=True)
         except NotFound:
@@ -121,7 +133,22 @@ class Orchestrator:
         if (outcome := retry_outcome(ev)) is not None:
             await self.settle(env, ev.task_id, outcome)
 
+    async def in_a_job(self, task_id: str) -> bool:
+        """Whether the task was created for a job. Every event of every task comes here:
+        after the first, a task's answer is remembered, not read again with its document."""
+        job_id = self._job_of.get(task_id)
+        if job_id is None:
+            found = await task_rows.job_of(self.store, task_id)
+            if found is None:
+                return False  # no such task
+            job_id = self._job_of[task_id] = found
+            if len(self._job_of) > self._kept:
+                self._job_of.popitem(last=False)
+        return bool(job_id)
+
     async def settle(self, env: EventEnvelope, task_id: str, outcome: NodeState) -> None:
+        if not await self.in_a_job(task_id):
+            return
         try:
             task = await self.store.get_task(task_id, include_deleted=True)
         except NotFound:
