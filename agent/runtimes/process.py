@@ -234,7 +234,14 @@ class ProcessRuntime(Runtime):
             return RunState.EXITED
         pids = _read_json(d / "pids.json")
         if pids is None:
-            return RunState.CREATED if d.name in self._starting else RunState.EXITED
+            if d.name in self._starting:
+                return RunState.CREATED
+            if not (d / "output.log").exists():
+                # No supervisor ever ran for it (its first act creates the log): the start
+                # died before one did, with an agent killed while its forker held the
+                # request. Nothing ran, so nothing is held: a START for it starts it.
+                return RunState.MISSING
+            return RunState.EXITED
         job = _alive(pids.get("pid"), pids.get("pid_ticks"))
         if job is not None:
             return RunState.PAUSED if _stopped(int(pids["pid"]), job) else RunState.RUNNING
@@ -352,10 +359,16 @@ class ProcessRuntime(Runtime):
         d = self._dir(spec.task_id, spec.attempt)
         handle = Handle(runtime=self.name, id="", task_id=spec.task_id, attempt=spec.attempt)
         if (d / "state.json").exists():
-            # Idempotency guard: a redelivered start of the same attempt must not run it twice.
-            pids = _read_json(d / "pids.json") or {}
-            log.info("process already exists", task_id=spec.task_id, attempt=spec.attempt)
-            return handle.model_copy(update={"id": str(pids.get("pid", ""))})
+            if self._state(d) is not RunState.MISSING:
+                # Idempotency guard: a redelivered start of the same attempt must not run it
+                # twice.
+                pids = _read_json(d / "pids.json") or {}
+                log.info("process already exists", task_id=spec.task_id, attempt=spec.attempt)
+                return handle.model_copy(update={"id": str(pids.get("pid", ""))})
+            # A start that never reached a supervisor (`_state`): cleared, and started now.
+            log.info("process never started", task_id=spec.task_id, attempt=spec.attempt)
+            self._remove_cgroup(d)
+            shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True, exist_ok=True)
         self._starting.add(d.name)
         try:

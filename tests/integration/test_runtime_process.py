@@ -75,6 +75,29 @@ class TestProcessRuntime(RuntimeContract):
 
     # -- the process runtime's own cases --------------------------------------------------
 
+    async def test_a_start_that_never_reached_a_supervisor_is_started_once(
+        self, rt: ProcessRuntime, tmp_path: Path
+    ) -> None:
+        """An agent killed after writing an attempt's state.json, while its forker held the
+        request: no supervisor ran (none opened the log), so nothing ran. A restarted
+        runtime holds nothing of it (readoption skips it, a record-less START is not
+        answered as lost), and the START runs it, once."""
+        s = spec("echo ran >> " + str(tmp_path / "runs"))
+        d = rt.tasks_dir / f"{s.task_id}-{s.attempt}"
+        d.mkdir(parents=True)
+        (d / "state.json").write_text(json.dumps({"task_id": s.task_id, "attempt": s.attempt}))
+        restarted = ProcessRuntime(rt.tasks_dir.parent, poll_s=0.05)
+        handle = Handle(runtime="process", id="", task_id=s.task_id, attempt=s.attempt)
+        assert await restarted.inspect(handle) is RunState.MISSING
+        h = await restarted.start(s)
+        report = await restarted.wait(h)
+        assert report.exit_code == 0, report
+        assert (tmp_path / "runs").read_text() == "ran\n"
+        again = await restarted.start(s)  # redelivered once more: not run twice
+        assert again.id == h.id and await restarted.inspect(again) is RunState.EXITED
+        assert (tmp_path / "runs").read_text() == "ran\n"
+        await restarted.close()
+
     async def test_stderr_keeps_its_place_beside_stdout(self, rt: ProcessRuntime) -> None:
         h = await rt.start(spec("echo hello; echo oops >&2"))
         report = await rt.wait(h)
