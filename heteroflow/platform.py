@@ -94,6 +94,12 @@ class PlatformSettings(GatewaySettings):
         gt=0,
         description="wait before an embedded server that died is started again (doubles to 30 s)",
     )
+    embedded_unhealthy_after_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="an embedded server whose health check fails this long is ended and "
+        "started again",
+    )
 
 
 @dataclass
@@ -434,6 +440,7 @@ async def serve(
         servers = ServerSupervisor(
             platform.embedded_servers(),
             first_backoff_s=settings.embedded_restart_backoff_s,
+            unhealthy_after_s=settings.embedded_unhealthy_after_s,
             health=platform.health_checks(),
         )
         watch = asyncio.create_task(servers.run(stop))

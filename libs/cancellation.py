@@ -9,9 +9,9 @@ cancellation reached a pull loop's `next_msg` (nats-py) or a pool's wait for a c
 (psycopg_pool) just as a message or a connection arrived, and both wait through
 `asyncio.wait_for`.
 
-`install()` (run when `libs` is imported) puts the 3.12 implementation in its place on
-3.11, for the libraries too: they call it as `asyncio.wait_for`. On 3.12 and later it does
-nothing.
+`install()` puts the 3.12 implementation in its place on 3.11, for the libraries too: they
+call it as `asyncio.wait_for`. On 3.12 and later it does nothing. It is not run (see
+libs/__init__.py): installed for every library it changed more than the stop path.
 """
 
 from __future__ import annotations

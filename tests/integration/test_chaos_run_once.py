@@ -116,6 +116,9 @@ def test_up_killed_with_starts_unacknowledged_runs_each_attempt_once(up: Up) -> 
     up.extra_env = {
         "HETEROFLOW_FINISHED_KEEP": "0",  # nothing of an ended attempt is kept
         "HETEROFLOW_NODE_CPU_CORES": str(NODE_CPUS),
+        # The frozen bus outlasts the kill of `up` on a slow runner: its supervisor would end
+        # it after 5 s and start another, which could take the agent's reports and acks.
+        "HETEROFLOW_EMBEDDED_UNHEALTHY_AFTER_S": "120",
     }
     up.start()
     bus = up.recorded("nats")
@@ -152,7 +155,7 @@ def test_up_killed_with_starts_unacknowledged_runs_each_attempt_once(up: Up) -> 
         return len(lines) >= RUN_FROZEN
 
     try:
-        # Quickly: `up` ends a nats-server whose writes fail for a few seconds.
+        # `up` is killed while the bus is still frozen: the STARTs run since stay unacknowledged.
         up.until(ran_since_frozen, f"{RUN_FROZEN} STARTs run with the bus frozen", 60)
         assert up.proc is not None
         up.proc.kill()  # SIGKILL, its STARTs since the freeze unacknowledged
