@@ -17,6 +17,16 @@ past events whose publish JetStream acknowledged. A crash between the ack and th
 write republishes a batch, which JetStream drops as duplicates inside its window (2 minutes);
 past the window consumers see it twice, so they are idempotent (see docs/events.md).
 
+Order across a failover: a batch is pipelined, and each message carries
+``Nats-Expected-Last-Sequence`` (the stream's last sequence before it, known from the previous
+ack). When the server the relay is connected to dies, the messages it held are lost while the
+client sends the rest to the next server after reconnecting; unchained, those would be stored
+ahead of the lost ones and the retry would put the lost ones behind them. Chained, JetStream
+refuses them (wrong last sequence), the relay publishes the first unacknowledged event alone
+(its ack tells the last sequence again) and goes on pipelined. `Nats-Expected-Last-Msg-Id`
+would chain as well on one server, but a clustered stream checks it when it applies the
+entry and stops accepting writes on a mismatch ("critical write error").
+
 No poison pills: an event JetStream refuses for good (larger than the server's payload limit,
 or than the stream's message size) is recorded in `relay_dead_letters`
 (libs/store/dead_letters.py), counted and logged, and the checkpoint moves past it; a refusal
@@ -40,6 +50,7 @@ from prometheus_client import Counter, Gauge
 from psycopg.rows import kwargs_row
 
 from libs.bus import subjects as s
+from libs.bus.acks import AckInbox
 from libs.bus.broker import Routes
 from libs.domain.envelope import EventEnvelope
 
@@ -90,6 +101,8 @@ DEAD_LETTERS = Counter(
 )
 
 _NOTIFY_CHANNEL = "hf_events"
+HDR_EXPECTED_STREAM = "Nats-Expected-Stream"
+HDR_EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
 
 # ORDER BY names the table's column: a bare `tx_id` there would be the text output column
 # of the same name (PostgreSQL prefers output names in ORDER BY), '1000' would sort before
@@ -132,9 +145,10 @@ WHERE (relay_checkpoints.tx_id, relay_checkpoints.position) < (EXCLUDED.tx_id, E
 def routes() -> Routes:
     """What the relay publishes, declared for the AsyncAPI document.
 
-    The relay itself stays on nats-py: it needs `publish_async` (pipelined publishes whose
-    acks it awaits as a prefix, with a stall bound) to move its checkpoint only past
-    acknowledged events, which FastStream's publisher does not offer.
+    The relay itself stays on nats-py: it needs pipelined publishes whose acks and refusals
+    it awaits as a prefix (`libs/bus/acks.py`), chained on the stream's last sequence, to
+    move its checkpoint only past acknowledged events, which FastStream's publisher does not
+    offer.
     """
     r = Routes("outbox-relay")
     r.publishes(
@@ -186,6 +200,9 @@ class OutboxRelay:
         self._listen: psycopg.AsyncConnection[Any] | None = None
         self._checkpoint: Checkpoint | None = None
         self._locked = False
+        self._acks: AckInbox | None = None
+        # The stream's last sequence as this relay's last ack told it; None: not known.
+        self._last_seq: int | None = None
         # Why the last round failed, None after one that succeeded: the relay process's
         # readiness names it (services/relay/service.py).
         self.failure: str | None = None
@@ -209,6 +226,10 @@ class OutboxRelay:
         self._conn = self._listen = None
         self._checkpoint = None
         self._locked = False
+        if self._acks is not None:
+            await self._acks.close()
+        self._acks = None
+        self._last_seq = None
 
     # --- one round ----------------------------------------------------------------------
 
@@ -278,12 +299,14 @@ class OutboxRelay:
         while i < len(events):
             # Pipeline up to the next event the server would refuse by size (it would close
             # the connection rather than answer), then learn why the stop happened.
+            # Pipelined only from a known last sequence; else one alone first, to learn it.
             end = next((k for k in range(i, len(events)) if sizes[k] > limit), len(events))
-            acked = await self._publish(events[i:end], bodies[i:end])
-            published.extend(events[i : i + acked])
-            i += acked
-            if i == len(events):
-                break
+            if self._last_seq is not None:
+                acked = await self._publish(events[i:end], bodies[i:end])
+                published.extend(events[i : i + acked])
+                i += acked
+                if i == len(events):
+                    break
             if i < end:
                 refusal = await self._publish_alone(events[i])
                 if refusal is None:
@@ -300,18 +323,21 @@ class OutboxRelay:
         return i, published
 
     async def _publish_alone(self, event: OutboxEvent) -> BaseException | None:
-        """Publish one event and wait for its answer: None when acknowledged, else the error
-        (the pipelined publish cannot tell a refusal from a timeout)."""
+        """Publish one event, unchained, and wait for its answer: None when acknowledged,
+        else the error. Its ack tells the stream's last sequence, from which the next
+        pipelined publishes chain (not a duplicate's: that is an older message's)."""
+        self._last_seq = None
         try:
-            await self.js.publish(
+            ack = await self.js.publish(
                 subject_of(event),
                 envelope_of(event),
                 timeout=self.publish_timeout,
-                stream=self.expected_stream,
-                headers=headers_of(event),
+                headers=self._headers(event),
             )
         except Exception as exc:  # noqa: BLE001 - classified by the caller
             return exc
+        if not ack.duplicate:
+            self._last_seq = ack.seq
         return None
 
     async def _dead_letter(
@@ -348,23 +374,27 @@ class OutboxRelay:
         return int(self.js._nc.max_payload)
 
     async def _publish(self, events: Sequence[OutboxEvent], bodies: Sequence[bytes]) -> int:
-        """Publish pipelined; return the length of the acknowledged prefix."""
+        """Publish pipelined, chained on the stream's last sequence; return the length of the
+        acknowledged prefix.
+
+        Message k carries `Nats-Expected-Last-Sequence` = the last sequence before the batch
+        + k: one lost on the way (the server it went to killed; the client sends the rest to
+        the next server after it reconnects) makes every later one refused rather than
+        stored ahead of it, so a retry cannot put an event behind a later one."""
+        assert self._last_seq is not None
+        if self._acks is None:
+            self._acks = AckInbox(self.js._nc)
+        base = self._last_seq
         futures: list[asyncio.Future[PubAck]] = []
         try:
-            for event, body in zip(events, bodies, strict=True):
+            for k, (event, body) in enumerate(zip(events, bodies, strict=True)):
                 futures.append(
-                    await self.js.publish_async(
-                        subject_of(event),
-                        body,
-                        wait_stall=self.publish_timeout,
-                        stream=self.expected_stream,
-                        headers=headers_of(event),
+                    await self._acks.publish(
+                        subject_of(event), body, self._headers(event, last_seq=base + k)
                     )
                 )
-        except Exception as exc:  # stalled or closed: wait for what went out, then stop
+        except Exception as exc:  # closed or its buffer full: wait for what went out
             log.warning("relay_publish_failed", relay=self.name, error=repr(exc))
-        # The timeout is the only bound: nats-py 2.16 never resolves the future of a publish
-        # that the server refused (its reply handler raises instead of setting the error).
         results: Sequence[PubAck | BaseException | None]
         try:
             results = await asyncio.wait_for(
@@ -372,13 +402,30 @@ class OutboxRelay:
             )
         except TimeoutError:
             log.warning("relay_ack_timeout", relay=self.name, pending=len(futures))
-            # Acks that did arrive still count; cancelled ones end the prefix.
+            # Acks that did arrive still count; the others end the prefix.
             results = [_outcome(f) for f in futures]
-        for i, result in enumerate(results):
-            if not isinstance(result, PubAck):
-                log.warning("relay_unacked", relay=self.name, position=events[i].position)
-                return i
-        return len(results)
+        acked = next((i for i, r in enumerate(results) if not isinstance(r, PubAck)), len(results))
+        if acked < len(events):
+            log.warning(
+                "relay_unacked",
+                relay=self.name,
+                position=events[acked].position,
+                error=repr(results[acked] or "no answer") if acked < len(results) else "not sent",
+            )
+        last = results[acked - 1] if acked else None
+        # Known again only when every message was stored as the chain said; otherwise the
+        # next publish goes alone and its ack tells.
+        chained = acked == len(events) and isinstance(last, PubAck) and not last.duplicate
+        self._last_seq = last.seq if chained and isinstance(last, PubAck) else None
+        return acked
+
+    def _headers(self, event: OutboxEvent, last_seq: int | None = None) -> dict[str, str]:
+        headers = headers_of(event)
+        if self.expected_stream is not None:
+            headers[HDR_EXPECTED_STREAM] = self.expected_stream
+        if last_seq is not None:
+            headers[HDR_EXPECTED_LAST_SEQ] = str(last_seq)
+        return headers
 
     async def _after_publish(self, events: Sequence[OutboxEvent]) -> None:
         """Runs between the acks and the checkpoint write; tests inject crashes here."""

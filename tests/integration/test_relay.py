@@ -258,7 +258,6 @@ async def test_an_unacknowledged_publish_does_not_move_the_checkpoint(
 ) -> None:
     ids = insert_committed(db, stream_type, "task-a", [1, 2])
     # JetStream refuses a publish whose expected stream is not the one holding the subject.
-    # (nats-py 2.16 leaves the future of a refused async publish pending: the timeout ends it.)
     failing = OutboxRelay(db, js, name="main", expected_stream="HF_NOWHERE", publish_timeout=0.5)
     async with failing:
         with pytest.raises(RelayPublishError):
@@ -267,6 +266,33 @@ async def test_an_unacknowledged_publish_does_not_move_the_checkpoint(
         assert conn.execute("SELECT count(*) FROM relay_checkpoints").fetchone() == (0,)
     async with OutboxRelay(db, js, name="main") as relay:
         assert await relay.run_once() == 2
+    assert msg_ids(await stored(js, stream_type)) == ids
+
+
+async def test_a_message_lost_inside_a_pipeline_lets_no_later_one_ahead_of_it(
+    db: str, nc: Client, js: JetStreamContext, stream_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server the relay is connected to dies holding one pipelined message; the client
+    sends the later ones to the next server. Stored, they would be ahead of the lost one,
+    which the retry would append after them."""
+    ids = insert_committed(db, stream_type, "task-a", range(1, 31))
+    lost = {ids[10]}
+    real = nc.publish
+
+    async def publish(
+        subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
+    ) -> None:
+        msg_id = (headers or {}).get(s.HDR_MSG_ID)
+        if msg_id in lost:
+            lost.discard(msg_id)  # gone with the server, no answer ever comes
+            return
+        await real(subject, payload, reply=reply, headers=headers)
+
+    monkeypatch.setattr(nc, "publish", publish)
+    async with OutboxRelay(db, js, name="r-" + stream_type, publish_timeout=1.0) as relay:
+        # After the lost one's ack timed out it goes alone, then the rest again, in one round.
+        assert await relay.run_once() >= 30
+    assert not lost
     assert msg_ids(await stored(js, stream_type)) == ids
 
 
