@@ -244,6 +244,16 @@ class Platform:
             servers["postgres"] = self._pg
         return servers
 
+    def server_supervisor(self) -> ServerSupervisor:
+        """What restarts the embedded servers that died or stopped answering, on the
+        settings' bounds."""
+        return ServerSupervisor(
+            self.embedded_servers(),
+            first_backoff_s=self.settings.embedded_restart_backoff_s,
+            unhealthy_after_s=self.settings.embedded_unhealthy_after_s,
+            health=self.health_checks(),
+        )
+
     def stop_servers(self) -> None:
         if self._nats:
             self._nats.stop()
@@ -437,12 +447,7 @@ async def serve(
         await asyncio.to_thread(platform.start_servers)
         if stop.is_set():
             return
-        servers = ServerSupervisor(
-            platform.embedded_servers(),
-            first_backoff_s=settings.embedded_restart_backoff_s,
-            unhealthy_after_s=settings.embedded_unhealthy_after_s,
-            health=platform.health_checks(),
-        )
+        servers = platform.server_supervisor()
         watch = asyncio.create_task(servers.run(stop))
         # For the credentials bootstrap and the node-login sync: every service, the gateway
         # included, opens a pool of its own.

@@ -9,6 +9,10 @@ cancellation reached a pull loop's `next_msg` (nats-py) or a pool's wait for a c
 (psycopg_pool) just as a message or a connection arrived, and both wait through
 `asyncio.wait_for`.
 
+`cancel_and_wait(task)` is the targeted remedy: it cancels a task and cancels it again, every
+`again_every_s`, while it still runs (the leader lease's term, libs/bus/lease.py; the pull
+loops end on a flag as well, libs/bus/pull.py).
+
 `install()` puts the 3.12 implementation in its place on 3.11, for the libraries too: they
 call it as `asyncio.wait_for`. On 3.12 and later it does nothing. It is not run (see
 libs/__init__.py): installed for every library it changed more than the stop path.
@@ -20,6 +24,10 @@ import asyncio
 import sys
 from collections.abc import Awaitable
 from typing import Any, TypeVar
+
+import structlog
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -41,6 +49,17 @@ async def wait_for(fut: Awaitable[T], timeout: float | None) -> T:  # noqa: ASYN
             raise TimeoutError from exc
     async with asyncio.timeout(timeout):
         return await fut
+
+
+async def cancel_and_wait(task: asyncio.Task[Any], *, again_every_s: float = 2.0) -> None:
+    """Cancel `task` and wait until it has ended, cancelling it again every `again_every_s`
+    while it runs on (a cancellation dropped by 3.11's `wait_for`). Its result or error is
+    left in the task."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=again_every_s)
+        if not task.done():
+            log.warning("cancellation_lost", task=task.get_name(), again_after_s=again_every_s)
 
 
 async def _cancel_and_wait(future: asyncio.Future[Any]) -> None:
@@ -65,4 +84,4 @@ def install() -> None:
         asyncio.tasks.wait_for = wait_for  # type: ignore[assignment]
 
 
-__all__ = ["ORIGINAL", "install", "wait_for"]
+__all__ = ["ORIGINAL", "cancel_and_wait", "install", "wait_for"]

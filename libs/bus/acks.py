@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import weakref
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -26,6 +27,16 @@ NO_RESPONDERS = "503"
 
 class AckInbox:
     """One reply subscription for many pipelined publishes on `nc`."""
+
+    _shared: weakref.WeakKeyDictionary[Client, AckInbox] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, nc: Client) -> AckInbox:
+        """The inbox shared by every caller on `nc` (it lives as long as the client)."""
+        inbox = cls._shared.get(nc)
+        if inbox is None:
+            inbox = cls._shared[nc] = cls(nc)
+        return inbox
 
     def __init__(self, nc: Client) -> None:
         self.nc = nc

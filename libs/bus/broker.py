@@ -489,8 +489,8 @@ async def serve(
         for sub in subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        for task in tasks:
-            task.cancel()
+        for loop, task in zip(loops, tasks, strict=True):
+            loop.stop(task)
         # A pipelined loop waits for its running batches; a plain one's batch is cancelled.
         await asyncio.gather(*tasks, return_exceptions=True)
         for pool in (p for r in routes for p in r.pools):

@@ -38,6 +38,8 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from libs.cancellation import cancel_and_wait
+
 from .nats import configured_replicas, when_jetstream_answers
 from .subjects import LEASE_BUCKET
 
@@ -264,9 +266,7 @@ async def run_while_leader(
         try:
             await _keep_renewed(lease, task, stop, renew_every)
         finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait(task)
             # A no-op when the lease was lost; otherwise lets a standby in without the TTL.
             await _release_quietly(lease)
         if not task.cancelled():

@@ -111,22 +111,30 @@ class PullLoop:
         self._previous: asyncio.Task[None] | None = None
         self.redeclare = redeclare
         self._missing = False  # the server said the consumer does not exist
+        self._stopping = False
 
     async def open(self) -> None:
         """Subscribe to the inbox (before the loop runs, so readiness follows it)."""
         self._sub = await self.nc.subscribe(self.inbox)
 
     async def run(self) -> None:
-        """Fetch and hand over until cancelled."""
+        """Fetch and hand over until cancelled or `stop`ped."""
         if self._sub is None:
             await self.open()
         try:
-            while True:
+            while not self._stopping:
                 messages = await self._fetch()
-                if messages:
+                if messages and not self._stopping:  # else redelivered after ack_wait
                     await self._hand_over(messages)
         finally:
             await self._close()
+
+    def stop(self, task: asyncio.Task[None]) -> None:
+        """End the loop that `task` runs: cancel it, and have the loop end at its next turn
+        if the cancellation is lost (on Python 3.11, one that meets a message arriving in
+        nats-py's `next_msg`, an `asyncio.wait_for`, is dropped: libs/cancellation.py)."""
+        self._stopping = True
+        task.cancel()
 
     async def _close(self) -> None:
         if self._previous is not None:
@@ -175,6 +183,8 @@ class PullLoop:
                 msg = await self._sub.next_msg(timeout=left)
             except TimeoutError:
                 break  # what still comes waits in the inbox for the next request
+            if self._stopping:
+                break
             status = status_of(msg)
             if status is None:
                 out.append(msg)

@@ -14,6 +14,7 @@ import structlog
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from libs.bus.acks import AckInbox
 from libs.bus.subjects import node_command_subject
 from libs.domain.protocol import CommandKind, GpuShare, NodeCommand, TaskRunSpec
 from libs.domain.task.model import Task
@@ -101,23 +102,23 @@ PUBLISH_TIMEOUT_S = 5.0
 async def send_all(
     js: JetStreamContext, cmds: Sequence[NodeCommand], ack_wait_s: float = PUBLISH_TIMEOUT_S
 ) -> list[BaseException | None]:
-    """Publish `cmds` pipelined, in order; one outcome per command (None: acknowledged)."""
+    """Publish `cmds` pipelined, in order; one outcome per command (None: acknowledged, else
+    the server's refusal, or a timeout when no answer came)."""
+    acks = AckInbox.of(js._nc)
     futures: list[asyncio.Future[PubAck] | BaseException] = []
     for cmd in cmds:
         try:
             futures.append(
-                await js.publish_async(
+                await acks.publish(
                     node_command_subject(cmd.node_id),
                     cmd.model_dump_json().encode(),
-                    wait_stall=ack_wait_s,
-                    headers={"Nats-Msg-Id": cmd.msg_id},
+                    {"Nats-Msg-Id": cmd.msg_id},
                 )
             )
-        except Exception as exc:  # stalled or closed: this one did not go out
+        except Exception as exc:  # closed or its buffer full: this one did not go out
             futures.append(exc)
     pending = [f for f in futures if isinstance(f, asyncio.Future)]
     if pending:
-        # nats-py never resolves the future of a publish the server refused: bound the wait.
         await asyncio.wait(pending, timeout=ack_wait_s)
     return [_outcome(f) for f in futures]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -62,3 +63,51 @@ async def test_results_timeouts_and_a_timeout_of_zero() -> None:
     with pytest.raises(TimeoutError):
         await cancellation.wait_for(pending, 0)
     assert pending.cancelled()
+
+
+async def test_cancel_and_wait_cancels_again_a_task_that_lost_the_first() -> None:
+    lost: list[bool] = []
+
+    async def runs_on() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            lost.append(True)  # as 3.11's wait_for does when a result is ready
+        await asyncio.sleep(10)
+
+    task = asyncio.create_task(runs_on())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancellation.cancel_and_wait(task, again_every_s=0.05), 5.0)
+    assert lost == [True] and task.cancelled()
+
+
+async def test_a_stopped_pull_loop_ends_though_its_cancellation_was_lost() -> None:
+    from libs.bus.pull import PullLoop
+
+    handed: list[list[Any]] = []
+
+    async def consume(messages: list[Any]) -> None:
+        handed.append(messages)
+
+    class Loop(PullLoop):
+        fetching = asyncio.Event()
+
+        async def open(self) -> None:
+            pass
+
+        async def _close(self) -> None:
+            pass
+
+        async def _fetch(self) -> list[Any]:
+            self.fetching.set()
+            # A message arrived as the cancellation did: 3.11's wait_for drops the latter.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(10)
+            return ["message"]
+
+    loop = Loop(None, "S", "d", consume, batch=1)  # type: ignore[arg-type]
+    task = asyncio.create_task(loop.run())
+    await loop.fetching.wait()
+    loop.stop(task)
+    await asyncio.wait_for(task, 5.0)  # ends, not fetching again
+    assert handed == []  # the message fetched while stopping is left to be redelivered

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
 
 from libs.server_supervisor import RESTARTS, UNHEALTHY, HealthCheck, ServerSupervisor
 from tests.wait import wait_until_async
@@ -142,3 +145,17 @@ async def test_a_check_that_says_none_is_never_acted_on() -> None:
     assert server.ended == 0 and server.restarts_at == []
     stop.set()
     await asyncio.wait_for(watch, 2)
+
+
+def test_up_watches_its_servers_on_the_configured_bounds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from heteroflow.platform import Platform, PlatformSettings
+
+    def supervisor() -> ServerSupervisor:
+        return Platform(PlatformSettings(home=tmp_path)).server_supervisor()
+
+    assert supervisor().unhealthy_after_s == 5.0
+    monkeypatch.setenv("HETEROFLOW_EMBEDDED_UNHEALTHY_AFTER_S", "120")
+    monkeypatch.setenv("HETEROFLOW_EMBEDDED_RESTART_BACKOFF_S", "3")
+    assert (supervisor().unhealthy_after_s, supervisor().first_backoff_s) == (120.0, 3.0)
