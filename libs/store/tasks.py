@@ -7,7 +7,7 @@ transaction of the events they fold; this module is where every read of them liv
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -98,6 +98,27 @@ async def pending(store: EventStore, limit: int) -> list[Task]:
         [limit],
     )
     return _parsed(found)
+
+
+async def pending_since(
+    store: EventStore, limit: int, known: Mapping[str, int]
+) -> list[tuple[str, int, str | None]]:
+    """The scheduler's queue as `pending` orders it, as (id, version, document text): the
+    text only for a row whose version is not the one `known` holds for it, so a caller that
+    keeps what it parsed re-reads only what moved. A row that moved again after this read is
+    simply sent next time (its version is then new again)."""
+    found = await rows(
+        store,
+        "SELECT p.id, p.version,"
+        " CASE WHEN k.v IS DISTINCT FROM p.version THEN p.doc::text END AS doc"
+        " FROM (SELECT id, version, doc, priority, created_at FROM tasks"
+        "  WHERE status = 'pending' AND deleted_at IS NULL"
+        "  ORDER BY priority DESC, created_at LIMIT %s) p"
+        " LEFT JOIN unnest(%s::text[], %s::int[]) AS k(id, v) ON k.id = p.id"
+        " ORDER BY p.priority DESC, p.created_at",
+        [limit, list(known), list(known.values())],
+    )
+    return [(r["id"], r["version"], r["doc"]) for r in found]
 
 
 async def holding(store: EventStore) -> list[Task]:

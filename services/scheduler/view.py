@@ -4,7 +4,8 @@ Nodes and GPU-holding tasks become a `ClusterSnapshot`; pending tasks become `Pe
 Reading the projections each round keeps the view exactly what the store says (the scheduler
 holds no state a crash could lose); the queries use the partial index on pending tasks.
 `ClusterView` reads the same rows but parses again only those whose version moved, so a round
-on a large fleet costs what changed, not what exists.
+on a large fleet costs what changed, not what exists; `PendingQueue` does the same for the
+pending queue.
 """
 
 from __future__ import annotations
@@ -79,6 +80,37 @@ async def load_holding(store: EventStore) -> list[Task]:
 
 async def load_pending(store: EventStore, limit: int) -> list[Task]:
     return await task_rows.pending(store, limit)
+
+
+class PendingQueue:
+    """The scheduler's pending queue, each task parsed once per version.
+
+    Every round lists the queue (`tasks.pending_since`) but is sent only the documents that
+    are new or moved since the last round; a task still pending at the same version is the
+    model parsed before (a `Task` is immutable). What left the queue is dropped at each
+    listing, so the cache never holds more than one batch."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, Task] = {}
+        self.parsed_last = 0  # documents the last `load` parsed (tests and benchmarks)
+
+    async def load(self, store: EventStore, limit: int) -> list[Task]:
+        known = {i: t.version for i, t in self._parsed.items()}
+        listed = await task_rows.pending_since(store, limit, known)
+        kept: dict[str, Task] = {}
+        out: list[Task] = []
+        parsed = 0
+        for task_id, _version, doc in listed:
+            if doc is None:  # sent without its document: the version `known` gave for it
+                task = self._parsed[task_id]
+            else:
+                task = Task.model_validate_json(doc)
+                parsed += 1
+            kept[task_id] = task
+            out.append(task)
+        self._parsed = kept
+        self.parsed_last = parsed
+        return out
 
 
 async def load_quotas(store: EventStore) -> dict[str, float]:

@@ -217,3 +217,41 @@ async def test_a_rounds_placement_event_records_why_this_node(store: EventStore)
         "card_room_after": 0.0,
         "free_memory_mb_after": 65_536 - 4_096 - 2_048,
     }
+
+
+async def test_the_pending_queue_parses_a_task_once_per_version(store: EventStore) -> None:
+    """Each round lists the queue, but only a new or moved document is sent and parsed: an
+    unchanged task is the model of the round before, a changed one is read again, one that
+    left the queue is gone, and the order is the store's (priority, then age)."""
+    from libs.domain.task.decide import decide_pending_reason, decide_stop
+
+    low, high, other = await store.create_tasks(
+        [
+            (T, TaskSpec(name="low", image="i", gpu_required=1, priority=1), None, None),
+            (T, TaskSpec(name="high", image="i", gpu_required=1, priority=9), None, None),
+            (T, TaskSpec(name="other", image="i", gpu_required=1, priority=5), None, None),
+        ]
+    )
+    queue = view.PendingQueue()
+    first = await queue.load(store, 10)
+    assert [t.id for t in first] == [high.id, other.id, low.id] and queue.parsed_last == 3
+    assert first == await view.load_pending(store, 10), "the same tasks as a full read"
+
+    again = await queue.load(store, 10)
+    assert queue.parsed_last == 0
+    assert all(a is b for a, b in zip(again, first, strict=True)), "kept, not re-parsed"
+
+    await store.execute(
+        low.id, lambda t: decide_pending_reason(t, ReasonCode.INSUFFICIENT_GPUS, "no free card")
+    )
+    await store.execute(other.id, lambda t: decide_stop(t, Actor.TENANT))
+    moved = await queue.load(store, 10)
+    assert [t.id for t in moved] == [high.id, low.id] and queue.parsed_last == 1
+    assert moved[0] is first[0]
+    assert moved[1].version == low.version + 1 and moved[1].pending_reason == "no free card"
+    assert moved == await view.load_pending(store, 10)
+
+    # The limit applies before the cache: a batch of one is the highest task alone.
+    assert [t.id for t in await queue.load(store, 1)] == [high.id]
+    assert [t.id for t in await queue.load(store, 10)] == [high.id, low.id]
+    assert queue.parsed_last == 1, "the task dropped by the short batch is read again"

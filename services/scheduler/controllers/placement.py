@@ -74,6 +74,7 @@ class Placer:
     writer: FencedWriter | None = None
     max_candidates: int | None = DEFAULT_MAX_CANDIDATES
     cluster: view.ClusterView = field(default_factory=view.ClusterView)
+    queue: view.PendingQueue = field(default_factory=view.PendingQueue)
     planner: Planner = field(default_factory=Planner)
     # The last round left a task waiting for a node's in-flight starts (STARTS_IN_FLIGHT):
     # a start reaching running is then worth a round (handlers/wake.py, `frees_a_start`).
@@ -86,7 +87,7 @@ class Placer:
     async def round(self) -> RoundResult:
         started = time.perf_counter()
         await lending.settle(self.store, self.writes)  # lent cards back, queued wakes run
-        pending = await view.load_pending(self.store, self.batch)
+        pending = await self.queue.load(self.store, self.batch)
         counts: dict[str, int] = {}
         for t in pending:
             counts[t.tenant_id] = counts.get(t.tenant_id, 0) + 1
