@@ -93,6 +93,8 @@ class PendingQueue:
     def __init__(self) -> None:
         self._parsed: dict[str, Task] = {}
         self.parsed_last = 0  # documents the last `load` parsed (tests and benchmarks)
+        # Task id -> ((version, gang, variant pin), the planner's PendingTask built from them).
+        self._planned: dict[str, tuple[tuple[int, Gang | None, int | None], PendingTask]] = {}
 
     async def load(self, store: EventStore, limit: int) -> list[Task]:
         known = {i: t.version for i, t in self._parsed.items()}
@@ -110,6 +112,26 @@ class PendingQueue:
             out.append(task)
         self._parsed = kept
         self.parsed_last = parsed
+        self._planned = {i: p for i, p in self._planned.items() if i in kept}
+        return out
+
+    def pendings(
+        self,
+        tasks: Sequence[Task],
+        gangs: dict[str, Gang] | None = None,
+        group_variants: dict[str, int] | None = None,
+    ) -> list[PendingTask]:
+        """`pending_of` each task, built again only when the task or its group's gang or
+        variant moved since the round before."""
+        gangs, group_variants = gangs or {}, group_variants or {}
+        out: list[PendingTask] = []
+        for t in tasks:
+            key = (t.version, gangs.get(t.group_id or ""), group_variants.get(t.group_id or ""))
+            kept = self._planned.get(t.id)
+            if kept is None or kept[0] != key:
+                kept = (key, pending_of(t, gangs, group_variants))
+                self._planned[t.id] = kept
+            out.append(kept[1])
         return out
 
 

@@ -237,9 +237,17 @@ async def test_the_pending_queue_parses_a_task_once_per_version(store: EventStor
     assert [t.id for t in first] == [high.id, other.id, low.id] and queue.parsed_last == 3
     assert first == await view.load_pending(store, 10), "the same tasks as a full read"
 
+    planned = queue.pendings(first)
+    assert planned == [view.pending_of(t) for t in first]
     again = await queue.load(store, 10)
     assert queue.parsed_last == 0
     assert all(a is b for a, b in zip(again, first, strict=True)), "kept, not re-parsed"
+    assert all(a is b for a, b in zip(queue.pendings(again), planned, strict=True))
+    member = first[0].model_copy(update={"id": "m1", "group_id": "g1", "rank": 1})
+    two, three = view.Gang(2), view.Gang(3)
+    assert queue.pendings([member], {"g1": two})[0].gang_size == 2
+    assert queue.pendings([member], {"g1": three})[0].gang_size == 3, "its gang moved"
+    assert queue.pendings([member], {"g1": three}, {"g1": 1})[0].variant_pin == 1
 
     await store.execute(
         low.id, lambda t: decide_pending_reason(t, ReasonCode.INSUFFICIENT_GPUS, "no free card")
@@ -250,6 +258,9 @@ async def test_the_pending_queue_parses_a_task_once_per_version(store: EventStor
     assert moved[0] is first[0]
     assert moved[1].version == low.version + 1 and moved[1].pending_reason == "no free card"
     assert moved == await view.load_pending(store, 10)
+    replanned = queue.pendings(moved)
+    assert replanned[0] is planned[0] and replanned[1] == view.pending_of(moved[1])
+    assert replanned[1] is not planned[2], "the moved task's PendingTask is built again"
 
     # The limit applies before the cache: a batch of one is the highest task alone.
     assert [t.id for t in await queue.load(store, 1)] == [high.id]

@@ -105,7 +105,7 @@ class Placer:
         )
         snap = self.cluster.snapshot(self.clock(), quotas, queues, pools)
         planning = time.perf_counter()
-        pendings = [view.pending_of(t, gangs, group_variants) for t in pending]
+        pendings = self.queue.pendings(pending, gangs, group_variants)
         result_plan = self.planner.plan(
             snap,
             pendings,
