@@ -3,6 +3,7 @@
     python -m bench.cost_parts plan  [--nodes 1000] [--tasks 4000] [--small 20] [--repeat 3]
     python -m bench.cost_parts relay [--events 5000] [--repeat 3]
     python -m bench.cost_parts steps [--commands 3000] [--batch 32] [--repeat 3]
+    python -m bench.cost_parts queue [--backlog 500] [--rounds 50] [--moved 10] [--repeat 3]
 
 `plan`: the planner in memory on the simulated fleet (no database): a full placement run in
 rounds of 512, then rounds of `--small` tasks over what it placed, with the planner's ledger
@@ -10,7 +11,10 @@ kept between rounds and built afresh each round (the index kept in both), altern
 (an older tree, whose planner keeps no ledger, is measured as it plans).
 `relay`: `OutboxRelay.run_once` draining `--events` committed task_created events to
 JetStream. `steps`: `EventStore.execute_steps` (agent reports) and `execute_batch` (the
-placer's commit) in batches of `--batch`, one pending-reason change per command. Each prints
+placer's commit) in batches of `--batch`, one pending-reason change per command. `queue`: the
+placer's read of a backlog of `--backlog` pending tasks that stay pending, `--rounds` rounds
+with `--moved` of them changed before each, read afresh (`view.load_pending` + `pending_of`)
+and through the version-keyed `view.PendingQueue`, alternating. Each prints
 process CPU time per unit (and wall time, which the fsyncs of PostgreSQL and JetStream
 bound). `relay` and `steps` use public APIs only, so the file can be run against an older tree
 (`PYTHONPATH=OLD python bench/cost_parts.py relay`) for a before/after on the same machine.
@@ -182,10 +186,47 @@ async def steps_once(url: str, n: int, batch: int) -> dict[str, tuple[float, flo
         await store.close()
 
 
+async def queue_once(url: str, backlog: int, rounds: int, moved: int) -> dict[str, float]:
+    """CPU seconds of `rounds` reads of the pending queue, each way (see the module doc)."""
+    from services.scheduler import view
+
+    store = await EventStore.open(url, max_size=4)
+    try:
+        ids = [t.id for t in await create(store, backlog)]
+        out = dict.fromkeys(("afresh", "version-keyed"), 0.0)
+        queue = view.PendingQueue()
+        await queue.load(store, backlog)  # the first round parses everything either way
+        for r in range(rounds):
+            chunk = ids[(r * moved) % backlog :][:moved]
+            await store.execute_batch(dict.fromkeys(chunk, why(f"round {r}")))
+            for mode in out if r % 2 else reversed(list(out)):
+                c0 = time.process_time()
+                if mode == "afresh":
+                    [view.pending_of(t) for t in await view.load_pending(store, backlog)]
+                else:
+                    queue.pendings(await queue.load(store, backlog))
+                out[mode] += time.process_time() - c0
+        return out
+    finally:
+        await store.close()
+
+
 def store_cost(args: argparse.Namespace) -> None:
     with servers() as srv:
         for _ in range(args.repeat):
             with fresh_database(srv.database_url) as url:
+                if args.part == "queue":
+                    spent = asyncio.run(queue_once(url, args.backlog, args.rounds, args.moved))
+                    print(
+                        "queue: "
+                        + ", ".join(
+                            f"{mode} {cpu / args.rounds * 1e3:.2f} ms/round"
+                            for mode, cpu in spent.items()
+                        )
+                        + f" (backlog {args.backlog}, {args.moved} moved per round)",
+                        flush=True,
+                    )
+                    continue
                 if args.part == "relay":
                     got, cpu, wall = asyncio.run(relay_once(url, srv.nats_url, args.events))
                     print(
@@ -206,13 +247,16 @@ def store_cost(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="CPU cost of parts of the hot path")
-    parser.add_argument("part", choices=("plan", "relay", "steps"))
+    parser.add_argument("part", choices=("plan", "relay", "steps", "queue"))
     parser.add_argument("--nodes", type=int, default=1_000)
     parser.add_argument("--tasks", type=int, default=4_000)
     parser.add_argument("--small", type=int, default=20)
     parser.add_argument("--events", type=int, default=5_000)
     parser.add_argument("--commands", type=int, default=3_000)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--backlog", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--moved", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     if args.part == "plan":
