@@ -239,10 +239,12 @@ class ScaleRequest(BodyModel):
 # --- checking ------------------------------------------------------------------------------
 
 
-def query_of(model: type[M]) -> Callable[[Request], M]:
-    """A dependency: the request's query string checked against `model`."""
+def query_of(model: type[M]) -> Callable[[Request], Awaitable[M]]:
+    """A dependency: the request's query string checked against `model` (async though it
+    awaits nothing: FastAPI runs a plain `def` dependency in a worker thread, a hand-off per
+    request; tests/unit/test_gateway_async_deps.py)."""
 
-    def check(request: Request) -> M:
+    async def check(request: Request) -> M:
         return validate(model, dict(request.query_params), "query parameter")
 
     check.contract = Contract("query", lambda _: model_schema(model))  # type: ignore[attr-defined]

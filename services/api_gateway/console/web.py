@@ -109,8 +109,9 @@ def api_client(request: Request, key: str) -> httpx.AsyncClient:
     )
 
 
-def session_key(request: Request) -> str:
-    """The signed-in key; without one the page is the sign-in page."""
+async def session_key(request: Request) -> str:
+    """The signed-in key; without one the page is the sign-in page. (async: FastAPI runs a
+    plain `def` dependency in a worker thread.)"""
     key = request.cookies.get(COOKIE, "")
     if not key:
         raise Stop(go("/ui/login"))
