@@ -210,7 +210,11 @@ def check_task_spec(spec: TaskSpec) -> TaskSpec:
             )
     check_variants(spec)
     spec = _checked_volumes(spec)
-    check_spec_size(spec.model_dump(mode="json"))
+    # json.dumps (ASCII-escaped, with ", " and ": ") writes a value in at most three times its
+    # compact UTF-8 bytes, so a compact form under a third of the limit cannot pass it: the
+    # exact per-field sizes (a dump and an encoding per field) are computed only near it.
+    if 3 * len(spec.__pydantic_serializer__.to_json(spec)) > SPEC_MAX_BYTES:
+        check_spec_size(spec.model_dump(mode="json"))
     return spec
 
 

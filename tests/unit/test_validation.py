@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import pytest
 
 from libs.domain.errors import DomainError
-from libs.domain.task.model import parse_create
+from libs.domain.task.model import TaskSpec, parse_create
 from libs.domain.validation import (
     SPEC_MAX_BYTES,
     check_json_document,
+    check_spec_size,
     image_reference_error,
     normalise_container_path,
 )
@@ -153,3 +155,31 @@ def test_the_spec_size_backstop_names_the_largest_fields() -> None:
                      tenant=True)  # fmt: skip
     assert str(SPEC_MAX_BYTES) in info.value.message
     assert info.value.fields[0] in ("env", "command")
+
+
+@pytest.mark.parametrize("fill", ["é", "😀"])
+def test_the_spec_size_check_refuses_exactly_where_the_encoded_size_passes_the_limit(
+    fill: str,
+) -> None:
+    """The compact-size shortcut skips the exact count only far below the limit: around it
+    a create is refused exactly when the spec's encoded size (`check_spec_size`) is over."""
+    per = len(json.dumps(fill)) - 2  # encoded characters per character (ASCII cannot reach
+    # the limit: the per-field limits hold an all-ASCII spec far below it)
+    verdicts = []
+    for target in (SPEC_MAX_BYTES // 3 - 64, SPEC_MAX_BYTES - 4_000, SPEC_MAX_BYTES + 300):
+        chars = target // per
+        env = {f"K{i}": fill * min(8_000, chars - i) for i in range(0, chars, 8_000)}
+        body = {"name": "a", "image": "busybox", "env": env}
+        try:
+            check_spec_size(TaskSpec.model_validate(body).model_dump(mode="json"))
+            exact_ok = True
+        except DomainError:
+            exact_ok = False
+        try:
+            spec = parse_create(body, tenant=True)
+        except DomainError as exc:
+            assert not exact_ok and str(SPEC_MAX_BYTES) in exc.message, (fill, target)
+        else:
+            assert exact_ok and spec.env == env, (fill, target)
+        verdicts.append(exact_ok)
+    assert verdicts == [True, True, False], "both sides of the limit were tried"
