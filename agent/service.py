@@ -313,8 +313,12 @@ class Agent:
         self.report(pseudo, Fact.STARTING, S.SCHEDULED)
         try:
             # Each volume resolved on this host (a thread: a slow mount must not stall
-            # the loop); the runtime mounts the resolved path.
-            run, why = await asyncio.to_thread(checked, run, self.settings.volume_allow_list)
+            # the loop); the runtime mounts the resolved path. Without volumes the check
+            # touches no file, and runs here (a thread hand-off costs more than it).
+            allow = self.settings.volume_allow_list
+            run, why = (
+                await asyncio.to_thread(checked, run, allow) if run.volumes else checked(run, allow)
+            )
             if why:
                 log.warning("command_refused", task_id=cmd.task_id, reason=why)
                 raise RuntimeStartError(ErrorKind.INVALID_CONFIG, f"refused by the node: {why}")

@@ -473,8 +473,12 @@ class ProcessRuntime(Runtime):
             return
         if self._state(d) in (RunState.RUNNING, RunState.PAUSED):
             await self.stop(handle, grace_s=0)
-        await asyncio.to_thread(self._remove_cgroup, d)
-        await asyncio.to_thread(shutil.rmtree, d, True)
+        await asyncio.to_thread(self._remove_dir, d)
+
+    def _remove_dir(self, d: Path) -> None:
+        """The attempt's cgroup, then its directory (one thread hand-off for both)."""
+        self._remove_cgroup(d)
+        shutil.rmtree(d, True)
 
     # -- observe --------------------------------------------------------------------------
 
