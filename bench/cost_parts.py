@@ -4,6 +4,7 @@
     python -m bench.cost_parts relay [--events 5000] [--repeat 3]
     python -m bench.cost_parts steps [--commands 3000] [--batch 32] [--repeat 3]
     python -m bench.cost_parts queue [--backlog 500] [--rounds 50] [--moved 10] [--repeat 3]
+    python -m bench.cost_parts pull  [--events 5000] [--batch 32] [--repeat 3]
 
 `plan`: the planner in memory on the simulated fleet (no database): a full placement run in
 rounds of 512, then rounds of `--small` tasks over what it placed, with the planner's ledger
@@ -14,7 +15,9 @@ JetStream. `steps`: `EventStore.execute_steps` (agent reports) and `execute_batc
 placer's commit) in batches of `--batch`, one pending-reason change per command. `queue`: the
 placer's read of a backlog of `--backlog` pending tasks that stay pending, `--rounds` rounds
 with `--moved` of them changed before each, read afresh (`view.load_pending` + `pending_of`)
-and through the version-keyed `view.PendingQueue`, alternating. Each prints
+and through the version-keyed `view.PendingQueue`, alternating. `pull`: a `PullLoop` (the
+durable consumers' fetch loop) draining `--events` stored messages in batches of up to
+`--batch`, each acknowledged. Each prints
 process CPU time per unit (and wall time, which the fsyncs of PostgreSQL and JetStream
 bound). `relay` and `steps` use public APIs only, so the file can be run against an older tree
 (`PYTHONPATH=OLD python bench/cost_parts.py relay`) for a before/after on the same machine.
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -211,9 +216,63 @@ async def queue_once(url: str, backlog: int, rounds: int, moved: int) -> dict[st
         await store.close()
 
 
+async def pull_once(nats_url: str, n: int, batch: int) -> tuple[float, float]:
+    """CPU and wall seconds of a `PullLoop` draining `n` stored messages, each acked."""
+    from libs.bus.nats import ensure_durable_consumer
+    from libs.bus.pull import PullLoop
+    from libs.bus.subjects import EVENTS_PREFIX, EVENTS_STREAM
+
+    tag = uuid.uuid4().hex[:8]
+    nc = await connect(nats_url, "bench-cost-pull")
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        for k in range(0, n, 500):
+            await asyncio.gather(
+                *(
+                    js.publish(f"{EVENTS_PREFIX}.bench{tag}.t{i}.x", b'{"n": %d}' % i)
+                    for i in range(k, min(n, k + 500))
+                )
+            )
+        durable = f"bench-pull-{tag}"
+        await ensure_durable_consumer(
+            js, EVENTS_STREAM, durable, f"{EVENTS_PREFIX}.bench{tag}.>", max_ack_pending=n
+        )
+        done, seen = asyncio.Event(), [0]
+
+        async def consume(messages: list[Any]) -> None:
+            for m in messages:
+                await m.ack()
+            seen[0] += len(messages)
+            if seen[0] >= n:
+                done.set()
+
+        loop = PullLoop(nc, EVENTS_STREAM, durable, consume, batch=batch)
+        await loop.open()
+        c0, w0 = time.process_time(), time.perf_counter()
+        task = asyncio.create_task(loop.run())
+        await done.wait()
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        loop.stop(task)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return cpu, wall
+    finally:
+        await nc.drain()
+
+
 def store_cost(args: argparse.Namespace) -> None:
     with servers() as srv:
         for _ in range(args.repeat):
+            if args.part == "pull":
+                cpu, wall = asyncio.run(pull_once(srv.nats_url, args.events, args.batch))
+                print(
+                    f"pull: {args.events} messages in batches of up to {args.batch}, CPU "
+                    f"{cpu / args.events * 1e6:.0f} us/message, {args.events / wall:,.0f} "
+                    "messages/s wall",
+                    flush=True,
+                )
+                continue
             with fresh_database(srv.database_url) as url:
                 if args.part == "queue":
                     spent = asyncio.run(queue_once(url, args.backlog, args.rounds, args.moved))
@@ -247,7 +306,7 @@ def store_cost(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="CPU cost of parts of the hot path")
-    parser.add_argument("part", choices=("plan", "relay", "steps", "queue"))
+    parser.add_argument("part", choices=("plan", "relay", "steps", "queue", "pull"))
     parser.add_argument("--nodes", type=int, default=1_000)
     parser.add_argument("--tasks", type=int, default=4_000)
     parser.add_argument("--small", type=int, default=20)
