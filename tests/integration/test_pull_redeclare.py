@@ -87,3 +87,42 @@ async def test_a_pull_loop_declares_its_consumer_again_when_the_server_has_none(
             await running
         with contextlib.suppress(Exception):
             await js.delete_stream(stream)
+
+
+async def test_a_pull_loop_takes_each_message_once_in_order_and_stops_while_waiting(
+    nc: Client,
+) -> None:
+    """The loop's own inbox buffer: what is stored is handed over in stream order, each
+    message once, in batches no larger than asked; a message published while the loop waits
+    on an idle server is taken at once; stopped while it waits, the loop ends at once."""
+    js = nc.jetstream()
+    tag = uuid.uuid4().hex[:8]
+    stream, durable, subject = f"T_{tag}", f"d_{tag}", f"t.{tag}.x"
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"t.{tag}.>"]))
+    await ensure_durable_consumer(js, stream, durable, subject)
+    for i in range(50):
+        await js.publish(subject, b"%d" % i)
+    got: list[bytes] = []
+    sizes: list[int] = []
+
+    async def consume(messages: list[Msg]) -> None:
+        sizes.append(len(messages))
+        for msg in messages:
+            got.append(msg.data)
+            await msg.ack()
+
+    loop = PullLoop(nc, stream, durable, consume, batch=8)
+    running = asyncio.create_task(loop.run())
+    try:
+        await wait_until_async(lambda: len(got) >= 50, 10, 0.02, "the stored messages")
+        assert got == [b"%d" % i for i in range(50)] and max(sizes) <= 8
+        await js.publish(subject, b"late")  # the loop has drained the stream: it waits
+        await wait_until_async(lambda: got[-1:] == [b"late"], 2, 0.01, "the late message")
+    finally:
+        started = asyncio.get_running_loop().time()
+        loop.stop(running)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(running, 5)
+    # Well under the pull's 5 s wait on the server (IDLE_FETCH_S): it did not wait it out.
+    assert asyncio.get_running_loop().time() - started < 1.0, "stopped while waiting"
+    assert len(got) == 51, "nothing taken twice"
