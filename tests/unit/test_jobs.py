@@ -3,6 +3,7 @@ the cascade that creates, skips and settles (seed 004, SPEC §7)."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -16,8 +17,13 @@ from libs.domain.job.evolve import evolve_job
 from libs.domain.job.model import Job, JobNode, JobStatus, NodeState
 from libs.domain.job.spec import Dependency, DependencyKind, find_cycle, parse_job
 from libs.domain.reasons import ReasonCode
-from libs.domain.task.events import TaskPendingReason, TaskRetryDecided, TaskStatusChanged
-from libs.domain.task.model import TaskId, TenantId
+from libs.domain.task.events import (
+    TaskCreated,
+    TaskPendingReason,
+    TaskRetryDecided,
+    TaskStatusChanged,
+)
+from libs.domain.task.model import Platform, TaskId, TaskSpec, TenantId
 from libs.domain.task.states import TaskStatus
 from libs.store.eventstore import EventStore
 from services.job_orchestrator.handlers.task_ended import (
@@ -429,7 +435,38 @@ def test_the_orchestrator_takes_status_changes_and_retry_decisions() -> None:
     a pending reason is news of a task that waits."""
     orchestrator = Orchestrator(cast(EventStore, None))
     assert orchestrator.handlers.types == {
+        TaskCreated.type,
         TaskStatusChanged.type,
         TaskRetryDecided.type,
         TaskPendingReason.type,
     }
+
+
+async def test_a_tasks_job_is_learned_from_its_creation_without_a_read() -> None:
+    """The creation event says which job a task belongs to (or none): its later events are
+    decided without reading the row (a read through this store would fail)."""
+    from libs.domain.envelope import EventEnvelope
+
+    orchestrator = Orchestrator(cast(EventStore, None))
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    for task_id, job_id in (("t-plain", ""), ("t-job", "job-1")):
+        created = TaskCreated(
+            task_id=TaskId(task_id),
+            tenant_id=TenantId("acme"),
+            spec=TaskSpec(name="a", command="true", platform=Platform(job_id=job_id)),
+        )
+        env = EventEnvelope(
+            event_id=uuid.uuid4(),
+            position=1,
+            stream_id=task_id,
+            stream_type="task",
+            version=1,
+            type=TaskCreated.type,
+            occurred_at=at,
+            payload=created.model_dump(mode="json"),
+        )
+        await orchestrator.handle(env)
+    assert await orchestrator.in_a_job("t-plain") is False
+    assert await orchestrator.in_a_job("t-job") is True
+    with pytest.raises(AttributeError):  # one never seen is read from the store
+        await orchestrator.in_a_job("t-unseen")

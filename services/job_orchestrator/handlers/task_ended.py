@@ -25,7 +25,12 @@ from libs.domain.job.evolve import evolve_job
 from libs.domain.job.model import DONE, Job, NodeState
 from libs.domain.payload import Payload
 from libs.domain.reasons import ReasonCode
-from libs.domain.task.events import TaskPendingReason, TaskRetryDecided, TaskStatusChanged
+from libs.domain.task.events import (
+    TaskCreated,
+    TaskPendingReason,
+    TaskRetryDecided,
+    TaskStatusChanged,
+)
 from libs.domain.task.states import TERMINAL, TaskStatus
 from libs.ownership import foreign_job_task, refuse_foreign
 from libs.store import inbox
@@ -74,12 +79,22 @@ class Orchestrator:
         self._job_of: OrderedDict[str, str] = OrderedDict()
         self._kept = kept
         self.handlers = EventHandlers.of(
-            self.on_status_changed, self.on_retry_decided, self.on_pending_reason, owner=CONSUMER
+            self.on_created,
+            self.on_status_changed,
+            self.on_retry_decided,
+            self.on_pending_reason,
+            owner=CONSUMER,
         )
 
     async def handle(self, envelope: EventEnvelope) -> None:
         """One envelope off the bus: parsed, then handled if a handler takes its type."""
         await self.handlers(envelope)
+
+    async def on_created(self, _env: EventEnvelope, ev: TaskCreated) -> None:
+        """A task's job (or none) is in its creation event: remembered here, its later events
+        need no read of the row (a task's events come in order on this consumer; one that
+        comes first, or a task forgotten since, is read as before)."""
+        self._remember(ev.task_id, ev.spec.platform.job_id)
 
     async def on_status_changed(self, env: EventEnvelope, ev: TaskStatusChanged) -> None:
         if (outcome := status_outcome(ev)) is not None:
@@ -141,10 +156,14 @@ class Orchestrator:
             found = await task_rows.job_of(self.store, task_id)
             if found is None:
                 return False  # no such task
-            job_id = self._job_of[task_id] = found
-            if len(self._job_of) > self._kept:
-                self._job_of.popitem(last=False)
+            job_id = self._remember(task_id, found)
         return bool(job_id)
+
+    def _remember(self, task_id: str, job_id: str) -> str:
+        self._job_of[task_id] = job_id
+        if len(self._job_of) > self._kept:
+            self._job_of.popitem(last=False)
+        return job_id
 
     async def settle(self, env: EventEnvelope, task_id: str, outcome: NodeState) -> None:
         if not await self.in_a_job(task_id):
