@@ -42,6 +42,8 @@ REPORT_TEXT_MAX = 65_536  # `result` and `error` of an agent's or operator's sta
 # The whole specification as the relay encodes it (JSON, ASCII-escaped): a backstop for
 # non-ASCII text, whose escaped form can be up to 6 times its UTF-8 size.
 SPEC_MAX_BYTES = 256 * 1024
+# The most characters `json.dumps` writes for one byte of compact UTF-8 JSON (`check_task_spec`).
+ESCAPED_PER_BYTE = 6
 JSON_MAX_DEPTH = 32
 
 # Mount points a task may never cover: the root, and the kernel's own file systems.
@@ -210,10 +212,11 @@ def check_task_spec(spec: TaskSpec) -> TaskSpec:
             )
     check_variants(spec)
     spec = _checked_volumes(spec)
-    # json.dumps (ASCII-escaped, with ", " and ": ") writes a value in at most three times its
-    # compact UTF-8 bytes, so a compact form under a third of the limit cannot pass it: the
-    # exact per-field sizes (a dump and an encoding per field) are computed only near it.
-    if 3 * len(spec.__pydantic_serializer__.to_json(spec)) > SPEC_MAX_BYTES:
+    # json.dumps (ASCII-escaped, with ", " and ": ") writes a value in at most six times its
+    # compact UTF-8 bytes (DEL: 1 byte, `\u007f`), so a compact form under a sixth of the
+    # limit cannot pass it: the exact per-field sizes (a dump and an encoding per field) are
+    # computed only near it. Bytes, not `model_dump_json`'s characters.
+    if ESCAPED_PER_BYTE * len(spec.__pydantic_serializer__.to_json(spec)) > SPEC_MAX_BYTES:
         check_spec_size(spec.model_dump(mode="json"))
     return spec
 

@@ -157,14 +157,15 @@ def test_the_spec_size_backstop_names_the_largest_fields() -> None:
     assert info.value.fields[0] in ("env", "command")
 
 
-@pytest.mark.parametrize("fill", ["é", "😀"])
+@pytest.mark.parametrize("fill", ["\x7f", "é", "😀"])
 def test_the_spec_size_check_refuses_exactly_where_the_encoded_size_passes_the_limit(
     fill: str,
 ) -> None:
     """The compact-size shortcut skips the exact count only far below the limit: around it
     a create is refused exactly when the spec's encoded size (`check_spec_size`) is over."""
-    per = len(json.dumps(fill)) - 2  # encoded characters per character (ASCII cannot reach
-    # the limit: the per-field limits hold an all-ASCII spec far below it)
+    # Encoded characters per character: DEL is 1 byte compact and 6 escaped, the widest
+    # ratio; printable ASCII cannot reach the limit (the per-field limits hold it far below).
+    per = len(json.dumps(fill)) - 2
     verdicts = []
     for target in (SPEC_MAX_BYTES // 3 - 64, SPEC_MAX_BYTES - 4_000, SPEC_MAX_BYTES + 300):
         chars = target // per
