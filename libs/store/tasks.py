@@ -91,25 +91,20 @@ async def each_by_ids(store: EventStore, ids: Sequence[str]) -> Iterator[Task]:
 
 async def pending(store: EventStore, limit: int) -> list[Task]:
     """The scheduler's queue: highest priority first, then oldest (the partial index)."""
-    found = await rows(
-        store,
-        "SELECT doc::text AS doc FROM tasks WHERE status = 'pending' AND deleted_at IS NULL"
-        " ORDER BY priority DESC, created_at LIMIT %s",
-        [limit],
-    )
-    return _parsed(found)
+    listed = await pending_since(store, limit, {})  # nothing known: every document is sent
+    return [Task.model_validate_json(doc) for _, doc in listed if doc is not None]
 
 
 async def pending_since(
     store: EventStore, limit: int, known: Mapping[str, int]
-) -> list[tuple[str, int, str | None]]:
-    """The scheduler's queue as `pending` orders it, as (id, version, document text): the
-    text only for a row whose version is not the one `known` holds for it, so a caller that
-    keeps what it parsed re-reads only what moved. A row that moved again after this read is
-    simply sent next time (its version is then new again)."""
+) -> list[tuple[str, str | None]]:
+    """The scheduler's queue as (id, document text), highest priority first, then
+    oldest (the partial index): the text only for a row whose version is not the one `known`
+    holds for it, so a caller that keeps what it parsed re-reads only what moved. A row that
+    moved again after this read is simply sent next time (its version is then new again)."""
     found = await rows(
         store,
-        "SELECT p.id, p.version,"
+        "SELECT p.id,"
         " CASE WHEN k.v IS DISTINCT FROM p.version THEN p.doc::text END AS doc"
         " FROM (SELECT id, version, doc, priority, created_at FROM tasks"
         "  WHERE status = 'pending' AND deleted_at IS NULL"
@@ -118,7 +113,7 @@ async def pending_since(
         " ORDER BY p.priority DESC, p.created_at",
         [limit, list(known), list(known.values())],
     )
-    return [(r["id"], r["version"], r["doc"]) for r in found]
+    return [(r["id"], r["doc"]) for r in found]
 
 
 async def holding(store: EventStore) -> list[Task]:

@@ -102,7 +102,7 @@ class PendingQueue:
         kept: dict[str, Task] = {}
         out: list[Task] = []
         parsed = 0
-        for task_id, _version, doc in listed:
+        for task_id, doc in listed:
             if doc is None:  # sent without its document: the version `known` gave for it
                 task = self._parsed[task_id]
             else:
