@@ -3,7 +3,6 @@ the cascade that creates, skips and settles (seed 004, SPEC §7)."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -31,6 +30,7 @@ from services.job_orchestrator.handlers.task_ended import (
     retry_outcome,
     status_outcome,
 )
+from tests.envelopes import envelope
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 ALLOW = ["/data"]
@@ -445,28 +445,22 @@ def test_the_orchestrator_takes_status_changes_and_retry_decisions() -> None:
 async def test_a_tasks_job_is_learned_from_its_creation_without_a_read() -> None:
     """The creation event says which job a task belongs to (or none): its later events are
     decided without reading the row (a read through this store would fail)."""
-    from libs.domain.envelope import EventEnvelope
 
-    orchestrator = Orchestrator(cast(EventStore, None))
-    at = datetime(2026, 1, 1, tzinfo=UTC)
+    class NoReads:
+        @property
+        def pool(self) -> Any:
+            raise AssertionError("the store was read")
+
+    orchestrator = Orchestrator(cast(EventStore, NoReads()))
     for task_id, job_id in (("t-plain", ""), ("t-job", "job-1")):
         created = TaskCreated(
             task_id=TaskId(task_id),
             tenant_id=TenantId("acme"),
             spec=TaskSpec(name="a", command="true", platform=Platform(job_id=job_id)),
         )
-        env = EventEnvelope(
-            event_id=uuid.uuid4(),
-            position=1,
-            stream_id=task_id,
-            stream_type="task",
-            version=1,
-            type=TaskCreated.type,
-            occurred_at=at,
-            payload=created.model_dump(mode="json"),
-        )
+        env = envelope(TaskCreated.type, created, stream_id=task_id, version=1)
         await orchestrator.handle(env)
     assert await orchestrator.in_a_job("t-plain") is False
     assert await orchestrator.in_a_job("t-job") is True
-    with pytest.raises(AttributeError):  # one never seen is read from the store
-        await orchestrator.in_a_job("t-unseen")
+    with pytest.raises(AssertionError, match="the store was read"):  # one never seen is
+        await orchestrator.in_a_job("t-unseen")  # read as before

@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from libs.domain.envelope import EventEnvelope
 from services.scheduler.handlers.wake import (
     PlacerWake,
     changes_holding,
@@ -18,19 +15,7 @@ from services.scheduler.handlers.wake import (
     status_change,
     wakes_placement,
 )
-
-
-def envelope(event_type: str, payload: dict[str, Any]) -> EventEnvelope:
-    return EventEnvelope(
-        event_id=uuid.uuid4(),
-        position=1,
-        stream_id="task-t",
-        stream_type="task",
-        version=2,
-        type=event_type,
-        occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
-        payload=payload,
-    )
+from tests.envelopes import envelope
 
 
 def change(before: str, after: str) -> dict[str, Any]:

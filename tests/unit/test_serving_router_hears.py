@@ -9,37 +9,27 @@ replica at once (services/api_gateway/serving.py `on_status_changed`).
 from __future__ import annotations
 
 import asyncio
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 from nats.aio.msg import Msg
 
 from libs.config import GatewaySettings
-from libs.domain.envelope import EventEnvelope
 from libs.domain.group.serving import Replica, RequestWindow
 from services.api_gateway.serving import ServingRouter, Target
+from tests.envelopes import envelope
 
 
 def status_message(task_id: str, before: str, after: str) -> Msg:
-    envelope = EventEnvelope(
-        event_id=uuid.uuid4(),
-        position=1,
-        stream_id=task_id,
-        stream_type="task",
-        version=3,
-        type="task_status_changed",
-        occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
-        payload={
-            "task_id": task_id,
-            "from_status": before,
-            "to_status": after,
-            "actor": "controller",
-            "reason_code": "idle_sleep",
-        },
-    )
+    payload = {
+        "task_id": task_id,
+        "from_status": before,
+        "to_status": after,
+        "actor": "controller",
+        "reason_code": "idle_sleep",
+    }
+    event = envelope("task_status_changed", payload, stream_id=task_id, version=3)
     subject = f"hf.events.task.{task_id}.task_status_changed"
-    return Msg(_client=None, subject=subject, data=envelope.body())  # type: ignore[arg-type]
+    return Msg(_client=None, subject=subject, data=event.body())  # type: ignore[arg-type]
 
 
 class NoStore:
