@@ -5,6 +5,7 @@
     python -m bench.cost_parts steps [--commands 3000] [--batch 32] [--repeat 3]
     python -m bench.cost_parts queue [--backlog 500] [--rounds 50] [--moved 10] [--repeat 3]
     python -m bench.cost_parts pull  [--events 5000] [--batch 32] [--repeat 3]
+    python -m bench.cost_parts parse [--repeat 3]
 
 `plan`: the planner in memory on the simulated fleet (no database): a full placement run in
 rounds of 512, then rounds of `--small` tasks over what it placed, with the planner's ledger
@@ -17,7 +18,8 @@ placer's read of a backlog of `--backlog` pending tasks that stay pending, `--ro
 with `--moved` of them changed before each, read afresh (`view.load_pending` + `pending_of`)
 and through the version-keyed `view.PendingQueue`, alternating. `pull`: a `PullLoop` (the
 durable consumers' fetch loop) draining `--events` stored messages in batches of up to
-`--batch`, each acknowledged. Each prints
+`--batch`, each acknowledged. `parse`: the gateway's `parse_create` of a minimal and of a
+ten-variable training body (best of 5 × 5,000 calls, no server). Each prints
 process CPU time per unit (and wall time, which the fsyncs of PostgreSQL and JetStream
 bound). `relay` and `steps` use public APIs only, so the file can be run against an older tree
 (`PYTHONPATH=OLD python bench/cost_parts.py relay`) for a before/after on the same machine.
@@ -261,6 +263,37 @@ async def pull_once(nats_url: str, n: int, batch: int) -> tuple[float, float]:
         await nc.drain()
 
 
+PARSE_BODIES: dict[str, dict[str, Any]] = {
+    "minimal": {"name": "peer", "command": "true"},
+    "training": {
+        "name": "train",
+        "image": "ghcr.io/acme/trainer:v2",
+        "command": "python train.py --epochs 3",
+        "gpu_required": 2,
+        "env": {f"K{i}": "v" * 40 for i in range(10)},
+        "labels": {"team": "ml"},
+    },
+}
+
+
+def parse_cost(args: argparse.Namespace) -> None:
+    import timeit
+
+    from libs.domain.task.model import parse_create
+
+    for _ in range(args.repeat):
+        line = []
+        for name, body in PARSE_BODIES.items():
+            n = 5_000
+
+            def once(b: dict[str, Any] = body) -> None:
+                parse_create(b, tenant=True)
+
+            best = min(timeit.repeat(once, number=n, repeat=5))
+            line.append(f"{name} {best / n * 1e6:.1f} us")
+        print("parse_create: " + ", ".join(line), flush=True)
+
+
 def store_cost(args: argparse.Namespace) -> None:
     with servers() as srv:
         for _ in range(args.repeat):
@@ -306,7 +339,7 @@ def store_cost(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="CPU cost of parts of the hot path")
-    parser.add_argument("part", choices=("plan", "relay", "steps", "queue", "pull"))
+    parser.add_argument("part", choices=("plan", "relay", "steps", "queue", "pull", "parse"))
     parser.add_argument("--nodes", type=int, default=1_000)
     parser.add_argument("--tasks", type=int, default=4_000)
     parser.add_argument("--small", type=int, default=20)
@@ -320,6 +353,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.part == "plan":
         plan_cost(args)
+    elif args.part == "parse":
+        parse_cost(args)
     else:
         store_cost(args)
 
