@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from . import web
@@ -121,9 +122,19 @@ def timeline(cluster: Cluster, task_id: str) -> dict[str, dict[str, Any]]:
     return {e["kind"]: e for e in r.json()["events"]}
 
 
+def answers(url: str) -> bool:
+    try:
+        return web.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def asleep(cluster: Cluster, engine: dict[str, Any]) -> dict[str, Any]:
-    """Put the engine to sleep; the measurement of that sleep, once recorded."""
-    cluster.wait_status(engine["id"], "running", timeout=30)
+    """Put the engine to sleep, once it answers; the measurement of that sleep, once recorded.
+    `running` means the process started: an engine still loading writes no VRAM figure yet,
+    and a sleep then has no reading before it."""
+    address = cluster.wait_status(engine["id"], "running", timeout=30)["serve_address"]
+    cluster.wait(lambda: answers(f"http://{address}/healthz"), "the engine answering")
     assert post(cluster, engine["id"], "sleep").status_code == 200
     cluster.wait(lambda: "sleep_measured" in timeline(cluster, engine["id"]), "sleep measured")
     return timeline(cluster, engine["id"])["sleep_measured"]
@@ -134,7 +145,7 @@ def test_a_released_card_is_lent_and_the_wake_waits_for_the_borrower(cluster: Cl
     engine = create_engine(cluster, vram, "engine")
     measured = asleep(cluster, engine)
     details = measured["details"]
-    assert details["sleep_mode"] == "engine" and details["released"] is True, measured
+    assert details["sleep_mode"] == "engine" and details["released"] is True, details
     assert (details["vram_before_mb"], details["vram_after_mb"]) == (20000.0, 1000.0)
     assert cluster.task(engine["id"])["sleep_released"] is True
 
