@@ -3,6 +3,7 @@
     python -m bench.cost_parts plan  [--nodes 1000] [--tasks 4000] [--small 20] [--repeat 3]
     python -m bench.cost_parts relay [--events 5000] [--repeat 3]
     python -m bench.cost_parts steps [--commands 3000] [--batch 32] [--repeat 3]
+    python -m bench.cost_parts reports [--commands 1500] [--batch 32] [--repeat 3]
     python -m bench.cost_parts queue [--backlog 500] [--rounds 50] [--moved 10] [--repeat 3]
     python -m bench.cost_parts pull  [--events 5000] [--batch 32] [--repeat 3]
     python -m bench.cost_parts parse [--repeat 3]
@@ -13,7 +14,10 @@ kept between rounds and built afresh each round (the index kept in both), altern
 (an older tree, whose planner keeps no ledger, is measured as it plans).
 `relay`: `OutboxRelay.run_once` draining `--events` committed task_created events to
 JetStream. `steps`: `EventStore.execute_steps` (agent reports) and `execute_batch` (the
-placer's commit) in batches of `--batch`, one pending-reason change per command. `queue`: the
+placer's commit) in batches of `--batch`, one pending-reason change per command. `reports`:
+`--commands` tasks placed, then an agent's three reports of each (starting, running,
+completed) through `execute_steps` in batches of `--batch`, each on a document the store
+itself committed (keep `--commands` under the store's 2,048 kept documents). `queue`: the
 placer's read of a backlog of `--backlog` pending tasks that stay pending, `--rounds` rounds
 with `--moved` of them changed before each, read afresh (`view.load_pending` + `pending_of`)
 and through the version-keyed `view.PendingQueue`, alternating. `pull`: a `PullLoop` (the
@@ -21,8 +25,9 @@ durable consumers' fetch loop) draining `--events` stored messages in batches of
 `--batch`, each acknowledged. `parse`: the gateway's `parse_create` of a minimal and of a
 ten-variable training body (best of 5 × 5,000 calls, no server). Each prints
 process CPU time per unit (and wall time, which the fsyncs of PostgreSQL and JetStream
-bound). `relay` and `steps` use public APIs only, so the file can be run against an older tree
-(`PYTHONPATH=OLD python bench/cost_parts.py relay`) for a before/after on the same machine.
+bound). `relay`, `steps` and `reports` use public APIs only, so the file can be run against
+an older tree (`PYTHONPATH=OLD python bench/cost_parts.py relay`) for a before/after on the
+same machine.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from libs.bus.nats import connect, ensure_streams
 from libs.domain.reasons import ReasonCode
 from libs.domain.task import decide as commands
 from libs.domain.task.model import Task, TaskSpec, TenantId
-from libs.domain.task.states import TaskStatus
+from libs.domain.task.states import Actor, TaskStatus
 from libs.store.eventstore import EventStore
 from libs.store.relay import OutboxRelay
 from services.scheduler.placement.model import (
@@ -193,6 +198,50 @@ async def steps_once(url: str, n: int, batch: int) -> dict[str, tuple[float, flo
         await store.close()
 
 
+REPORTED = (TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.COMPLETED)
+
+
+def reported(to: TaskStatus) -> Any:
+    return lambda t: list(
+        commands.decide_transition(t, to, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED)
+    )
+
+
+async def reports_once(url: str, n: int, batch: int) -> tuple[float, float]:
+    """`n` tasks placed, then their reports (starting, running, completed) through
+    `execute_steps` in batches of `batch`, as the report consumer writes them: (CPU, wall)
+    seconds of the reports. Every task's document is one this store committed."""
+    store = await EventStore.open(url, max_size=4)
+    try:
+        ids = [t.id for t in await create(store, n)]
+        placed = commands.decide_transition
+        for k in range(0, n, ROUND):
+            await store.execute_batch(
+                {
+                    i: lambda t: list(
+                        placed(
+                            t,
+                            TaskStatus.SCHEDULED,
+                            actor=Actor.SCHEDULER,
+                            expected_status=TaskStatus.PENDING,
+                            reason_code=ReasonCode.PLACED,
+                            node_id="n",
+                        )
+                    )
+                    for i in ids[k : k + ROUND]
+                }
+            )
+        c0, w0 = time.process_time(), time.perf_counter()
+        for to in REPORTED:
+            decide = reported(to)
+            for k in range(0, n, batch):
+                meta = {"node_id": "n", "fact": to.value}
+                await store.execute_steps([(i, decide, meta) for i in ids[k : k + batch]])
+        return time.process_time() - c0, time.perf_counter() - w0
+    finally:
+        await store.close()
+
+
 async def queue_once(url: str, backlog: int, rounds: int, moved: int) -> dict[str, float]:
     """CPU seconds of `rounds` reads of the pending queue, each way (see the module doc)."""
     from services.scheduler import view
@@ -319,6 +368,15 @@ def store_cost(args: argparse.Namespace) -> None:
                         flush=True,
                     )
                     continue
+                if args.part == "reports":
+                    cpu, wall = asyncio.run(reports_once(url, args.commands, args.batch))
+                    n = args.commands * len(REPORTED)
+                    print(
+                        f"reports: {n} in batches of {args.batch}, CPU {cpu / n * 1e6:.0f} "
+                        f"us/report, {n / wall:,.0f} reports/s wall",
+                        flush=True,
+                    )
+                    continue
                 if args.part == "relay":
                     got, cpu, wall = asyncio.run(relay_once(url, srv.nats_url, args.events))
                     print(
@@ -339,7 +397,9 @@ def store_cost(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="CPU cost of parts of the hot path")
-    parser.add_argument("part", choices=("plan", "relay", "steps", "queue", "pull", "parse"))
+    parser.add_argument(
+        "part", choices=("plan", "relay", "steps", "reports", "queue", "pull", "parse")
+    )
     parser.add_argument("--nodes", type=int, default=1_000)
     parser.add_argument("--tasks", type=int, default=4_000)
     parser.add_argument("--small", type=int, default=20)

@@ -18,14 +18,14 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from libs import auth
-from libs.domain.errors import Conflict
+from libs.domain.errors import Conflict, NotFound
 from libs.domain.reasons import ReasonCode
-from libs.domain.task.decide import decide_pending_reason, decide_transition
+from libs.domain.task.decide import decide_delete, decide_pending_reason, decide_transition
 from libs.domain.task.model import Task, TaskSpec, TenantId
 from libs.domain.task.states import Actor, TaskStatus
 from libs.domain.tenant.events import TenantUpdated
 from libs.store import projections
-from libs.store.eventstore import EventStore
+from libs.store.eventstore import KNOWN_WRITES, EventStore
 from libs.store.projections import TASKS
 
 pytestmark = pytest.mark.integration
@@ -135,7 +135,9 @@ async def test_a_batch_decides_on_what_this_store_committed_without_reading_it_b
         )
     seen: list[Task] = []
     await store.execute_steps([(task_id, seen_by(seen), None)])
-    assert seen == [done[task_id]] and seen[0].spec.name == "t"
+    # Decided on the held document, twice: a step that changes nothing is left to the
+    # locked path, which finds the row at the held version and uses the document again.
+    assert seen == [done[task_id]] * 2 and seen[0].spec.name == "t"
 
 
 async def test_a_version_another_writer_committed_is_read_from_the_row(
@@ -153,7 +155,88 @@ async def test_a_version_another_writer_committed_is_read_from_the_row(
         await other.close()
     seen: list[Task] = []
     await store.execute_batch({task_id: seen_by(seen)})
-    assert [(t.version, t.status) for t in seen] == [(3, S.STARTING)] and seen == moved
+    # First on the held document (version 2); that step changes nothing, so the locked path
+    # decides it again on the row, which another writer moved to version 3.
+    assert [(t.version, t.status) for t in seen] == [(2, S.SCHEDULED), (3, S.STARTING)]
+    assert seen[-1:] == moved
+
+
+def recorded(into: list[Task], step: Any) -> Any:
+    """`step`, recording each task it decides on."""
+
+    def decide(t: Task) -> list[Any]:
+        into.append(t)
+        return list(step(t))
+
+    return decide
+
+
+def known_batches(outcome: str) -> float:
+    return float(KNOWN_WRITES.labels(outcome)._value.get())
+
+
+RUN = partial(decide_transition, to=S.RUNNING, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED)
+
+
+async def test_steps_on_held_documents_are_written_in_one_statement(
+    store: EventStore, database_url: str
+) -> None:
+    ids = await new_tasks(store, 2)
+    done, _ = await store.execute_batch({i: place() for i in ids})
+    written = known_batches("written")
+    seen: list[Task] = []
+    out = await store.execute_steps([(i, recorded(seen, RUN), {"fact": "running"}) for i in ids])
+    tasks = [t for t in out if isinstance(t, Task)]
+    assert len(tasks) == len(out) and known_batches("written") == written + 1
+    assert seen == [done[i] for i in ids]  # each decided once, on the held document
+    assert [(t.version, t.status) for t in tasks] == [(3, S.RUNNING)] * 2
+    for task in tasks:
+        assert await store.get_task(task.id) == task
+        (event,) = [e for e in await store.read_stream(task.id) if e.version == 3]
+        assert event.payload["from_status"] == "scheduled" and event.metadata == {"fact": "running"}
+
+
+async def test_a_held_document_that_moved_is_decided_again_on_the_row(
+    store: EventStore, database_url: str
+) -> None:
+    (task_id,) = await new_tasks(store, 1)
+    await store.execute_batch({task_id: place()})
+    other = await EventStore.open(database_url, max_size=1)  # another process's store
+    try:
+        start = partial(
+            decide_transition, to=S.STARTING, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED
+        )
+        await other.execute_steps([(task_id, lambda t: list(start(t)), None)])
+    finally:
+        await other.close()
+    moved = known_batches("moved")
+    seen: list[Task] = []
+    (out,) = await store.execute_steps([(task_id, recorded(seen, RUN), None)])
+    assert isinstance(out, Task)
+    # Decided on the held version 2, whose statement wrote nothing (the row was at 3); then
+    # on the row, under its lock.
+    assert known_batches("moved") == moved + 1
+    assert [(t.version, t.status) for t in seen] == [(2, S.SCHEDULED), (3, S.STARTING)]
+    assert (out.version, out.status) == (4, S.RUNNING)
+    stream = await store.read_stream(task_id)
+    assert [e.version for e in stream] == [1, 2, 3, 4]
+    assert stream[-1].payload["from_status"] == "starting"
+
+
+async def test_a_held_document_of_a_deleted_task_is_not_written_past_the_delete(
+    store: EventStore, database_url: str
+) -> None:
+    (task_id,) = await new_tasks(store, 1)
+    await store.execute_batch({task_id: place()})
+    other = await EventStore.open(database_url, max_size=1)
+    try:
+        await other.execute_batch({task_id: lambda t: list(decide_delete(t, Actor.TENANT))})
+    finally:
+        await other.close()
+    versions = [e.version for e in await store.read_stream(task_id)]
+    done, refused = await store.execute_batch({task_id: lambda t: list(RUN(t))})
+    assert not done and isinstance(refused[task_id], NotFound)
+    assert [e.version for e in await store.read_stream(task_id)] == versions
 
 
 async def test_tasks_by_ids_reads_only_what_this_store_did_not_write_at_that_version(

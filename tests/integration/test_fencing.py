@@ -18,7 +18,7 @@ from libs import auth
 from libs.bus.lease import Lease, open_lease_bucket
 from libs.bus.nats import connect
 from libs.domain.errors import Fenced
-from libs.domain.task.model import TaskSpec, TenantId
+from libs.domain.task.model import Task, TaskSpec, TenantId
 from libs.domain.task.states import TaskStatus
 from libs.store import fencing
 from libs.store.eventstore import EventStore
@@ -96,18 +96,24 @@ async def test_a_deposed_leader_cannot_commit_a_placement(
     fence_b = Fence("scheduler", b.fencing_token)
     await store.claim_fence(fence_b)  # what the controller runtime does as a term begins
 
-    # A, not knowing, commits a placement: refused, and nothing is written.
+    # A, not knowing, commits a placement: refused, and nothing is written; both when it
+    # holds the task's document (one statement, eventstore `_known_steps`) and when the
+    # store reads the row under its lock.
     before = table_counts(database_url)
-    with pytest.raises(Fenced) as refused:
-        await placer_a.commit(Plan(placements=(Placement(second.id, "n1"),)), {})
-    assert (refused.value.token, refused.value.newest) == (a.fencing_token, b.fencing_token)
-    assert table_counts(database_url) == before
+    holds: list[dict[str, Task]] = [{second.id: second}, {}]
+    for held in holds:
+        with pytest.raises(Fenced) as refused:
+            await placer_a.commit(Plan(placements=(Placement(second.id, "n1"),)), held)
+        assert (refused.value.token, refused.value.newest) == (a.fencing_token, b.fencing_token)
+        assert table_counts(database_url) == before
     after = await store.get_task(second.id)
     assert (after.status, after.version, after.node_id) == (TaskStatus.PENDING, 1, None)
 
     # B's own placement of the same task goes through, carrying B's fence.
     placer_b = Placer(store, lambda: datetime.now(UTC), writer=FencedWriter(store, fence_b))
-    placed = await placer_b.commit(Plan(placements=(Placement(second.id, "n2"),)), {})
+    placed = await placer_b.commit(
+        Plan(placements=(Placement(second.id, "n2"),)), {second.id: second}
+    )
     assert placed.placements == [second.id]
     (event,) = [e for e in await store.read_stream(second.id) if e.version == 2]
     assert event.metadata == {"lease": "scheduler", "fencing_token": b.fencing_token}

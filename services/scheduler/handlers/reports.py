@@ -84,8 +84,11 @@ class ReportHandler:
         from the current status, as `report` does), then orphans told to stop."""
         if not reps:
             return []
-        steps = [_step(rep, self.min_released_fraction) for rep in reps]
+        stale: dict[int, str] = {}
+        steps = [_step(rep, self.min_released_fraction, stale, i) for i, rep in enumerate(reps)]
         results = await self.store.execute_steps(steps)
+        for i, why in sorted(stale.items()):
+            log.info("stale_report_refused", task_id=reps[i].task_id, error=why)
         orphans: list[NodeCommand] = []
         for rep, result in zip(reps, results, strict=True):
             if isinstance(result, NotFound):
@@ -164,12 +167,18 @@ def _decided(task: Task, rep: AgentReport, min_released_fraction: float) -> list
     return events
 
 
-def _step(rep: AgentReport, min_released_fraction: float) -> Step:
+def _step(rep: AgentReport, min_released_fraction: float, stale: dict[int, str], i: int) -> Step:
+    """Report `i` of a batch as a store step. Why a report was stale goes into `stale` and is
+    logged once the batch has committed: the store may decide a step twice (first on the
+    document it holds, then on the locked row, eventstore `_known_steps`), and only the
+    decision that was written is the report's."""
+
     def decide(task: Task) -> list[Any]:
+        stale.pop(i, None)
         try:
             return _decided(task, rep, min_released_fraction)
         except Conflict as exc:
-            log.info("stale_report_refused", task_id=rep.task_id, error=exc.message)
+            stale[i] = exc.message
             return list(decide_reconcile(task, rep))
 
     return rep.task_id, decide, {"node_id": rep.node_id, "fact": rep.fact.value}
