@@ -31,7 +31,15 @@ from libs.store import tasks as task_rows
 from libs.store import tenants
 from libs.store.eventstore import EventStore
 
-from .placement.model import Allocation, ClusterSnapshot, Gpu, Node, PendingTask, QueueLimits
+from .placement.model import (
+    Allocation,
+    AllocationDelta,
+    ClusterSnapshot,
+    Gpu,
+    Node,
+    PendingTask,
+    QueueLimits,
+)
 
 # The longest a view goes without listing nodes and holding tasks again while rounds run.
 RELIST_S = 1.0
@@ -290,6 +298,12 @@ class ClusterView:
         self._held: dict[str, tuple[int, Allocation | None, Task | None]] = {}
         self.nodes: tuple[Node, ...] = ()
         self.allocations: tuple[Allocation, ...] = ()
+        # The delta of the next snapshot (AllocationDelta): tasks whose entry changed since
+        # `allocations` was last built (`_dirty`), and those that changed in the builds since
+        # the last snapshot (`_unsnapped`), whose allocations were `_snapped`.
+        self._dirty: set[str] = set()
+        self._unsnapped: set[str] = set()
+        self._snapped: tuple[Allocation, ...] | None = None
         self._gpus: dict[str, Gpu] = {}
         # Nodes tagged with their pools, for the nodes tuple and pools they were tagged from
         # (kept while neither changes, so the planner's index is reused).
@@ -332,6 +346,7 @@ class ClusterView:
     ) -> None:
         for i in [i for i in self._held if i not in listed]:
             del self._held[i]
+            self._dirty.add(i)
         stale = [i for i, v in listed.items() if self._held.get(i, (None,))[0] != v]
         if stale:
             self.learn(await task_rows.each_by_ids(store, stale))
@@ -339,19 +354,45 @@ class ClusterView:
             for i, (_, _, task) in list(self._held.items()):
                 if task is not None:
                     self._held[i] = self._record(task)
+                    self._dirty.add(i)
         self._allocations_from_held()
 
     def _allocations_from_held(self) -> None:
         self.allocations = tuple(a for _, a, _ in self._held.values() if a is not None)
+        self._unsnapped |= self._dirty
+        self._dirty.clear()
 
     def learn(self, tasks: Iterable[Task]) -> None:
         """Tasks as a commit of ours left them (the store returned them): no need to read
         them back."""
         for task in tasks:
+            self._dirty.add(task.id)
             if task.status in GPU_HOLDING:
                 self._held[task.id] = self._record(task)
             else:
                 self._held.pop(task.id, None)
+
+    def _delta(self) -> AllocationDelta | None:
+        """What changed between the last snapshot's allocations and `allocations`; None when
+        there was no snapshot, or when entries changed since `allocations` was built (the
+        tuple is then behind the entries, and a delta read from them would not match it)."""
+        since = self._snapped
+        if self._dirty:
+            self._snapped = None
+            return None
+        self._snapped = self.allocations
+        unsnapped, self._unsnapped = self._unsnapped, set()
+        if since is None:
+            return None
+        changed: list[Allocation] = []
+        gone: list[str] = []
+        for task_id in unsnapped:
+            entry = self._held.get(task_id)
+            if entry is None or entry[1] is None:
+                gone.append(task_id)
+            else:
+                changed.append(entry[1])
+        return AllocationDelta(since, self.allocations, tuple(changed), tuple(gone))
 
     def _record(self, task: Task) -> tuple[int, Allocation | None, Task | None]:
         alloc = Allocation.from_task(task, self._gpus) if task.node_id else None
@@ -375,4 +416,5 @@ class ClusterView:
             allocations=self.allocations,
             tenant_quotas=quotas,
             queues=queues or {},
+            delta=self._delta(),
         )

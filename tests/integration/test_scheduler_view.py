@@ -17,7 +17,10 @@ from libs.store.eventstore import EventStore
 from libs.store.projections import NODES
 from services.scheduler import view
 from services.scheduler.controllers.placement import Placer
-from services.scheduler.placement.model import Allocation, Node
+from services.scheduler.placement.ledger import Ledger
+from services.scheduler.placement.model import Allocation, AllocationDelta, ClusterSnapshot, Node
+from services.scheduler.placement.planner import Evaluation, Planner
+from tests.unit.test_ledger_incremental import state
 
 pytestmark = pytest.mark.integration
 
@@ -151,6 +154,71 @@ async def test_view_matches_a_full_read_as_the_cluster_changes(store: EventStore
     assert got == await afresh(store)
     assert [n.id for n in got[0]] == ["n1", "n2", "n3"]
     assert cluster.nodes is not nodes_before
+
+
+def followed(planner: Planner, snap: ClusterSnapshot) -> None:
+    """The planner's kept ledger brought to `snap` equals one built from its allocations."""
+    ev = Evaluation.of(snap, None, planner)
+    kept = planner.ledger(ev)
+    assert kept.synced is snap.allocations
+    assert state(kept) == state(Ledger(ev.index, snap.allocations, ev.gpus))
+
+
+async def test_each_snapshot_says_what_changed_since_the_last(store: EventStore) -> None:
+    """The view's delta (what the planner's ledger applies instead of scanning every
+    allocation) takes the last snapshot's allocations to this one's, through listings,
+    learned commits, a node change that re-derives a fraction, and a task that ended."""
+    cluster, planner = view.ClusterView(), Planner()
+    for node_id in ("n1", "n2"):
+        await register(store, node_id)
+    whole, fraction, other, late = await store.create_tasks(
+        [
+            (T, TaskSpec(name="w", image="i", gpu_required=1), None, None),
+            (T, TaskSpec(name="f", image="i", gpu_memory_mb=8_192), None, None),
+            (T, TaskSpec(name="o", image="i", gpu_required=1), None, None),
+            (T, TaskSpec(name="l", image="i", gpu_required=1), None, None),
+        ]
+    )
+    await place(store, whole.id, "n1", "n1-g0")
+    await place(store, fraction.id, "n2", "n2-g1")
+    await cluster.refresh(store)
+    last = cluster.snapshot(NOW, {})
+    assert last.delta is None  # nothing to say it from
+    followed(planner, last)
+
+    async def changes(listed: bool) -> AllocationDelta:
+        nonlocal last
+        if listed:
+            cluster.invalidate()
+        await cluster.refresh(store)
+        snap = cluster.snapshot(NOW, {})
+        assert snap.delta is not None and snap.delta.since is last.allocations
+        by_id = {a.task_id: a for a in last.allocations}
+        for task_id in snap.delta.gone:
+            by_id.pop(task_id)
+        by_id.update((a.task_id, a) for a in snap.delta.changed)
+        assert sorted(by_id.values(), key=lambda a: a.task_id) == sorted(
+            snap.allocations, key=lambda a: a.task_id
+        )
+        assert (list(snap.nodes), sorted(snap.allocations, key=lambda a: a.task_id)) == (
+            await afresh(store)
+        )
+        followed(planner, snap)
+        last = snap
+        return snap.delta
+
+    cluster.learn(await placed_by_us(store, other.id, "n1", "n1-g1"))
+    assert [a.task_id for a in (await changes(listed=False)).changed] == [other.id]
+    await stop(store, whole.id)
+    assert (await changes(listed=True)).gone == (whole.id,)
+    await store.execute_aggregate(
+        NODES, "n2", lambda _n: [GpuLost(node_id="n2", gpu_id="n2-g0", missed_heartbeats=3)]
+    )
+    await register(store, "n3")
+    await place(store, late.id, "n3", "n3-g0")
+    delta = await changes(listed=True)  # the fraction is derived again from the new nodes
+    assert {a.task_id for a in delta.changed} == {fraction.id, late.id}
+    assert (await changes(listed=False)).changed == ()  # nothing moved
 
 
 async def test_learned_tasks_are_not_read_back(store: EventStore) -> None:

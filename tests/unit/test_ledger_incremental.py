@@ -17,7 +17,12 @@ from libs.domain.task.states import TaskStatus
 from services.scheduler.placement.feasibility import NodeUsage
 from services.scheduler.placement.index import ClusterIndex
 from services.scheduler.placement.ledger import Ledger
-from services.scheduler.placement.model import Allocation, ClusterSnapshot, GpuShare
+from services.scheduler.placement.model import (
+    Allocation,
+    AllocationDelta,
+    ClusterSnapshot,
+    GpuShare,
+)
 from services.scheduler.placement.planner import Planner, plan
 from services.scheduler.placement.queues import QueueUse
 from tests.unit.test_scheduler_index import GB, STATUSES, random_cluster, random_task
@@ -116,6 +121,83 @@ def test_updated_ledger_equals_rebuilt(seed: int) -> None:
         assert state(kept) == state(rebuilt), (seed, i)
         updated += 1
     assert updated == 30
+
+
+def delta_of(
+    old: dict[str, Allocation],
+    new: dict[str, Allocation],
+    since: tuple[Allocation, ...] | None = None,
+) -> AllocationDelta:
+    """What a cluster view says changed from `old` (whose snapshot's tuple was `since`) to
+    `new`: each allocation that is new or another object, each task gone."""
+    changed = tuple(a for t, a in new.items() if old.get(t) is not a)
+    gone = tuple(t for t in old if t not in new)
+    return AllocationDelta(since or tuple(old.values()), tuple(new.values()), changed, gone)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_a_ledger_brought_by_deltas_equals_rebuilt(seed: int) -> None:
+    rng = random.Random(7500 + seed)
+    snap = random_cluster(rng, rng.randrange(3, 25))
+    index = ClusterIndex(snap.nodes)
+    gpus = snap.gpus_by_id()
+    held = {a.task_id: a for a in snap.allocations}
+    kept = Ledger(index, snap.allocations, gpus)
+    n = 0
+    for i in range(30):
+        mess_up(rng, kept, snap, i)
+        before = dict(held)
+        n = step(rng, snap, held, n)  # statuses include ones that hold nothing (completed)
+        delta = delta_of(before, held)
+        assert kept.apply(delta.changed, delta.gone), (seed, i)
+        assert state(kept) == state(Ledger(index, list(held.values()), gpus)), (seed, i)
+
+
+def test_apply_declines_two_allocations_of_one_task() -> None:
+    rng = random.Random(3)
+    snap = random_cluster(rng, 6)
+    kept = Ledger(ClusterIndex(snap.nodes), snap.allocations, snap.gpus_by_id())
+    a = replace(new_allocation(rng, snap, 0), status=TaskStatus.RUNNING)
+    assert not kept.apply((a, replace(a, node_id=snap.nodes[0].id)), ())
+    assert not kept.apply((a,), (a.task_id,))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_planner_follows_deltas_and_ignores_one_that_does_not_apply(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = {"apply": 0, "update": 0}
+    for name in calls:
+        original = getattr(Ledger, name)
+
+        def counted(self: Ledger, *args: object, _name: str = name, _f: object = original) -> bool:
+            calls[_name] += 1
+            return _f(self, *args)  # type: ignore[operator, no-any-return]
+
+        monkeypatch.setattr(Ledger, name, counted)
+    rng = random.Random(9500 + seed)
+    snap = random_cluster(rng, rng.randrange(5, 30))
+    node_ids = [n.id for n in snap.nodes]
+    planner = Planner()
+    held = {a.task_id: a for a in snap.allocations}
+    last: ClusterSnapshot | None = None
+    n = 0
+    for i in range(12):
+        current = replace(snap, allocations=tuple(held.values()))
+        if last is not None:
+            old = {a.task_id: a for a in last.allocations}
+            delta = delta_of(old, held, since=last.allocations)
+            current = replace(current, allocations=delta.allocations, delta=delta)
+            if i % 4 == 3:
+                # A copy with other allocations keeps a delta that no longer applies.
+                current = replace(current, allocations=tuple(reversed(current.allocations)))
+        pending = [random_task(rng, i * 100 + k, node_ids) for k in range(rng.randint(1, 25))]
+        assert planner.plan(current, pending) == plan(current, pending), (seed, i)
+        last = current
+        n = step(rng, snap, held, n)
+    # Rounds 1-11 carry a delta; those of rounds 3, 7 and 11 do not apply (their
+    # allocations were copied) and are scanned instead.
+    assert calls == {"apply": 8, "update": 3}
 
 
 def test_update_declines_a_change_to_lending() -> None:

@@ -9,7 +9,9 @@ and a 10,000-node cluster (copying the whole ledger per placement did not).
 
 Between evaluations the planner keeps its ledger and `update`s it to the next snapshot's
 allocations: the round's reservations are rolled back and only the tasks whose allocation
-changed are moved, so a round costs what changed rather than what is held. The result equals
+changed are moved. When the snapshot says what changed since the one the ledger was brought
+to (`AllocationDelta`, from the scheduler's cluster view), `apply` moves those without
+scanning the rest, so a round costs what changed rather than what is held. The result equals
 a ledger built from the same allocations (tests/unit/test_ledger_incremental.py): each node's
 allocations are kept in task-id order and sums of costs are exactly rounded (`math.fsum`), so
 neither depends on the order in which tasks came or went.
@@ -119,6 +121,9 @@ class Ledger:
         self._versions = itertools.count(1)
         self.version = 0  # a new number for every state, rollbacks included
         self._journal: list[_Undo] = []
+        # The allocations (the snapshot's tuple itself) this ledger was last brought to: a
+        # delta from exactly those may be applied instead of a full `update` (planner.py).
+        self.synced: object = None
 
     def _load(self, gpus: Mapping[str, Gpu]) -> None:
         """The first state, from `_held`: `_add` and `_base` for every holder and node, inline
@@ -155,18 +160,44 @@ class Ledger:
         # Back to the snapshot's state. A node, tenant or queue that only a reservation had
         # added stays, holding nothing: the same to every reader as no entry.
         self.rollback(0)
-        # Comprehensions: this scan runs over every allocation each round.
+        # Comprehensions: this scan runs over every allocation (see `apply` for the delta).
         hold = [a for a in allocations if a.status in GPU_HOLDING]
         holders = {a.task_id: a for a in hold}
         if len(hold) != len(holders):
             return False
         kept = self._held.get
         changed = [a for t, a in holders.items() if kept(t) is not a and kept(t) != a]
+        gone = [self._held[t] for t in self._held.keys() - holders.keys()]
+        return self._move_to(changed, gone)
+
+    def apply(self, changed: Iterable[Allocation], gone: Iterable[str]) -> bool:
+        """`update` to the snapshot that differs from the last one this ledger was brought to
+        only in `changed` (allocations new or moved; one no longer holding counts as gone)
+        and `gone` (tasks that hold nothing now): the same ledger, at the cost of what
+        changed instead of what is held (ClusterView's `AllocationDelta`). False where
+        `update` would be, and for two allocations of one task."""
+        self.rollback(0)
+        kept = self._held.get
+        moved: dict[str, Allocation] = {}
+        leaving = set(gone)
+        for a in changed:
+            if a.task_id in moved or a.task_id in leaving:
+                return False
+            if a.status in GPU_HOLDING:
+                moved[a.task_id] = a
+            else:
+                leaving.add(a.task_id)
+        news = [a for t, a in moved.items() if kept(t) is not a and kept(t) != a]
+        return self._move_to(news, [self._held[t] for t in leaving if t in self._held])
+
+    def _move_to(self, changed: list[Allocation], gone: list[Allocation]) -> bool:
+        """Move `changed` (new allocations) in and `gone` (kept ones) out; False, with
+        nothing moved, where one touches card lending."""
+        kept = self._held.get
         for a in changed:
             old = kept(a.task_id)
             if _lends(a) or (old is not None and _lends(old)):
                 return False
-        gone = [self._held[t] for t in self._held.keys() - holders.keys()]
         if any(_lends(a) for a in gone):
             return False
         nodes: set[str] = set()

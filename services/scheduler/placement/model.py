@@ -369,15 +369,32 @@ class PendingTask:
         )
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class AllocationDelta:
+    """How `allocations` (a snapshot's tuple, by identity) differs from `since` (an earlier
+    snapshot's tuple from the same source): the allocations of the tasks that are new or
+    moved, and the tasks that hold nothing now. A planner whose ledger was brought to `since`
+    applies it instead of scanning every allocation (ledger.py `apply`)."""
+
+    since: tuple[Allocation, ...]
+    allocations: tuple[Allocation, ...]
+    changed: tuple[Allocation, ...] = ()
+    gone: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
-    """The cluster as one evaluation sees it. Quotas are in cards; 0 or absent = unlimited."""
+    """The cluster as one evaluation sees it. Quotas are in cards; 0 or absent = unlimited.
+    `delta`, when its source knows it, says what changed since an earlier snapshot; it is
+    used only while `allocations` is the very tuple it was made for (a copy with other
+    allocations keeps a delta that no longer applies, and it is then ignored)."""
 
     now: datetime
     nodes: tuple[Node, ...] = ()
     allocations: tuple[Allocation, ...] = ()
     tenant_quotas: Mapping[str, float] = field(default_factory=dict)
     queues: Mapping[str, QueueLimits] = field(default_factory=dict)
+    delta: AllocationDelta | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tenant_quotas", MappingProxyType(dict(self.tenant_quotas)))

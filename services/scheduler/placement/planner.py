@@ -140,11 +140,25 @@ class Planner:
         return last[1], last[2]
 
     def ledger(self, ev: Evaluation) -> Ledger:
-        """The working ledger of `ev`'s allocations: last evaluation's, updated, while the
-        index is the same; else a new one."""
-        kept = self._ledger
-        if kept is None or kept.index is not ev.index or not kept.update(ev.snapshot.allocations):
-            kept = self._ledger = Ledger(ev.index, ev.snapshot.allocations, ev.gpus)
+        """The working ledger of `ev`'s allocations: last evaluation's, brought to them while
+        the index is the same (by the snapshot's delta when it starts from the allocations
+        the ledger was last brought to, else by a scan of them all); else a new one."""
+        kept, snap = self._ledger, ev.snapshot
+        if kept is not None and kept.index is ev.index:
+            delta = snap.delta
+            if (
+                delta is not None
+                and delta.since is kept.synced
+                and delta.allocations is snap.allocations
+            ):
+                brought = kept.apply(delta.changed, delta.gone)
+            else:
+                brought = kept.update(snap.allocations)
+            if brought:
+                kept.synced = snap.allocations
+                return kept
+        kept = self._ledger = Ledger(ev.index, snap.allocations, ev.gpus)
+        kept.synced = snap.allocations
         return kept
 
     def plan(
