@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast, overload
 
@@ -130,6 +131,29 @@ def _known_append(fenced: bool, include_deleted: bool) -> str:
         f"projected AS (\n{_only_if_ok(TASKS.batch_sql.strip())}\n)\n"
         f"SELECT {result}"
     )
+
+
+# APPEND_TASKS, written only if a caller's condition (`Guard`) holds when the statement runs;
+# returns whether it did. The condition's parameters come first.
+GUARDED_APPEND_TASKS = (
+    "WITH ok AS (SELECT ({guard}) AS ok),\n"
+    f"appended AS (\n{_only_if_ok(INSERT_EVENTS_NO_RETURN.strip())}\n),\n"
+    f"projected AS (\n{_only_if_ok(TASKS.batch_sql.strip())}\n)\n"
+    "SELECT ok FROM ok"
+)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A condition a create is written under, in SQL with its parameters: what the caller
+    decided from (a queue it holds, say) is still so when the rows go in."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+
+class GuardFailed(Exception):
+    """The create's `Guard` did not hold: nothing was written."""
 
 
 KNOWN_APPEND = {
@@ -378,11 +402,14 @@ class EventStore:
         *,
         metadata: dict[str, Any] | None = None,
         generation: int = 0,
+        guard: Guard | None = None,
     ) -> list[Task]:
         """Create tasks atomically (batched append). Items: tenant, spec, group, rank (and the
         new task's id, when the caller chose it).
 
         `generation`: the group generation of every item (a rollout batch is one generation).
+        `guard`: written only if it holds in the statement itself, else `GuardFailed` and
+        nothing written (the gateway's queue it holds, services/api_gateway/queueing.py).
 
         One statement in autocommit, its own transaction (`_append_tasks`): an API create
         is one round trip, with no BEGIN or COMMIT of its own."""
@@ -391,8 +418,21 @@ class EventStore:
         if not tasks:
             return tasks
         async with self.pool.connection() as conn, autocommit(conn):
-            await self._append_tasks(conn, rows, tasks)
-        return tasks  # not kept: new tasks are pending (see `_keep`)
+            if guard is None:
+                await self._append_tasks(conn, rows, tasks)
+                return tasks  # not kept: new tasks are pending (see `_keep`)
+            params = (
+                *guard.params,
+                records(EVENT_COLUMNS, rows.params),
+                records(TASKS.columns, projections.rows_by_id(TASKS, tasks)),
+            )
+            with _conflict_of(rows.params):
+                cur = await conn.execute(GUARDED_APPEND_TASKS.replace("{guard}", guard.sql), params)
+                row = await cur.fetchone()
+        if row is None or not row[0]:
+            raise GuardFailed(guard.sql)
+        _count(rows.params)
+        return tasks
 
     async def create_task(
         self,
@@ -402,8 +442,11 @@ class EventStore:
         group_id: str | None = None,
         rank: int | None = None,
         metadata: dict[str, Any] | None = None,
+        guard: Guard | None = None,
     ) -> Task:
-        (task,) = await self.create_tasks([(tenant_id, spec, group_id, rank)], metadata=metadata)
+        (task,) = await self.create_tasks(
+            [(tenant_id, spec, group_id, rank)], metadata=metadata, guard=guard
+        )
         return task
 
     async def execute(

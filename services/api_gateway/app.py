@@ -42,6 +42,7 @@ from . import (
 )
 from .console import routes as console
 from .console import web as console_web
+from .queueing import HeldQueues
 from .responses import FastJSONResponse
 from .serving import ServingRouter
 
@@ -89,6 +90,7 @@ def create_app(
     app.state.nc = nc
     app.state.serving = None  # the router, made on the first /serve/ request
     app.state.auth_cache = auth.CredentialCache(settings.auth_cache_ttl_s)
+    app.state.held_queues = HeldQueues()
     app.state.disk = DiskSpace(
         settings.home, settings.disk_min_free_mb, settings.disk_min_free_percent
     )

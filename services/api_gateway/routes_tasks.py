@@ -23,7 +23,6 @@ from libs.domain.task.model import (
     SERVER_OWNED,
     Task,
     TaskSpec,
-    TenantId,
     boost_line,
     parse_create,
     parse_update,
@@ -38,7 +37,7 @@ from libs.store.types import TaskQuery
 from . import planning, request_docs
 from .as_of import AsOf, task_at
 from .deps import Principal, Store, tenant_scope
-from .queueing import into_queue
+from .queueing import create_in_queue, into_queue
 from .responses import FastJSONResponse
 from .schemas import CreateQuery, TaskListQuery, documented_body, query_of
 from .views import operation_view, task_responses, task_view
@@ -76,11 +75,10 @@ def tenant_for_create(principal: PrincipalT, request: Request) -> str:
     raise DomainError(Code.FORBIDDEN, "agents cannot create tasks")
 
 
-async def task_submission(
+async def parsed_submission(
     request: Request, principal: PrincipalT, store: EventStore, body: dict[str, Any]
 ) -> tuple[str, TaskSpec]:
-    """A create body parsed into (tenant, spec in its queue): the create's and the plan's
-    one parse, so both refuse a bad body alike."""
+    """A create body parsed into (tenant, spec), its queue not resolved yet."""
     settings = request.app.state.settings
     tenant_id = tenant_for_create(principal, request)
     await auth.admit_tenant(store, tenant_id, request.app.state.auth_cache)
@@ -90,6 +88,15 @@ async def task_submission(
         volume_allow_list=tenant_allow_list(settings.volume_allow_list, tenant_id),
         defaults=settings.task_defaults(),
     )
+    return tenant_id, spec
+
+
+async def task_submission(
+    request: Request, principal: PrincipalT, store: EventStore, body: dict[str, Any]
+) -> tuple[str, TaskSpec]:
+    """A create body parsed into (tenant, spec in its queue): the create's and the plan's
+    one parse, so both refuse a bad body alike."""
+    tenant_id, spec = await parsed_submission(request, principal, store, body)
     return tenant_id, await into_queue(store, tenant_id, spec)
 
 
@@ -97,9 +104,9 @@ async def task_submission(
 async def create_task(
     request: Request, principal: Principal, store: Store, body: CreateBody
 ) -> JSONResponse:
-    tenant_id, spec = await task_submission(request, principal, store, body)
-    task = await store.create_task(
-        TenantId(tenant_id), spec, metadata={"principal": principal.subject}
+    tenant_id, spec = await parsed_submission(request, principal, store, body)
+    task = await create_in_queue(
+        store, request.app.state.held_queues, tenant_id, spec, {"principal": principal.subject}
     )
     if line := boost_line(body, spec):
         log.info(line, task_id=task.id)

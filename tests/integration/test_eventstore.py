@@ -16,7 +16,7 @@ from libs.domain.task.decide import decide_config_update, decide_transition
 from libs.domain.task.model import TaskSpec, TenantId
 from libs.domain.task.states import Actor, TaskStatus
 from libs.store import tasks as task_rows
-from libs.store.eventstore import EventStore
+from libs.store.eventstore import EventStore, Guard, GuardFailed
 from libs.store.migrations import MIGRATIONS, migrate
 from libs.store.replay import rebuild
 from libs.store.types import TaskQuery
@@ -74,6 +74,26 @@ async def test_create_appends_one_event_and_projects(store: EventStore) -> None:
     assert [e.type for e in events] == ["task_created"]
     got = await store.get_task(task.id, tenant_id="acme")
     assert got == task
+
+
+async def test_a_guarded_create_writes_only_while_its_guard_holds(
+    store: EventStore, database_url: str
+) -> None:
+    def counts() -> tuple[int, int]:
+        with psycopg.connect(database_url) as conn:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM tasks)"
+            ).fetchone()
+            assert row is not None
+            return int(row[0]), int(row[1])
+
+    before = counts()
+    with pytest.raises(GuardFailed):
+        await store.create_task(T, spec(), guard=Guard("%s = 2", (1,)))
+    assert counts() == before  # nothing of the create was written
+    task = await store.create_task(T, spec(name="kept"), guard=Guard("%s = 1", (1,)))
+    assert await store.get_task(task.id) == task
+    assert counts() == (before[0] + 1, before[1] + 1)
 
 
 async def test_other_tenant_sees_not_found(store: EventStore) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
+from libs.store import queues as queue_rows
 from libs.store.replay import rebuild
 
 from .helpers import Api
@@ -88,3 +90,48 @@ async def test_tasks_go_into_a_queue(api: Api) -> None:
     assert hidden.status_code == 404
     shown = await api.client.get("/api/v1/queues/alg", headers=api.tenant)
     assert shown.json()["pending"] == 1
+
+
+async def test_a_create_sees_a_queue_changed_since_this_process_last_read_it(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create reuses the queue this gateway process resolved the last one to, under a
+    guard that it did not move; a queue made, changed or deleted since (through any worker:
+    the queue routes leave the held queue alone, as another worker's would) is seen."""
+    reads = {"n": 0}
+    default_of = queue_rows.default_of
+
+    async def counted(store: Any, tenant_id: str) -> Any:
+        reads["n"] += 1
+        return await default_of(store, tenant_id)
+
+    monkeypatch.setattr(queue_rows, "default_of", counted)
+    task = {"name": "t", "image": "busybox:latest", "gpu_required": 2}
+
+    async def create(body: dict[str, Any] = task) -> httpx.Response:
+        return await post(api, "tasks", body, api.tenant)
+
+    assert (await create()).json()["queue"] == ""  # no queue yet: read
+    before = reads["n"]
+    assert (await create()).json()["queue"] == "" and reads["n"] == before  # held, not read
+    await post(api, "pools", POOL)
+    assert (await post(api, "queues", QUEUE | {"default": True})).status_code == 201
+    assert (await create()).json()["queue"] == "alg"  # the guard saw the new default queue
+    before = reads["n"]
+    assert (await create()).json()["queue"] == "alg" and reads["n"] == before
+
+    tighter = QUEUE | {"default": True, "quota": {"max_gpus": 1}}
+    assert (
+        await api.client.put("/api/v1/queues/alg", json=tighter, headers=api.operator)
+    ).is_success
+    refused = await create()  # the held queue allowed 4 cards: its new version allows 1
+    assert refused.status_code == 400 and "max_gpus 1" in refused.json()["error"]
+    wider = QUEUE | {"default": True, "quota": {"max_gpus": 8}}
+    assert (await api.client.put("/api/v1/queues/alg", json=wider, headers=api.operator)).is_success
+    five = await create(task | {"gpu_required": 5})  # the held version refuses: read again
+    assert five.status_code == 201 and five.json()["queue"] == "alg", five.text
+
+    assert (await api.client.delete("/api/v1/queues/alg", headers=api.operator)).is_success
+    assert (await create()).json()["queue"] == ""  # the held queue is gone
+    pending = await api.client.get("/api/v1/tasks", headers=api.tenant)
+    assert len(pending.json()["tasks"]) == 6  # every create above but the refusal, once
