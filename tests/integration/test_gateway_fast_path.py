@@ -58,13 +58,17 @@ async def test_revoked_key_stops_within_the_ttl(store: EventStore) -> None:
         revoked_at = time.monotonic()
         # Still cached right after the revocation: this is the documented window.
         assert (await client.get("/api/v1/tasks", headers=headers)).status_code == 200
-        deadline = revoked_at + ttl + 2.0
-        status = 200
-        while status == 200 and time.monotonic() < deadline:
+        # The key was cached before the revocation, so its entry is gone by `expired`: every
+        # request started after that is refused, however long a request takes on a busy
+        # machine (the bound is on when a request starts, not on how long the loop runs).
+        expired = revoked_at + ttl
+        after: list[httpx.Response] = []
+        while not after:
+            started = time.monotonic()
             r = await client.get("/api/v1/tasks", headers=headers)
-            status = r.status_code
-        assert status == 401 and r.json()["code"] == 40101
-        assert time.monotonic() - revoked_at <= ttl + 0.5
+            if started > expired:
+                after.append(r)
+        assert [(r.status_code, r.json()["code"]) for r in after] == [(401, 40101)]
 
 
 async def test_without_cache_a_revoked_key_stops_at_once(store: EventStore) -> None:
