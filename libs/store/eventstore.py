@@ -575,22 +575,10 @@ class EventStore:
             KNOWN_WRITES.labels("not_held").inc()
             return None
         versions = {task_id: t.version for task_id, t in current.items()}
-        rows = EventRows(self.clock())
-        changed: dict[str, Task] = {}
-        out: list[Task] = []
-        for task_id, decide, metadata in steps:
-            task = current[task_id]
-            try:
-                events = list(decide(task))
-            except DomainError:
-                events = []
-            if not events:
-                KNOWN_WRITES.labels("left_to_lock").inc()
-                return None
-            meta = Jsonb(self._meta(metadata, fence))
-            task = rows.fold(TASKS, task_id, task, events, meta)
-            current[task_id] = changed[task_id] = task
-            out.append(task)
+        rows, changed, out, unchanged = self._decide(steps, current, fence)
+        if unchanged:
+            KNOWN_WRITES.labels("left_to_lock").inc()
+            return None
         fence = fencing.effective(fence)
         ordered = sorted(versions)
         head: tuple[Any, ...] = (fence.lease, fence.token) if fence else ()
@@ -616,7 +604,7 @@ class EventStore:
             return None
         KNOWN_WRITES.labels("written").inc()
         _count(rows.params)
-        return out
+        return [t for t in out if isinstance(t, Task)]
 
     async def _steps(
         self,
@@ -633,27 +621,42 @@ class EventStore:
         ids = {s[0] for s in steps}
         current = await _lock_tasks(conn, ids, self.written.known(ids, known), include_deleted)
         mark_ordered()  # a pipelined consumer's next batch may start deciding now
+        rows, changed, out, _ = self._decide(steps, current, fence)
+        if rows:
+            await self._append_tasks(conn, rows, changed.values())
+        return out
+
+    def _decide(
+        self, steps: Sequence[Step], current: dict[str, Task], fence: Fence | None
+    ) -> tuple[EventRows, dict[str, Task], list[Task | DomainError], int]:
+        """Each step decided on `current` as the steps before it left it (updated in place):
+        the rows, the tasks changed, each step's outcome (the task after it, or why it was
+        refused: NotFound for a task not in `current`), and how many steps changed nothing
+        or were refused."""
         rows = EventRows(self.clock())
         changed: dict[str, Task] = {}
         out: list[Task | DomainError] = []
+        unchanged = 0
         for task_id, decide, metadata in steps:
             task = current.get(task_id)
             if task is None:
                 out.append(NotFound("task"))
+                unchanged += 1
                 continue
             try:
                 events = list(decide(task))
             except DomainError as exc:
                 out.append(exc)
+                unchanged += 1
                 continue
             if events:
                 meta = Jsonb(self._meta(metadata, fence))
                 task = rows.fold(TASKS, task_id, task, events, meta)
                 current[task_id] = changed[task_id] = task
+            else:
+                unchanged += 1
             out.append(task)
-        if rows:
-            await self._append_tasks(conn, rows, changed.values())
-        return out
+        return rows, changed, out, unchanged
 
     async def execute_with_tasks(
         self,

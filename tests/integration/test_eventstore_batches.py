@@ -18,7 +18,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from libs import auth
-from libs.domain.errors import Conflict, NotFound
+from libs.domain.errors import Conflict, DomainError, NotFound
 from libs.domain.reasons import ReasonCode
 from libs.domain.task.decide import decide_delete, decide_pending_reason, decide_transition
 from libs.domain.task.model import Task, TaskSpec, TenantId
@@ -111,6 +111,23 @@ async def test_a_stream_written_past_the_lock_makes_the_batch_a_conflict(
         assert (await store.get_task(i)).status is S.PENDING
 
 
+async def elsewhere(database_url: str, steps: list[Any]) -> list[Task | DomainError]:
+    """`steps` written by another process's store (one that holds none of these documents)."""
+    other = await EventStore.open(database_url, max_size=1)
+    try:
+        return await other.execute_steps(steps)
+    finally:
+        await other.close()
+
+
+async def started_elsewhere(database_url: str, task_id: str) -> list[Task | DomainError]:
+    """Another process's store moves the task to starting (an agent's report)."""
+    start = partial(
+        decide_transition, to=S.STARTING, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED
+    )
+    return await elsewhere(database_url, [(task_id, lambda t: list(start(t)), None)])
+
+
 def seen_by(into: list[Task]) -> Any:
     """A step that records the task it was given and changes nothing."""
 
@@ -145,14 +162,7 @@ async def test_a_version_another_writer_committed_is_read_from_the_row(
 ) -> None:
     (task_id,) = await new_tasks(store, 1)
     await store.execute_batch({task_id: place()})
-    other = await EventStore.open(database_url, max_size=1)  # another process's store
-    try:
-        start = partial(
-            decide_transition, to=S.STARTING, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED
-        )
-        moved = await other.execute_steps([(task_id, lambda t: list(start(t)), None)])
-    finally:
-        await other.close()
+    moved = await started_elsewhere(database_url, task_id)
     seen: list[Task] = []
     await store.execute_batch({task_id: seen_by(seen)})
     # First on the held document (version 2); that step changes nothing, so the locked path
@@ -201,14 +211,7 @@ async def test_a_held_document_that_moved_is_decided_again_on_the_row(
 ) -> None:
     (task_id,) = await new_tasks(store, 1)
     await store.execute_batch({task_id: place()})
-    other = await EventStore.open(database_url, max_size=1)  # another process's store
-    try:
-        start = partial(
-            decide_transition, to=S.STARTING, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED
-        )
-        await other.execute_steps([(task_id, lambda t: list(start(t)), None)])
-    finally:
-        await other.close()
+    await started_elsewhere(database_url, task_id)
     moved = known_batches("moved")
     seen: list[Task] = []
     (out,) = await store.execute_steps([(task_id, recorded(seen, RUN), None)])
@@ -228,11 +231,7 @@ async def test_a_held_document_of_a_deleted_task_is_not_written_past_the_delete(
 ) -> None:
     (task_id,) = await new_tasks(store, 1)
     await store.execute_batch({task_id: place()})
-    other = await EventStore.open(database_url, max_size=1)
-    try:
-        await other.execute_batch({task_id: lambda t: list(decide_delete(t, Actor.TENANT))})
-    finally:
-        await other.close()
+    await elsewhere(database_url, [(task_id, lambda t: list(decide_delete(t, Actor.TENANT)), None)])
     versions = [e.version for e in await store.read_stream(task_id)]
     done, refused = await store.execute_batch({task_id: lambda t: list(RUN(t))})
     assert not done and isinstance(refused[task_id], NotFound)
@@ -244,14 +243,7 @@ async def test_tasks_by_ids_reads_only_what_this_store_did_not_write_at_that_ver
 ) -> None:
     ids = await new_tasks(store, 3)
     done, _ = await store.execute_batch({i: place() for i in ids})
-    other = await EventStore.open(database_url, max_size=1)  # another process's store
-    try:
-        start = partial(
-            decide_transition, to=S.STARTING, actor=Actor.AGENT, reason_code=ReasonCode.REPORTED
-        )
-        (moved,) = await other.execute_steps([(ids[2], lambda t: list(start(t)), None)])
-    finally:
-        await other.close()
+    (moved,) = await started_elsewhere(database_url, ids[2])
     with psycopg.connect(database_url) as conn:  # seen only by a read of the document
         conn.execute(
             "UPDATE tasks SET doc = jsonb_set(doc, '{spec,name}', '\"changed\"')"
