@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import structlog.testing
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
@@ -23,7 +24,7 @@ from libs.domain.task.decide import decide_transition
 from libs.domain.task.events import TaskStatusChanged
 from libs.domain.task.model import Task, TaskSpec, TenantId
 from libs.domain.task.states import Actor, TaskStatus
-from libs.store.eventstore import EventStore
+from libs.store.eventstore import KNOWN_WRITES, EventStore
 from services.scheduler.handlers.dispatch import Dispatcher
 from services.scheduler.handlers.reports import ReportHandler
 
@@ -91,6 +92,10 @@ def report(node: str, task_id: str, fact: Fact, expected: TaskStatus, **kw: Any)
         **kw,
     )
     return NodeReport(rep)
+
+
+def known_batches(outcome: str) -> float:
+    return float(KNOWN_WRITES.labels(outcome)._value.get())
 
 
 async def statuses(store: EventStore, task_id: str) -> list[str]:
@@ -190,3 +195,45 @@ async def test_a_batch_of_transitions_becomes_commands_in_order(
         (CommandKind.STOP, stopping.id),
     ]
     assert all(c.run is not None and c.run.gpu_ids == (f"{node}-g0",) for c in sent[:5])
+
+
+async def test_a_report_stale_only_on_the_held_document_is_not_logged_stale(
+    store: EventStore, nc: Client, node: str, database_url: str
+) -> None:
+    """The store decides a batch first on the documents it holds (eventstore `_known_steps`):
+    a report that is stale against the held document but current on the row is written from
+    the row, and only a report stale on the row is logged as `stale_report_refused`."""
+    task = await store.create_task(T, TaskSpec(name="t", image="busybox", gpu_required=1))
+    done, _ = await store.execute_batch(  # this store now holds the task at `scheduled`
+        {
+            task.id: lambda t: decide_transition(
+                t,
+                S.SCHEDULED,
+                actor=Actor.SCHEDULER,
+                reason_code=ReasonCode.PLACED,
+                node_id=node,
+                gpu_ids=(f"{node}-g0",),
+            )
+        }
+    )
+    assert task.id in done
+    other = await EventStore.open(database_url, max_size=1)  # another process: starting
+    try:
+        await ReportHandler(other, nc.jetstream()).handle_batch(
+            [report(node, task.id, Fact.STARTING, S.SCHEDULED)]
+        )
+    finally:
+        await other.close()
+    stopping = await placed(store, node, S.STOPPING)
+    handler = ReportHandler(store, nc.jetstream())
+    moved = known_batches("moved")
+    with structlog.testing.capture_logs() as logs:
+        running = [report(node, task.id, Fact.RUNNING, S.STARTING, container_id="c1")]
+        assert await handler.handle_batch(running) == [None]
+        assert known_batches("moved") == moved + 1  # decided on the held document first
+        stale_on_row = [report(node, stopping.id, Fact.EXITED, S.RUNNING, exit_code=0)]
+        assert await handler.handle_batch(stale_on_row) == [None]
+    assert await statuses(store, task.id) == ["scheduled", "starting", "running"]
+    assert await statuses(store, stopping.id) == ["scheduled", "stopping", "stopped"]
+    stale = [e["task_id"] for e in logs if e["event"] == "stale_report_refused"]
+    assert stale == [stopping.id]
